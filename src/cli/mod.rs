@@ -1,0 +1,46 @@
+//! The `dpflow` command line.
+
+mod budget;
+mod inspect;
+
+use anyhow::Result;
+use clap::{Parser, Subcommand};
+
+/// dpflow: differentially private releases of census-scale data.
+#[derive(Debug, Parser)]
+#[command(name = "dpflow", version, about, long_about = None, propagate_version = true)]
+pub struct Cli {
+    /// Log level (error, warn, info, debug, trace); also RUST_LOG.
+    #[arg(long, global = true, default_value = "warn")]
+    pub log: String,
+    /// The command to run.
+    #[command(subcommand)]
+    pub command: Command,
+}
+
+/// dpflow's commands.
+#[derive(Debug, Subcommand)]
+pub enum Command {
+    /// Curator-only report on an input: rows, nulls and out-of-domain values per column (NOT private).
+    Inspect(inspect::InspectArgs),
+    /// Create and inspect the privacy-budget ledger.
+    Budget(budget::BudgetArgs),
+}
+
+/// Runs a parsed command line.
+pub async fn run(cli: Cli) -> Result<i32> {
+    match cli.command {
+        Command::Inspect(a) => inspect::run(a).await,
+        Command::Budget(a) => budget::run(a).await,
+    }
+}
+
+/// Output format shared by reporting commands.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum, Default)]
+pub enum OutputFormat {
+    /// Human-readable table.
+    #[default]
+    Table,
+    /// JSON.
+    Json,
+}

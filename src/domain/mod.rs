@@ -1,0 +1,9 @@
+//! Public domains: the data owner's spec (YAML/JSON, private-pgm JSON) and its
+//! compiled form. The compiled types and the encode/decode kernels live in
+//! `dpflow_udfs::domain` so that engine-side operators can use them without
+//! this crate; this module parses and validates the user-facing files.
+
+mod spec;
+
+pub use dpflow_udfs::domain::*;
+pub use spec::{DomainSpec, SpecError, TextFormat};

@@ -1,0 +1,99 @@
+//! Object-store registry.
+
+use std::sync::{Arc, OnceLock};
+
+use anyhow::{Context, Result, bail};
+use datafusion::execution::context::SessionContext;
+use datafusion::execution::object_store::ObjectStoreUrl;
+use datafusion::prelude::SessionConfig;
+use object_store::ObjectStore;
+use object_store::aws::AmazonS3Builder;
+use object_store::memory::InMemory;
+use url::Url;
+
+/// The process-wide in-memory store behind `memory://` URLs (tests, staging).
+pub fn memory_store() -> Arc<InMemory> {
+    static STORE: OnceLock<Arc<InMemory>> = OnceLock::new();
+    STORE.get_or_init(|| Arc::new(InMemory::new())).clone()
+}
+
+/// Turns a path or URL into a URL: bare paths become absolute `file://` URLs.
+pub fn resolve_url(location: &str) -> Result<Url> {
+    if let Some((scheme, _)) = location.split_once("://") {
+        if !matches!(scheme, "file" | "s3" | "memory") {
+            bail!(
+                "unsupported URL scheme {scheme:?} in {location:?} (use file://, s3:// or memory://)"
+            );
+        }
+        return Url::parse(location).with_context(|| format!("invalid URL {location:?}"));
+    }
+    let path = std::path::Path::new(location);
+    let abs = if path.is_absolute() {
+        path.to_path_buf()
+    } else {
+        std::env::current_dir()?.join(path)
+    };
+    // Keep a trailing slash (a prefix) and glob characters as written.
+    let mut s = abs.to_string_lossy().to_string();
+    if location.ends_with('/') && !s.ends_with('/') {
+        s.push('/');
+    }
+    Url::from_file_path(&s)
+        .or_else(|_| Url::parse(&format!("file://{s}")))
+        .map_err(|_| anyhow::anyhow!("cannot turn {location:?} into a file URL"))
+}
+
+/// The object store serving `url` (registered with [`register_stores_for`] first).
+pub fn store_for(ctx: &SessionContext, url: &Url) -> Result<Arc<dyn ObjectStore>> {
+    let base = ObjectStoreUrl::parse(&url[..url::Position::BeforePath])
+        .with_context(|| format!("bad store URL {url}"))?;
+    ctx.runtime_env()
+        .object_store(&base)
+        .with_context(|| format!("no object store registered for {url}"))
+}
+
+/// A DataFusion session with dpflow's defaults.
+pub fn session_context() -> SessionContext {
+    let config = SessionConfig::new()
+        .with_information_schema(false)
+        .with_target_partitions(std::thread::available_parallelism().map_or(2, |n| n.get()));
+    SessionContext::new_with_config(config)
+}
+
+/// Registers the object store a URL needs (S3 credentials and endpoint come
+/// from the standard AWS environment variables: `AWS_ACCESS_KEY_ID`,
+/// `AWS_SECRET_ACCESS_KEY`, `AWS_REGION`, `AWS_ENDPOINT_URL`, `AWS_ALLOW_HTTP`).
+pub fn register_stores_for(ctx: &SessionContext, url: &Url) -> Result<()> {
+    match url.scheme() {
+        "file" => Ok(()),
+        "memory" => {
+            let base = Url::parse("memory://").expect("static url");
+            ctx.register_object_store(&base, memory_store() as Arc<dyn ObjectStore>);
+            Ok(())
+        }
+        "s3" => {
+            let bucket = url
+                .host_str()
+                .with_context(|| format!("{url}: an s3:// URL needs a bucket"))?;
+            let mut builder = AmazonS3Builder::from_env().with_bucket_name(bucket);
+            // AmazonS3Builder::from_env reads AWS_ENDPOINT; accept the newer spelling too.
+            if let Ok(ep) = std::env::var("AWS_ENDPOINT_URL") {
+                builder = builder.with_endpoint(ep);
+            }
+            if std::env::var("AWS_ALLOW_HTTP").is_ok_and(|v| v == "true" || v == "1") {
+                builder = builder.with_allow_http(true);
+            }
+            if std::env::var("AWS_REGION").is_err() && std::env::var("AWS_DEFAULT_REGION").is_err()
+            {
+                builder = builder.with_region("us-east-1");
+            }
+            let store = builder
+                .build()
+                .with_context(|| format!("configuring S3 for bucket {bucket:?}"))?;
+            let base = Url::parse(&format!("s3://{bucket}")).expect("bucket url");
+            ctx.register_object_store(&base, Arc::new(store));
+            Ok(())
+        }
+        other => bail!("unsupported URL scheme {other:?}"),
+    }
+}

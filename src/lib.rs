@@ -1,0 +1,16 @@
+//! # dpflow
+//!
+//! Differentially private releases of census-scale data on Apache DataFusion:
+//! DP SQL, private imputation and DP synthetic data, declared as YAML release
+//! pipelines with a privacy budget that is never overspent.
+//!
+//! This crate holds planning and policy; everything that runs inside the
+//! engine (samplers, operators, UDFs) is in [`dpflow_udfs`].
+#![warn(missing_docs)]
+
+pub mod cli;
+pub mod domain;
+pub mod io;
+pub mod privacy;
+
+pub use dpflow_udfs as udfs;

@@ -1,0 +1,790 @@
+//! The persistent privacy-budget ledger: a SQLite database in WAL mode.
+//!
+//! One row per protected dataset (privacy unit, total budget and its unit) and
+//! one per charge (release id, mechanisms, loss in native units and in the
+//! budget's unit, times, status). Charges are two-phase:
+//!
+//! `reserved` (before any data is touched) → `committed` (after the outputs are
+//! durably written) or `released` (clean failure: nothing left the process).
+//!
+//! A reservation counts as spent until an operator resolves it
+//! (`dpflow budget resolve`), so a crash can make the ledger over-count but
+//! never under-count. Reservations run in `BEGIN IMMEDIATE` transactions, so
+//! concurrent processes serialise on the check-and-insert and cannot overspend.
+
+use std::path::{Path, PathBuf};
+use std::time::Duration;
+
+use chrono::Utc;
+use rusqlite::{Connection, OpenFlags, OptionalExtension, TransactionBehavior, params};
+use serde::{Deserialize, Serialize};
+
+use super::budget::{Budget, BudgetError, Normalized, PrivacyFilter, normalize, spent_in_unit};
+use dpflow_udfs::cost::MechanismRecord;
+
+const APPLICATION: &str = "dpflow-ledger";
+const SCHEMA_VERSION: &str = "1";
+
+/// Ledger failures.
+#[derive(Debug, thiserror::Error)]
+pub enum LedgerError {
+    /// The file does not exist (never silently create a fresh budget).
+    #[error("ledger {0} does not exist; create it with `dpflow budget init --ledger {0} ...`")]
+    Missing(String),
+    /// The file exists but is not a dpflow ledger, or is damaged.
+    #[error(
+        "ledger {path} is not a usable dpflow ledger ({reason}); refusing to continue. Restore it from backup; do not delete it (that would reset the budget)"
+    )]
+    Corrupt {
+        /// File.
+        path: String,
+        /// What is wrong.
+        reason: String,
+    },
+    /// `init` on an existing file.
+    #[error("ledger {0} already exists")]
+    Exists(String),
+    /// Unknown dataset.
+    #[error("dataset {dataset:?} is not in ledger {path} (known: {known})")]
+    UnknownDataset {
+        /// Dataset.
+        dataset: String,
+        /// File.
+        path: String,
+        /// Known datasets.
+        known: String,
+    },
+    /// Dataset already registered.
+    #[error("dataset {0:?} is already in the ledger")]
+    DatasetExists(String),
+    /// The charge would overspend (nothing was recorded).
+    #[error("dataset {dataset:?}: {source}")]
+    Budget {
+        /// Dataset.
+        dataset: String,
+        /// Why.
+        source: BudgetError,
+    },
+    /// This release id is already committed: it must not be spent again.
+    #[error(
+        "release {release_id:?} of dataset {dataset:?} is already committed (charge #{charge_id}); it will not be spent again"
+    )]
+    AlreadyCommitted {
+        /// Dataset.
+        dataset: String,
+        /// Release id.
+        release_id: String,
+        /// Charge id.
+        charge_id: i64,
+    },
+    /// The same release id was reserved with a different cost.
+    #[error(
+        "release {release_id:?} of dataset {dataset:?} is already reserved (charge #{charge_id}) with a different cost; resolve it first"
+    )]
+    ConflictingReservation {
+        /// Dataset.
+        dataset: String,
+        /// Release id.
+        release_id: String,
+        /// Charge id.
+        charge_id: i64,
+    },
+    /// No such charge, or not in the expected state.
+    #[error("charge #{0} {1}")]
+    BadCharge(i64, String),
+    /// SQLite error.
+    #[error("ledger {path}: {source}")]
+    Sql {
+        /// File.
+        path: String,
+        /// The error.
+        source: rusqlite::Error,
+    },
+    /// Stored JSON that cannot be read back.
+    #[error("ledger {path}: stored record cannot be read: {reason}")]
+    Decode {
+        /// File.
+        path: String,
+        /// Why.
+        reason: String,
+    },
+}
+
+/// Status of a charge.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, clap::ValueEnum)]
+#[serde(rename_all = "lowercase")]
+pub enum ChargeStatus {
+    /// Counted as spent; outputs not yet confirmed.
+    Reserved,
+    /// Spent; the release is complete.
+    Committed,
+    /// Returned to the budget after a clean failure.
+    Released,
+}
+
+impl ChargeStatus {
+    fn as_str(&self) -> &'static str {
+        match self {
+            ChargeStatus::Reserved => "reserved",
+            ChargeStatus::Committed => "committed",
+            ChargeStatus::Released => "released",
+        }
+    }
+    fn parse(s: &str) -> Option<Self> {
+        match s {
+            "reserved" => Some(ChargeStatus::Reserved),
+            "committed" => Some(ChargeStatus::Committed),
+            "released" => Some(ChargeStatus::Released),
+            _ => None,
+        }
+    }
+}
+
+/// A protected dataset's entry.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct DatasetEntry {
+    /// Name.
+    pub name: String,
+    /// The privacy unit: `row` (one row = one person) or the column naming the person.
+    pub privacy_unit: String,
+    /// Total budget.
+    pub budget: Budget,
+    /// Creation time (RFC 3339).
+    pub created_at: String,
+}
+
+/// One charge.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct ChargeRow {
+    /// Charge id.
+    pub id: i64,
+    /// Dataset.
+    pub dataset: String,
+    /// Release id.
+    pub release_id: String,
+    /// Status.
+    pub status: ChargeStatus,
+    /// Mechanisms with their native losses.
+    pub mechanisms: Vec<MechanismRecord>,
+    /// The charge's composition parts.
+    pub normalized: Normalized,
+    /// Marginal cost in the budget's unit when it was reserved.
+    pub cost: f64,
+    /// When reserved.
+    pub reserved_at: String,
+    /// When committed or released.
+    pub resolved_at: Option<String>,
+    /// Free-text note (e.g. who resolved it).
+    pub note: Option<String>,
+}
+
+/// A dataset's budget position.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct BudgetStatus {
+    /// The dataset.
+    pub dataset: DatasetEntry,
+    /// Spent by committed charges (budget unit).
+    pub committed: f64,
+    /// Spent including open reservations (budget unit).
+    pub spent: f64,
+    /// Remaining (budget unit).
+    pub remaining: f64,
+    /// Open reservations.
+    pub open_reservations: usize,
+    /// Composition parts of committed + reserved charges.
+    pub normalized: Normalized,
+}
+
+/// A reservation handle.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Reservation {
+    /// The charge id.
+    pub charge_id: i64,
+    /// True if an existing reservation of the same release was resumed.
+    pub resumed: bool,
+    /// Remaining budget after this reservation.
+    pub remaining: f64,
+}
+
+/// An open ledger.
+pub struct Ledger {
+    conn: Connection,
+    path: PathBuf,
+}
+
+impl std::fmt::Debug for Ledger {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "Ledger({})", self.path.display())
+    }
+}
+
+fn now() -> String {
+    Utc::now().to_rfc3339_opts(chrono::SecondsFormat::Millis, true)
+}
+
+impl Ledger {
+    fn sql_err(&self, e: rusqlite::Error) -> LedgerError {
+        LedgerError::Sql {
+            path: self.path.display().to_string(),
+            source: e,
+        }
+    }
+
+    fn configure(conn: &Connection) -> rusqlite::Result<()> {
+        conn.busy_timeout(Duration::from_secs(120))?;
+        conn.pragma_update(None, "journal_mode", "WAL")?;
+        conn.pragma_update(None, "synchronous", "FULL")?;
+        conn.pragma_update(None, "foreign_keys", "ON")?;
+        Ok(())
+    }
+
+    /// Creates a new, empty ledger; fails if the file exists.
+    pub fn create(path: impl AsRef<Path>) -> Result<Self, LedgerError> {
+        let path = path.as_ref().to_path_buf();
+        let p = path.display().to_string();
+        if path.exists() {
+            return Err(LedgerError::Exists(p));
+        }
+        let sql = |e| LedgerError::Sql {
+            path: p.clone(),
+            source: e,
+        };
+        let conn = Connection::open_with_flags(
+            &path,
+            OpenFlags::SQLITE_OPEN_READ_WRITE | OpenFlags::SQLITE_OPEN_CREATE,
+        )
+        .map_err(sql)?;
+        Self::configure(&conn).map_err(sql)?;
+        conn.execute_batch(
+            "BEGIN;
+             CREATE TABLE meta (key TEXT PRIMARY KEY, value TEXT NOT NULL);
+             CREATE TABLE datasets (
+                 name TEXT PRIMARY KEY,
+                 privacy_unit TEXT NOT NULL,
+                 budget_json TEXT NOT NULL,
+                 created_at TEXT NOT NULL
+             );
+             CREATE TABLE charges (
+                 id INTEGER PRIMARY KEY AUTOINCREMENT,
+                 dataset TEXT NOT NULL REFERENCES datasets(name),
+                 release_id TEXT NOT NULL,
+                 status TEXT NOT NULL CHECK (status IN ('reserved', 'committed', 'released')),
+                 mechanisms_json TEXT NOT NULL,
+                 rho REAL NOT NULL,
+                 eps REAL NOT NULL,
+                 delta REAL NOT NULL,
+                 cost REAL NOT NULL,
+                 reserved_at TEXT NOT NULL,
+                 resolved_at TEXT,
+                 note TEXT,
+                 pid INTEGER,
+                 UNIQUE (dataset, release_id)
+             );
+             COMMIT;",
+        )
+        .map_err(sql)?;
+        conn.execute(
+            "INSERT INTO meta (key, value) VALUES ('application', ?1), ('schema_version', ?2), ('created_at', ?3)",
+            params![APPLICATION, SCHEMA_VERSION, now()],
+        )
+        .map_err(sql)?;
+        Ok(Self { conn, path })
+    }
+
+    /// Opens an existing ledger; a missing or damaged file is an error, never a fresh budget.
+    pub fn open(path: impl AsRef<Path>) -> Result<Self, LedgerError> {
+        let path = path.as_ref().to_path_buf();
+        let p = path.display().to_string();
+        if !path.exists() {
+            return Err(LedgerError::Missing(p));
+        }
+        let corrupt = |reason: String| LedgerError::Corrupt {
+            path: p.clone(),
+            reason,
+        };
+        let conn = Connection::open_with_flags(&path, OpenFlags::SQLITE_OPEN_READ_WRITE)
+            .map_err(|e| corrupt(e.to_string()))?;
+        Self::configure(&conn).map_err(|e| corrupt(e.to_string()))?;
+        let check: String = conn
+            .query_row("PRAGMA quick_check", [], |r| r.get(0))
+            .map_err(|e| corrupt(e.to_string()))?;
+        if check != "ok" {
+            return Err(corrupt(format!("integrity check: {check}")));
+        }
+        let app: Option<String> = conn
+            .query_row(
+                "SELECT value FROM meta WHERE key = 'application'",
+                [],
+                |r| r.get(0),
+            )
+            .optional()
+            .map_err(|e| corrupt(e.to_string()))?;
+        if app.as_deref() != Some(APPLICATION) {
+            return Err(corrupt("no dpflow ledger header".into()));
+        }
+        let version: Option<String> = conn
+            .query_row(
+                "SELECT value FROM meta WHERE key = 'schema_version'",
+                [],
+                |r| r.get(0),
+            )
+            .optional()
+            .map_err(|e| corrupt(e.to_string()))?;
+        if version.as_deref() != Some(SCHEMA_VERSION) {
+            return Err(corrupt(format!("unsupported schema version {version:?}")));
+        }
+        Ok(Self { conn, path })
+    }
+
+    /// The file.
+    pub fn path(&self) -> &Path {
+        &self.path
+    }
+
+    /// Registers a protected dataset with its total budget.
+    pub fn add_dataset(
+        &self,
+        name: &str,
+        privacy_unit: &str,
+        budget: Budget,
+    ) -> Result<(), LedgerError> {
+        budget
+            .validate()
+            .map_err(|m| LedgerError::BadCharge(0, m))?;
+        let json = serde_json::to_string(&budget).expect("budget serialises");
+        let n = self
+            .conn
+            .execute(
+                "INSERT OR IGNORE INTO datasets (name, privacy_unit, budget_json, created_at) VALUES (?1, ?2, ?3, ?4)",
+                params![name, privacy_unit, json, now()],
+            )
+            .map_err(|e| self.sql_err(e))?;
+        if n == 0 {
+            return Err(LedgerError::DatasetExists(name.to_string()));
+        }
+        Ok(())
+    }
+
+    /// All datasets.
+    pub fn datasets(&self) -> Result<Vec<DatasetEntry>, LedgerError> {
+        let mut stmt = self
+            .conn
+            .prepare(
+                "SELECT name, privacy_unit, budget_json, created_at FROM datasets ORDER BY name",
+            )
+            .map_err(|e| self.sql_err(e))?;
+        let rows = stmt
+            .query_map([], |r| {
+                Ok((
+                    r.get::<_, String>(0)?,
+                    r.get::<_, String>(1)?,
+                    r.get::<_, String>(2)?,
+                    r.get::<_, String>(3)?,
+                ))
+            })
+            .map_err(|e| self.sql_err(e))?;
+        let mut out = Vec::new();
+        for row in rows {
+            let (name, unit, bj, created) = row.map_err(|e| self.sql_err(e))?;
+            out.push(DatasetEntry {
+                name,
+                privacy_unit: unit,
+                budget: self.decode(&bj)?,
+                created_at: created,
+            });
+        }
+        Ok(out)
+    }
+
+    fn decode<T: for<'de> Deserialize<'de>>(&self, s: &str) -> Result<T, LedgerError> {
+        serde_json::from_str(s).map_err(|e| LedgerError::Decode {
+            path: self.path.display().to_string(),
+            reason: e.to_string(),
+        })
+    }
+
+    fn dataset_in(conn: &Connection, path: &Path, name: &str) -> Result<DatasetEntry, LedgerError> {
+        let row: Option<(String, String, String)> = conn
+            .query_row(
+                "SELECT privacy_unit, budget_json, created_at FROM datasets WHERE name = ?1",
+                params![name],
+                |r| Ok((r.get(0)?, r.get(1)?, r.get(2)?)),
+            )
+            .optional()
+            .map_err(|e| LedgerError::Sql {
+                path: path.display().to_string(),
+                source: e,
+            })?;
+        match row {
+            Some((unit, bj, created)) => Ok(DatasetEntry {
+                name: name.to_string(),
+                privacy_unit: unit,
+                budget: serde_json::from_str(&bj).map_err(|e| LedgerError::Decode {
+                    path: path.display().to_string(),
+                    reason: e.to_string(),
+                })?,
+                created_at: created,
+            }),
+            None => {
+                let known: Vec<String> = conn
+                    .prepare("SELECT name FROM datasets ORDER BY name")
+                    .and_then(|mut s| s.query_map([], |r| r.get(0))?.collect())
+                    .unwrap_or_default();
+                Err(LedgerError::UnknownDataset {
+                    dataset: name.to_string(),
+                    path: path.display().to_string(),
+                    known: if known.is_empty() {
+                        "none".into()
+                    } else {
+                        known.join(", ")
+                    },
+                })
+            }
+        }
+    }
+
+    /// One dataset's entry.
+    pub fn dataset(&self, name: &str) -> Result<DatasetEntry, LedgerError> {
+        Self::dataset_in(&self.conn, &self.path, name)
+    }
+
+    fn totals_in(
+        conn: &Connection,
+        path: &Path,
+        dataset: &str,
+        exclude: Option<i64>,
+    ) -> Result<(Normalized, Normalized, usize), LedgerError> {
+        let mut stmt = conn
+            .prepare("SELECT id, status, rho, eps, delta FROM charges WHERE dataset = ?1 AND status != 'released'")
+            .map_err(|e| LedgerError::Sql { path: path.display().to_string(), source: e })?;
+        let mut committed = Normalized::default();
+        let mut all = Normalized::default();
+        let mut open = 0;
+        let rows = stmt
+            .query_map(params![dataset], |r| {
+                Ok((
+                    r.get::<_, i64>(0)?,
+                    r.get::<_, String>(1)?,
+                    r.get::<_, f64>(2)?,
+                    r.get::<_, f64>(3)?,
+                    r.get::<_, f64>(4)?,
+                ))
+            })
+            .map_err(|e| LedgerError::Sql {
+                path: path.display().to_string(),
+                source: e,
+            })?;
+        for row in rows {
+            let (id, status, rho, eps, delta) = row.map_err(|e| LedgerError::Sql {
+                path: path.display().to_string(),
+                source: e,
+            })?;
+            if Some(id) == exclude {
+                continue;
+            }
+            let n = Normalized { rho, eps, delta };
+            all = all + n;
+            if status == "committed" {
+                committed = committed + n;
+            } else {
+                open += 1;
+            }
+        }
+        Ok((committed, all, open))
+    }
+
+    /// A dataset's budget position.
+    pub fn status(&self, dataset: &str) -> Result<BudgetStatus, LedgerError> {
+        let entry = self.dataset(dataset)?;
+        let (committed, all, open) = Self::totals_in(&self.conn, &self.path, dataset, None)?;
+        let spent = spent_in_unit(&entry.budget, &all);
+        Ok(BudgetStatus {
+            committed: spent_in_unit(&entry.budget, &committed),
+            spent,
+            remaining: (entry.budget.amount() - spent).max(0.0),
+            open_reservations: open,
+            normalized: all,
+            dataset: entry,
+        })
+    }
+
+    /// A filter holding the dataset's budget and everything reserved or committed.
+    pub fn filter(&self, dataset: &str) -> Result<PrivacyFilter, LedgerError> {
+        let entry = self.dataset(dataset)?;
+        let (_, all, _) = Self::totals_in(&self.conn, &self.path, dataset, None)?;
+        Ok(PrivacyFilter::with_spent(entry.budget, all))
+    }
+
+    /// Reserves the cost of `mechanisms` for `release_id` before any data is
+    /// touched. Refuses (recording nothing) if it does not fit. Reserving a
+    /// release id again resumes its open reservation if the cost is the same;
+    /// a committed release id is refused so it is never spent twice.
+    pub fn reserve(
+        &mut self,
+        dataset: &str,
+        release_id: &str,
+        mechanisms: &[MechanismRecord],
+        rdp_delta: Option<f64>,
+    ) -> Result<Reservation, LedgerError> {
+        let path = self.path.clone();
+        let sql = |e| LedgerError::Sql {
+            path: path.display().to_string(),
+            source: e,
+        };
+        let tx = self
+            .conn
+            .transaction_with_behavior(TransactionBehavior::Immediate)
+            .map_err(sql)?;
+        let entry = Self::dataset_in(&tx, &path, dataset)?;
+        let budget_err = |source| LedgerError::Budget {
+            dataset: dataset.to_string(),
+            source,
+        };
+        let mut charge = Normalized::default();
+        for m in mechanisms {
+            charge = charge + normalize(&entry.budget, &m.loss, rdp_delta).map_err(budget_err)?;
+        }
+        let existing: Option<(i64, String, f64, f64, f64)> = tx
+            .query_row(
+                "SELECT id, status, rho, eps, delta FROM charges WHERE dataset = ?1 AND release_id = ?2",
+                params![dataset, release_id],
+                |r| Ok((r.get(0)?, r.get(1)?, r.get(2)?, r.get(3)?, r.get(4)?)),
+            )
+            .optional()
+            .map_err(sql)?;
+        let (_, before, _) = Self::totals_in(&tx, &path, dataset, existing.as_ref().map(|e| e.0))?;
+        if let Some((id, status, rho, eps, delta)) = &existing {
+            match ChargeStatus::parse(status) {
+                Some(ChargeStatus::Committed) => {
+                    return Err(LedgerError::AlreadyCommitted {
+                        dataset: dataset.into(),
+                        release_id: release_id.into(),
+                        charge_id: *id,
+                    });
+                }
+                Some(ChargeStatus::Reserved) => {
+                    let same = Normalized {
+                        rho: *rho,
+                        eps: *eps,
+                        delta: *delta,
+                    };
+                    if !approx_eq(&same, &charge) {
+                        return Err(LedgerError::ConflictingReservation {
+                            dataset: dataset.into(),
+                            release_id: release_id.into(),
+                            charge_id: *id,
+                        });
+                    }
+                    let remaining = (entry.budget.amount()
+                        - spent_in_unit(&entry.budget, &(before + same)))
+                    .max(0.0);
+                    tx.commit().map_err(sql)?;
+                    return Ok(Reservation {
+                        charge_id: *id,
+                        resumed: true,
+                        remaining,
+                    });
+                }
+                _ => {}
+            }
+        }
+        let filter = PrivacyFilter::with_spent(entry.budget, before);
+        filter.check_normalized(charge).map_err(budget_err)?;
+        let cost = spent_in_unit(&entry.budget, &(before + charge))
+            - spent_in_unit(&entry.budget, &before);
+        let mjson = serde_json::to_string(mechanisms).expect("mechanisms serialise");
+        let id = match existing {
+            Some((id, ..)) => {
+                tx.execute(
+                    "UPDATE charges SET status = 'reserved', mechanisms_json = ?2, rho = ?3, eps = ?4, delta = ?5, cost = ?6,
+                         reserved_at = ?7, resolved_at = NULL, note = NULL, pid = ?8 WHERE id = ?1",
+                    params![id, mjson, charge.rho, charge.eps, charge.delta, cost, now(), std::process::id()],
+                )
+                .map_err(sql)?;
+                id
+            }
+            None => {
+                tx.execute(
+                    "INSERT INTO charges (dataset, release_id, status, mechanisms_json, rho, eps, delta, cost, reserved_at, pid)
+                     VALUES (?1, ?2, 'reserved', ?3, ?4, ?5, ?6, ?7, ?8, ?9)",
+                    params![dataset, release_id, mjson, charge.rho, charge.eps, charge.delta, cost, now(), std::process::id()],
+                )
+                .map_err(sql)?;
+                tx.last_insert_rowid()
+            }
+        };
+        let remaining =
+            (entry.budget.amount() - spent_in_unit(&entry.budget, &(before + charge))).max(0.0);
+        tx.commit().map_err(sql)?;
+        Ok(Reservation {
+            charge_id: id,
+            resumed: false,
+            remaining,
+        })
+    }
+
+    fn transition(
+        &self,
+        id: i64,
+        from: &[ChargeStatus],
+        to: ChargeStatus,
+        note: Option<&str>,
+    ) -> Result<(), LedgerError> {
+        let status: Option<String> = self
+            .conn
+            .query_row(
+                "SELECT status FROM charges WHERE id = ?1",
+                params![id],
+                |r| r.get(0),
+            )
+            .optional()
+            .map_err(|e| self.sql_err(e))?;
+        let status = status.ok_or_else(|| LedgerError::BadCharge(id, "does not exist".into()))?;
+        if !from.iter().any(|s| s.as_str() == status) {
+            return Err(LedgerError::BadCharge(
+                id,
+                format!("is {status}, cannot become {}", to.as_str()),
+            ));
+        }
+        self.conn
+            .execute(
+                "UPDATE charges SET status = ?2, resolved_at = ?3, note = COALESCE(?4, note) WHERE id = ?1 AND status = ?5",
+                params![id, to.as_str(), now(), note, status],
+            )
+            .map_err(|e| self.sql_err(e))?;
+        Ok(())
+    }
+
+    /// Marks a reservation as spent for good (after outputs are durably written).
+    pub fn commit(&self, charge_id: i64) -> Result<(), LedgerError> {
+        self.transition(
+            charge_id,
+            &[ChargeStatus::Reserved],
+            ChargeStatus::Committed,
+            None,
+        )
+    }
+
+    /// Returns a reservation to the budget after a clean failure (nothing released).
+    pub fn release(&self, charge_id: i64, note: &str) -> Result<(), LedgerError> {
+        self.transition(
+            charge_id,
+            &[ChargeStatus::Reserved],
+            ChargeStatus::Released,
+            Some(note),
+        )
+    }
+
+    /// Operator resolution of an open reservation left by a crash.
+    pub fn resolve(&self, charge_id: i64, to: ChargeStatus, note: &str) -> Result<(), LedgerError> {
+        if to == ChargeStatus::Reserved {
+            return Err(LedgerError::BadCharge(
+                charge_id,
+                "can only be resolved to committed or released".into(),
+            ));
+        }
+        self.transition(charge_id, &[ChargeStatus::Reserved], to, Some(note))
+    }
+
+    /// A charge by id.
+    pub fn charge(&self, id: i64) -> Result<ChargeRow, LedgerError> {
+        let rows = self.query_charges("WHERE id = ?1", params![id])?;
+        rows.into_iter()
+            .next()
+            .ok_or_else(|| LedgerError::BadCharge(id, "does not exist".into()))
+    }
+
+    /// The charge of a release, if any.
+    pub fn charge_for_release(
+        &self,
+        dataset: &str,
+        release_id: &str,
+    ) -> Result<Option<ChargeRow>, LedgerError> {
+        Ok(self
+            .query_charges(
+                "WHERE dataset = ?1 AND release_id = ?2",
+                params![dataset, release_id],
+            )?
+            .into_iter()
+            .next())
+    }
+
+    /// Every charge (optionally of one dataset), oldest first.
+    pub fn history(&self, dataset: Option<&str>) -> Result<Vec<ChargeRow>, LedgerError> {
+        match dataset {
+            Some(d) => {
+                self.dataset(d)?;
+                self.query_charges("WHERE dataset = ?1", params![d])
+            }
+            None => self.query_charges("", params![]),
+        }
+    }
+
+    fn query_charges(
+        &self,
+        filter: &str,
+        p: &[&dyn rusqlite::ToSql],
+    ) -> Result<Vec<ChargeRow>, LedgerError> {
+        let sql = format!(
+            "SELECT id, dataset, release_id, status, mechanisms_json, rho, eps, delta, cost, reserved_at, resolved_at, note
+             FROM charges {filter} ORDER BY id"
+        );
+        let mut stmt = self.conn.prepare(&sql).map_err(|e| self.sql_err(e))?;
+        let raw = stmt
+            .query_map(p, |r| {
+                Ok((
+                    r.get::<_, i64>(0)?,
+                    r.get::<_, String>(1)?,
+                    r.get::<_, String>(2)?,
+                    r.get::<_, String>(3)?,
+                    r.get::<_, String>(4)?,
+                    Normalized {
+                        rho: r.get(5)?,
+                        eps: r.get(6)?,
+                        delta: r.get(7)?,
+                    },
+                    r.get::<_, f64>(8)?,
+                    r.get::<_, String>(9)?,
+                    r.get::<_, Option<String>>(10)?,
+                    r.get::<_, Option<String>>(11)?,
+                ))
+            })
+            .map_err(|e| self.sql_err(e))?;
+        let mut out = Vec::new();
+        for row in raw {
+            let (
+                id,
+                dataset,
+                release_id,
+                status,
+                mj,
+                normalized,
+                cost,
+                reserved_at,
+                resolved_at,
+                note,
+            ) = row.map_err(|e| self.sql_err(e))?;
+            out.push(ChargeRow {
+                id,
+                dataset,
+                release_id,
+                status: ChargeStatus::parse(&status).ok_or_else(|| LedgerError::Decode {
+                    path: self.path.display().to_string(),
+                    reason: format!("bad status {status:?}"),
+                })?,
+                mechanisms: self.decode(&mj)?,
+                normalized,
+                cost,
+                reserved_at,
+                resolved_at,
+                note,
+            });
+        }
+        Ok(out)
+    }
+}
+
+fn approx_eq(a: &Normalized, b: &Normalized) -> bool {
+    let close = |x: f64, y: f64| (x - y).abs() <= 1e-12 * x.abs().max(y.abs()).max(1e-300);
+    close(a.rho, b.rho) && close(a.eps, b.eps) && close(a.delta, b.delta)
+}

@@ -1,0 +1,153 @@
+//! datafusion-proto extension codecs for dpflow's logical nodes and physical
+//! operators, so that plans containing them can be shipped to a distributed
+//! executor (e.g. Ballista). Node payloads are JSON.
+
+use std::sync::Arc;
+
+use datafusion::arrow::datatypes::SchemaRef;
+use datafusion::catalog::TableProvider;
+use datafusion::common::{DataFusionError, Result, TableReference};
+use datafusion::execution::TaskContext;
+use datafusion::logical_expr::{Extension, LogicalPlan};
+use datafusion::physical_plan::ExecutionPlan;
+use datafusion_proto::logical_plan::LogicalExtensionCodec;
+use datafusion_proto::physical_plan::{PhysicalExtensionCodec, PhysicalProtoConverterExtension};
+use serde::{Deserialize, Serialize};
+
+use crate::domain::{Domain, EncodeExec};
+use crate::marginal::{MarginalConfig, MarginalExec, MarginalMode, MarginalNode};
+
+#[derive(Serialize, Deserialize)]
+#[serde(tag = "node", rename_all = "snake_case")]
+enum LogicalPayload {
+    Marginal { config: MarginalConfig },
+}
+
+#[derive(Serialize, Deserialize)]
+#[serde(tag = "node", rename_all = "snake_case")]
+enum PhysicalPayload {
+    Marginal {
+        config: MarginalConfig,
+        mode: MarginalMode,
+    },
+    Encode {
+        domain: Domain,
+    },
+}
+
+fn enc_err(e: serde_json::Error) -> DataFusionError {
+    DataFusionError::Internal(format!("dpflow codec: {e}"))
+}
+
+/// Codec for every dpflow extension node and operator.
+#[derive(Debug, Default, Clone)]
+pub struct DpflowCodec;
+
+impl LogicalExtensionCodec for DpflowCodec {
+    fn try_decode(
+        &self,
+        buf: &[u8],
+        inputs: &[LogicalPlan],
+        _ctx: &TaskContext,
+    ) -> Result<Extension> {
+        let payload: LogicalPayload = serde_json::from_slice(buf).map_err(enc_err)?;
+        match payload {
+            LogicalPayload::Marginal { config } => {
+                let input = inputs
+                    .first()
+                    .cloned()
+                    .ok_or_else(|| DataFusionError::Internal("Marginal needs an input".into()))?;
+                Ok(Extension {
+                    node: Arc::new(MarginalNode::try_new(input, config)?),
+                })
+            }
+        }
+    }
+
+    fn try_encode(&self, node: &Extension, buf: &mut Vec<u8>) -> Result<()> {
+        if let Some(m) = node.node.as_any().downcast_ref::<MarginalNode>() {
+            let p = LogicalPayload::Marginal {
+                config: m.config.clone(),
+            };
+            buf.extend(serde_json::to_vec(&p).map_err(enc_err)?);
+            return Ok(());
+        }
+        Err(DataFusionError::NotImplemented(format!(
+            "dpflow codec cannot encode logical node {}",
+            node.node.name()
+        )))
+    }
+
+    fn try_decode_table_provider(
+        &self,
+        _buf: &[u8],
+        table_ref: &TableReference,
+        _schema: SchemaRef,
+        _ctx: &TaskContext,
+    ) -> Result<Arc<dyn TableProvider>> {
+        Err(DataFusionError::NotImplemented(format!(
+            "dpflow codec: table provider {table_ref}"
+        )))
+    }
+
+    fn try_encode_table_provider(
+        &self,
+        table_ref: &TableReference,
+        _node: Arc<dyn TableProvider>,
+        _buf: &mut Vec<u8>,
+    ) -> Result<()> {
+        Err(DataFusionError::NotImplemented(format!(
+            "dpflow codec: table provider {table_ref}"
+        )))
+    }
+}
+
+impl PhysicalExtensionCodec for DpflowCodec {
+    fn try_decode(
+        &self,
+        buf: &[u8],
+        inputs: &[Arc<dyn ExecutionPlan>],
+        _ctx: &TaskContext,
+        _proto_converter: &dyn PhysicalProtoConverterExtension,
+    ) -> Result<Arc<dyn ExecutionPlan>> {
+        let payload: PhysicalPayload = serde_json::from_slice(buf).map_err(enc_err)?;
+        let input = inputs
+            .first()
+            .cloned()
+            .ok_or_else(|| DataFusionError::Internal("dpflow operator needs an input".into()))?;
+        Ok(match payload {
+            PhysicalPayload::Marginal { config, mode } => {
+                Arc::new(MarginalExec::try_new(input, config, mode)?)
+            }
+            PhysicalPayload::Encode { domain } => {
+                let domain = domain.reindex().map_err(DataFusionError::Internal)?;
+                Arc::new(EncodeExec::try_new(input, Arc::new(domain))?)
+            }
+        })
+    }
+
+    fn try_encode(
+        &self,
+        node: Arc<dyn ExecutionPlan>,
+        buf: &mut Vec<u8>,
+        _proto_converter: &dyn PhysicalProtoConverterExtension,
+    ) -> Result<()> {
+        let payload = if let Some(m) = node.downcast_ref::<MarginalExec>() {
+            PhysicalPayload::Marginal {
+                config: m.config().clone(),
+                mode: m.mode(),
+            }
+        } else if let Some(e) = node.downcast_ref::<EncodeExec>() {
+            PhysicalPayload::Encode {
+                domain: e.domain().as_ref().clone(),
+            }
+        } else {
+            return Err(DataFusionError::NotImplemented(format!(
+                "dpflow codec cannot encode operator {}",
+                node.name()
+            )));
+        };
+        buf.extend(serde_json::to_vec(&payload).map_err(enc_err)?);
+        Ok(())
+    }
+}

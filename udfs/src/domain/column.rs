@@ -1,0 +1,306 @@
+//! Compiled public domains: one [`Column`] per attribute, with its kind, its
+//! bins, its null code and its out-of-domain policy.
+
+use std::collections::{BTreeMap, HashMap};
+
+use datafusion::arrow::datatypes::DataType;
+use serde::{Deserialize, Serialize};
+
+/// What to do with a value outside the public domain (counted apart from nulls).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, Default)]
+#[serde(rename_all = "kebab-case")]
+pub enum OutOfDomain {
+    /// Fail with an error naming the column, the row and the value (default).
+    #[default]
+    Error,
+    /// Clamp numeric values to the nearest bound (numeric kinds only).
+    Clip,
+    /// Replace by null (the column must be nullable).
+    Null,
+    /// Drop the whole row.
+    DropRow,
+}
+
+impl OutOfDomain {
+    /// The spelling used in domain files.
+    pub fn as_str(&self) -> &'static str {
+        match self {
+            OutOfDomain::Error => "error",
+            OutOfDomain::Clip => "clip",
+            OutOfDomain::Null => "null",
+            OutOfDomain::DropRow => "drop-row",
+        }
+    }
+}
+
+/// The public domain of one attribute.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(tag = "kind", rename_all = "snake_case")]
+pub enum ColumnKind {
+    /// An ordered list of labels; code i is `values[i]`. `aliases` maps other
+    /// spellings in the input to a label (e.g. `"<=50K." → "<=50K"`).
+    Categorical {
+        /// The labels, in code order.
+        values: Vec<String>,
+        /// Input spelling → label.
+        #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+        aliases: BTreeMap<String, String>,
+    },
+    /// Integers binned by `edges`: bin i is [edges[i], edges[i+1] − 1]; the
+    /// public bounds are [edges[0], edges[last] − 1].
+    Integer {
+        /// Strictly increasing bin edges (k + 1 of them for k bins).
+        edges: Vec<i64>,
+    },
+    /// Reals binned by `edges`: bin i is [edges[i], edges[i+1]), the last bin
+    /// is closed; the public bounds are [edges[0], edges[last]].
+    Float {
+        /// Strictly increasing bin edges.
+        edges: Vec<f64>,
+    },
+    /// false = code 0, true = code 1.
+    Boolean,
+}
+
+/// One attribute of a public domain.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct Column {
+    /// Column name, as in the data.
+    pub name: String,
+    /// Kind and public values/bins.
+    #[serde(flatten)]
+    pub kind: ColumnKind,
+    /// Whether null is part of the domain (then it has its own code).
+    #[serde(default)]
+    pub nullable: bool,
+    /// Text tokens read as null in text inputs (compared after trimming).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub null_tokens: Vec<String>,
+    /// Out-of-domain policy.
+    #[serde(default)]
+    pub out_of_domain: OutOfDomain,
+}
+
+impl Column {
+    /// Number of value codes (excluding the null code).
+    pub fn size(&self) -> usize {
+        match &self.kind {
+            ColumnKind::Categorical { values, .. } => values.len(),
+            ColumnKind::Integer { edges } => edges.len() - 1,
+            ColumnKind::Float { edges } => edges.len() - 1,
+            ColumnKind::Boolean => 2,
+        }
+    }
+
+    /// Number of codes including the null code of a nullable column.
+    pub fn cardinality(&self) -> usize {
+        self.size() + usize::from(self.nullable)
+    }
+
+    /// The code that stands for null, if the column is nullable.
+    pub fn null_code(&self) -> Option<u32> {
+        self.nullable.then_some(self.size() as u32)
+    }
+
+    /// The Arrow type of decoded values.
+    pub fn arrow_type(&self) -> DataType {
+        match &self.kind {
+            ColumnKind::Categorical { .. } => DataType::Utf8,
+            ColumnKind::Integer { .. } => DataType::Int64,
+            ColumnKind::Float { .. } => DataType::Float64,
+            ColumnKind::Boolean => DataType::Boolean,
+        }
+    }
+
+    /// Human-readable label of a code (for reports).
+    pub fn label(&self, code: u32) -> String {
+        if Some(code) == self.null_code() {
+            return "NULL".to_string();
+        }
+        let i = code as usize;
+        match &self.kind {
+            ColumnKind::Categorical { values, .. } => values.get(i).cloned().unwrap_or_default(),
+            ColumnKind::Integer { edges } => {
+                let (lo, hi) = (edges[i], edges[i + 1] - 1);
+                if lo == hi {
+                    lo.to_string()
+                } else {
+                    format!("[{lo}, {hi}]")
+                }
+            }
+            ColumnKind::Float { edges } => {
+                let close = if i + 2 == edges.len() { "]" } else { ")" };
+                format!("[{}, {}{close}", edges[i], edges[i + 1])
+            }
+            ColumnKind::Boolean => (i == 1).to_string(),
+        }
+    }
+
+    /// Checks the internal consistency of a compiled column.
+    pub fn validate(&self) -> Result<(), String> {
+        match &self.kind {
+            ColumnKind::Categorical { values, aliases } => {
+                if values.is_empty() {
+                    return Err("a categorical column needs at least one value".into());
+                }
+                let mut seen = HashMap::new();
+                for (i, v) in values.iter().enumerate() {
+                    if let Some(j) = seen.insert(v.as_str(), i) {
+                        return Err(format!("value {v:?} appears twice (positions {j} and {i})"));
+                    }
+                }
+                for (from, to) in aliases {
+                    if !seen.contains_key(to.as_str()) {
+                        return Err(format!(
+                            "alias {from:?} maps to {to:?}, which is not a value"
+                        ));
+                    }
+                }
+                if self.out_of_domain == OutOfDomain::Clip {
+                    return Err("out_of_domain: clip needs a numeric column".into());
+                }
+            }
+            ColumnKind::Integer { edges } => {
+                if edges.len() < 2 {
+                    return Err("an integer column needs at least one bin".into());
+                }
+                if edges.windows(2).any(|w| w[0] >= w[1]) {
+                    return Err("bin edges must be strictly increasing".into());
+                }
+            }
+            ColumnKind::Float { edges } => {
+                if edges.len() < 2 {
+                    return Err("a float column needs at least one bin".into());
+                }
+                if edges.iter().any(|e| !e.is_finite()) {
+                    return Err("bin edges must be finite".into());
+                }
+                if edges.windows(2).any(|w| w[0] >= w[1]) {
+                    return Err("bin edges must be strictly increasing".into());
+                }
+            }
+            ColumnKind::Boolean => {
+                if self.out_of_domain == OutOfDomain::Clip {
+                    return Err("out_of_domain: clip needs a numeric column".into());
+                }
+            }
+        }
+        if self.out_of_domain == OutOfDomain::Null && !self.nullable {
+            return Err("out_of_domain: null needs nullable: true".into());
+        }
+        if self.size() > u32::MAX as usize - 1 {
+            return Err("domain too large".into());
+        }
+        Ok(())
+    }
+
+    /// Inclusive integer bounds of bin `code` (integer columns).
+    pub fn int_bin(&self, code: u32) -> Option<(i64, i64)> {
+        match &self.kind {
+            ColumnKind::Integer { edges } => {
+                let i = code as usize;
+                (i + 1 < edges.len()).then(|| (edges[i], edges[i + 1] - 1))
+            }
+            _ => None,
+        }
+    }
+
+    /// Bounds [lo, hi) of bin `code` (float columns; the last bin is closed).
+    pub fn float_bin(&self, code: u32) -> Option<(f64, f64)> {
+        match &self.kind {
+            ColumnKind::Float { edges } => {
+                let i = code as usize;
+                (i + 1 < edges.len()).then(|| (edges[i], edges[i + 1]))
+            }
+            _ => None,
+        }
+    }
+
+    /// The public numeric bounds (lo, hi) of a numeric column.
+    pub fn numeric_bounds(&self) -> Option<(f64, f64)> {
+        match &self.kind {
+            ColumnKind::Integer { edges } => {
+                Some((edges[0] as f64, (edges[edges.len() - 1] - 1) as f64))
+            }
+            ColumnKind::Float { edges } => Some((edges[0], edges[edges.len() - 1])),
+            _ => None,
+        }
+    }
+}
+
+/// A public domain: an ordered list of columns.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct Domain {
+    columns: Vec<Column>,
+    #[serde(skip)]
+    index: HashMap<String, usize>,
+}
+
+impl Domain {
+    /// Builds a domain, checking every column and that names are unique.
+    pub fn new(columns: Vec<Column>) -> Result<Self, String> {
+        let mut index = HashMap::new();
+        for (i, c) in columns.iter().enumerate() {
+            c.validate()
+                .map_err(|e| format!("column {:?}: {e}", c.name))?;
+            if index.insert(c.name.clone(), i).is_some() {
+                return Err(format!("column {:?} is declared twice", c.name));
+            }
+        }
+        Ok(Self { columns, index })
+    }
+
+    /// Restores the name index after deserialisation.
+    pub fn reindex(mut self) -> Result<Self, String> {
+        let cols = std::mem::take(&mut self.columns);
+        Self::new(cols)
+    }
+
+    /// The columns in order.
+    pub fn columns(&self) -> &[Column] {
+        &self.columns
+    }
+
+    /// Number of columns.
+    pub fn len(&self) -> usize {
+        self.columns.len()
+    }
+
+    /// Whether the domain has no columns.
+    pub fn is_empty(&self) -> bool {
+        self.columns.is_empty()
+    }
+
+    /// Position of a column by name.
+    pub fn position(&self, name: &str) -> Option<usize> {
+        self.index.get(name).copied()
+    }
+
+    /// A column by name.
+    pub fn column(&self, name: &str) -> Option<&Column> {
+        self.position(name).map(|i| &self.columns[i])
+    }
+
+    /// Cardinalities (codes incl. null) of all columns, in order.
+    pub fn cardinalities(&self) -> Vec<usize> {
+        self.columns.iter().map(Column::cardinality).collect()
+    }
+
+    /// Column names in order.
+    pub fn names(&self) -> Vec<&str> {
+        self.columns.iter().map(|c| c.name.as_str()).collect()
+    }
+
+    /// The sub-domain of the named columns (in the given order).
+    pub fn project(&self, names: &[&str]) -> Result<Domain, String> {
+        let cols = names
+            .iter()
+            .map(|n| {
+                self.column(n)
+                    .cloned()
+                    .ok_or_else(|| format!("unknown column {n:?}"))
+            })
+            .collect::<Result<Vec<_>, _>>()?;
+        Domain::new(cols)
+    }
+}

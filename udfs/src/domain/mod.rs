@@ -1,0 +1,16 @@
+//! Compiled public domains and the encode/decode kernels that run inside the
+//! engine. The user-facing domain *spec* (YAML/JSON files, validation with
+//! file/line errors) lives in the `dpflow` crate's `domain` module and
+//! compiles to these types.
+
+mod column;
+mod decode;
+mod encode;
+mod exec;
+#[cfg(test)]
+mod tests;
+
+pub use column::{Column, ColumnKind, Domain, OutOfDomain};
+pub use decode::{DecodeError, DecodeMode, decode_columns, decoded_schema};
+pub use encode::{BatchEncoder, ColumnStats, EncodeError, EncodeStats, encoded_schema};
+pub use exec::EncodeExec;

@@ -1,0 +1,26 @@
+//! Multi-marginal counting: dense count vectors for many attribute sets from
+//! one streaming scan of encoded data (the currency of AIM, MST, PrivBayes,
+//! NAPSU-MQ and DP histograms).
+//!
+//! * [`MarginalAccumulator`]: the vectorised counting kernel;
+//! * [`MarginalExec`]: the physical operator (Partial per input partition,
+//!   Final merge), [`MarginalNode`]/[`MarginalPlanner`] for logical plans;
+//! * two null modes per set ([`NullMode`]): null as its own cell, or
+//!   observed-only counts (000 §4.2) with the number of observed rows.
+//!
+//! These are **exact** counts of private data: they must only ever be consumed
+//! by a DP mechanism (see the `dpflow` crate's `measure`).
+
+mod exec;
+mod kernel;
+mod logical;
+#[cfg(test)]
+mod tests;
+
+pub use exec::{
+    MarginalExec, MarginalMode, batch_to_counts, counts_to_batch, marginal_output_schema,
+};
+pub use kernel::{
+    EncodedColumn, MAX_CELLS, MarginalAccumulator, MarginalConfig, MarginalSet, NullMode,
+};
+pub use logical::{MarginalNode, MarginalPlanner, plan_marginals};
