@@ -223,7 +223,7 @@ pub(super) async fn run(a: BudgetArgs) -> Result<i32> {
             let record = MechanismRecord {
                 mechanism: "external".into(),
                 target: what.clone(),
-                sensitivity: f64::NAN,
+                sensitivity: None,
                 noise: None,
                 loss,
                 params: serde_json::Value::Null,

@@ -1,7 +1,7 @@
 //! The `dpflow` command line.
 
 mod budget;
-mod inspect;
+pub mod inspect;
 
 use anyhow::Result;
 use clap::{Parser, Subcommand};

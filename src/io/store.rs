@@ -67,7 +67,9 @@ pub fn register_stores_for(ctx: &SessionContext, url: &Url) -> Result<()> {
     match url.scheme() {
         "file" => Ok(()),
         "memory" => {
-            let base = Url::parse("memory://").expect("static url");
+            // One process-wide store, served under every memory:// host.
+            let base = Url::parse(&format!("memory://{}", url.host_str().unwrap_or("")))
+                .expect("memory url");
             ctx.register_object_store(&base, memory_store() as Arc<dyn ObjectStore>);
             Ok(())
         }

@@ -64,8 +64,10 @@ pub struct MechanismRecord {
     /// What it measured, e.g. `marginal(age,income)` or `dp_sum(capital-gain)`.
     pub target: String,
     /// Sensitivity of the measured query (L1 for Laplace, L2 for Gaussian, score
-    /// sensitivity for the exponential mechanism).
-    pub sensitivity: f64,
+    /// sensitivity for the exponential mechanism); `None` when not
+    /// applicable (e.g. an out-of-band charge).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub sensitivity: Option<f64>,
     /// The noise distribution, when the mechanism adds noise.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub noise: Option<NoiseDistribution>,
@@ -82,7 +84,7 @@ impl MechanismRecord {
         Self {
             mechanism: "gaussian".into(),
             target: target.into(),
-            sensitivity,
+            sensitivity: Some(sensitivity),
             noise: Some(NoiseDistribution::Gaussian { sigma }),
             loss: PrivacyLoss::Zcdp {
                 rho: crate::calibrate::gaussian_rho(sensitivity, sigma),
@@ -96,7 +98,7 @@ impl MechanismRecord {
         Self {
             mechanism: "laplace".into(),
             target: target.into(),
-            sensitivity,
+            sensitivity: Some(sensitivity),
             noise: Some(NoiseDistribution::Laplace { scale }),
             loss: PrivacyLoss::Pure {
                 epsilon: sensitivity / scale,
@@ -115,7 +117,7 @@ impl MechanismRecord {
         Self {
             mechanism: "exponential".into(),
             target: target.into(),
-            sensitivity,
+            sensitivity: Some(sensitivity),
             noise: None,
             loss: if zcdp {
                 PrivacyLoss::Zcdp {

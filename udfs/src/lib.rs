@@ -14,3 +14,4 @@ pub mod cost;
 pub mod domain;
 pub mod marginal;
 pub mod noise;
+pub mod session;

@@ -7,6 +7,7 @@ mod column;
 mod decode;
 mod encode;
 mod exec;
+mod table;
 #[cfg(test)]
 mod tests;
 
@@ -14,3 +15,4 @@ pub use column::{Column, ColumnKind, Domain, OutOfDomain};
 pub use decode::{DecodeError, DecodeMode, decode_columns, decoded_schema};
 pub use encode::{BatchEncoder, ColumnStats, EncodeError, EncodeStats, encoded_schema};
 pub use exec::EncodeExec;
+pub use table::EncodedTable;

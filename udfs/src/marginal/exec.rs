@@ -14,7 +14,7 @@ use datafusion::arrow::datatypes::{DataType, Field, Schema, SchemaRef, UInt32Typ
 use datafusion::common::tree_node::TreeNodeRecursion;
 use datafusion::common::{DataFusionError, Result};
 use datafusion::execution::{SendableRecordBatchStream, TaskContext};
-use datafusion::physical_expr::{EquivalenceProperties, PhysicalExpr};
+use datafusion::physical_expr::{Distribution, EquivalenceProperties, PhysicalExpr};
 use datafusion::physical_plan::execution_plan::{Boundedness, EmissionType};
 use datafusion::physical_plan::stream::RecordBatchStreamAdapter;
 use datafusion::physical_plan::{
@@ -236,6 +236,13 @@ impl ExecutionPlan for MarginalExec {
             self.config.clone(),
             self.mode,
         )?))
+    }
+
+    fn required_input_distribution(&self) -> Vec<Distribution> {
+        match self.mode {
+            MarginalMode::Partial => vec![Distribution::UnspecifiedDistribution],
+            MarginalMode::Final => vec![Distribution::SinglePartition],
+        }
     }
 
     fn benefits_from_input_partitioning(&self) -> Vec<bool> {

@@ -14,6 +14,7 @@
 mod exec;
 mod kernel;
 mod logical;
+mod table_fn;
 #[cfg(test)]
 mod tests;
 
@@ -24,3 +25,4 @@ pub use kernel::{
     EncodedColumn, MAX_CELLS, MarginalAccumulator, MarginalConfig, MarginalSet, NullMode,
 };
 pub use logical::{MarginalNode, MarginalPlanner, plan_marginals};
+pub use table_fn::{MarginalsFunction, MarginalsTable, config_for, parse_sets, project};

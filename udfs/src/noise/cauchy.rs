@@ -177,3 +177,23 @@ mod tests {
         assert_eq!(grid_exponent(1.0), -20);
     }
 }
+
+#[cfg(test)]
+mod large_tests {
+    use super::*;
+    use crate::noise::DpRng;
+    use crate::noise::testing::ks_test;
+
+    #[test]
+    #[ignore]
+    fn million_draw_ks() {
+        let d = GeneralizedCauchy::new(2.0).unwrap();
+        let mut rng = DpRng::unsafe_seeded(3002);
+        let mut draws: Vec<f64> = (0..1_000_000).map(|_| d.sample(&mut rng)).collect();
+        let stat = ks_test(&mut draws, |x| 0.5 + x.atan() / std::f64::consts::PI, 1e-4);
+        println!(
+            "generalized Cauchy γ=2: KS D = {stat:.5} (critical at 1e-4: {:.5})",
+            (-(0.5e-4f64).ln() / 2.0).sqrt() / 1000.0
+        );
+    }
+}

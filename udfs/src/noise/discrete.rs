@@ -182,3 +182,43 @@ mod tests {
         let _ = l.sample(&mut rng);
     }
 }
+
+#[cfg(test)]
+mod large_tests {
+    //! 10^6-draw versions of the goodness-of-fit tests; run with
+    //! `cargo test -p dpflow-udfs --release -- --ignored --nocapture`.
+    use super::*;
+    use crate::noise::DpRng;
+    use crate::noise::testing::chi_square_test_integer;
+
+    #[test]
+    #[ignore]
+    fn million_draw_goodness_of_fit() {
+        for (i, scale) in [0.3, 1.0, 2.5, 10.0].into_iter().enumerate() {
+            let d = DiscreteLaplace::from_f64(scale).unwrap();
+            let mut rng = DpRng::unsafe_seeded(1000 + i as u64);
+            let draws: Vec<i64> = (0..1_000_000).map(|_| d.sample(&mut rng) as i64).collect();
+            let r = (-1.0 / scale).exp();
+            let (stat, dof, p) = chi_square_test_integer(
+                &draws,
+                |y| (1.0 - r) / (1.0 + r) * r.powi(y.unsigned_abs() as i32),
+                1e-4,
+            );
+            println!("discrete Laplace scale {scale}: chi2 {stat:.1} on {dof} dof, p = {p:.3}");
+        }
+        for (i, sigma2) in [0.05, 0.7, 2.0, 12.345, 400.0].into_iter().enumerate() {
+            let d = DiscreteGaussian::new(f64_to_urational(sigma2).unwrap()).unwrap();
+            let mut rng = DpRng::unsafe_seeded(2000 + i as u64);
+            let draws: Vec<i64> = (0..1_000_000).map(|_| d.sample(&mut rng) as i64).collect();
+            let norm: f64 = (-4000..=4000)
+                .map(|y: i64| (-(y * y) as f64 / (2.0 * sigma2)).exp())
+                .sum();
+            let (stat, dof, p) = chi_square_test_integer(
+                &draws,
+                |y| (-(y * y) as f64 / (2.0 * sigma2)).exp() / norm,
+                1e-4,
+            );
+            println!("discrete Gaussian σ²={sigma2}: chi2 {stat:.1} on {dof} dof, p = {p:.3}");
+        }
+    }
+}

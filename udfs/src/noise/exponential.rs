@@ -207,3 +207,25 @@ mod tests {
         }
     }
 }
+
+#[cfg(test)]
+mod large_tests {
+    use super::*;
+    use crate::noise::DpRng;
+    use crate::noise::testing::chi_square_test_counts;
+
+    #[test]
+    #[ignore]
+    fn million_draw_selection() {
+        let scores = [0.0, 1.0, 2.5, -3.0, 2.4, 0.1];
+        let mech = ExponentialMechanism::new(1.3, 0.7).unwrap();
+        let probs = mech.probabilities(&scores, None);
+        let mut rng = DpRng::unsafe_seeded(4242);
+        let mut counts = vec![0.0; scores.len()];
+        for _ in 0..1_000_000 {
+            counts[mech.select(&mut rng, &scores).unwrap()] += 1.0;
+        }
+        let (stat, dof, p) = chi_square_test_counts(&counts, &probs, 1e-4);
+        println!("exponential mechanism: chi2 {stat:.2} on {dof} dof, p = {p:.3}");
+    }
+}
