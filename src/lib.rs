@@ -8,9 +8,12 @@
 //! engine (samplers, operators, UDFs) is in [`dpflow_udfs`].
 #![warn(missing_docs)]
 
+pub mod bench_data;
 pub mod cli;
+pub mod dataset;
 pub mod domain;
 pub mod io;
+pub mod measure;
 pub mod privacy;
 
 pub use dpflow_udfs as udfs;

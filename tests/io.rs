@@ -194,3 +194,22 @@ async fn malformed_domain_file_names_file_line_and_key() {
         "{msg}"
     );
 }
+
+#[tokio::test]
+async fn missing_inputs_are_errors_not_empty_tables() {
+    let dir = tempfile::tempdir().unwrap();
+    for loc in [
+        dir.path().join("nope.csv").display().to_string(),
+        dir.path().join("nope.parquet").display().to_string(),
+        format!("{}/", dir.path().join("empty-prefix").display()),
+        "memory://bucket/nothing/here.parquet".to_string(),
+    ] {
+        let err = inspect(&loc, "sample_data/penguins/penguins.domain.yaml", None)
+            .await
+            .unwrap_err();
+        assert!(
+            format!("{err:#}").contains("does not exist"),
+            "{loc}: {err:#}"
+        );
+    }
+}

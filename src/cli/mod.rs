@@ -1,5 +1,7 @@
 //! The `dpflow` command line.
 
+mod bench;
+mod bench_data;
 mod budget;
 pub mod inspect;
 
@@ -25,6 +27,10 @@ pub enum Command {
     Inspect(inspect::InspectArgs),
     /// Create and inspect the privacy-budget ledger.
     Budget(budget::BudgetArgs),
+    /// Write census-like benchmark data (Parquet) from a known Bayesian network, with its domain file.
+    BenchData(bench_data::BenchDataArgs),
+    /// Performance benchmarks (marginals vs. DataFusion GROUP BY, ...).
+    Bench(bench::BenchArgs),
 }
 
 /// Runs a parsed command line.
@@ -32,6 +38,8 @@ pub async fn run(cli: Cli) -> Result<i32> {
     match cli.command {
         Command::Inspect(a) => inspect::run(a).await,
         Command::Budget(a) => budget::run(a).await,
+        Command::BenchData(a) => bench_data::run(a).await,
+        Command::Bench(a) => bench::run(a).await,
     }
 }
 

@@ -90,6 +90,32 @@ pub async fn read_header_names(
         .collect())
 }
 
+/// Fails unless `url` names an existing object, or a prefix/glob with at least
+/// one object (DataFusion would silently read an empty table).
+pub async fn ensure_exists(ctx: &SessionContext, url: &Url, location: &str) -> Result<()> {
+    let store = store_for(ctx, url)?;
+    let path = url.path();
+    let is_glob = path.contains(['*', '?', '[']);
+    if !is_glob && !path.ends_with('/') {
+        let p =
+            ObjectPath::from_url_path(path).with_context(|| format!("bad path in {location}"))?;
+        if store.head(&p).await.is_ok() {
+            return Ok(());
+        }
+    }
+    // A directory/prefix (or glob): needs at least one object below its fixed part.
+    let fixed = match path.find(['*', '?', '[']) {
+        Some(i) => &path[..path[..i].rfind('/').map_or(0, |j| j + 1)],
+        None => path,
+    };
+    let prefix =
+        ObjectPath::from_url_path(fixed).with_context(|| format!("bad path in {location}"))?;
+    match store.list(Some(&prefix)).try_next().await {
+        Ok(Some(_)) => Ok(()),
+        _ => bail!("input {location} does not exist (no file or object at {url})"),
+    }
+}
+
 /// Opens an input as a (lazy, streaming) DataFrame. CSV columns are read as
 /// text (the domain decides types); names come from the header or, when the
 /// domain says `header: false`, from the domain's column order.
@@ -101,6 +127,7 @@ pub async fn open_input(
 ) -> Result<DataFrame> {
     let url = resolve_url(location)?;
     register_stores_for(ctx, &url)?;
+    ensure_exists(ctx, &url, location).await?;
     let format = format.unwrap_or_else(|| InputFormat::detect(location));
     let table_path = url.to_string();
     match format {

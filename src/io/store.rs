@@ -57,7 +57,7 @@ pub fn session_context() -> SessionContext {
     let config = SessionConfig::new()
         .with_information_schema(false)
         .with_target_partitions(std::thread::available_parallelism().map_or(2, |n| n.get()));
-    SessionContext::new_with_config(config)
+    dpflow_udfs::session::dpflow_context(config)
 }
 
 /// Registers the object store a URL needs (S3 credentials and endpoint come

@@ -1,0 +1,194 @@
+//! `dpflow bench`: reproducible performance measurements.
+
+use std::time::Instant;
+
+use anyhow::Result;
+use clap::{Args, Subcommand, ValueEnum};
+use futures::StreamExt;
+use serde_json::json;
+
+use crate::dataset::Dataset;
+use crate::io::session_context;
+
+/// Arguments of `dpflow bench`.
+#[derive(Debug, Args)]
+pub struct BenchArgs {
+    /// What to measure.
+    #[command(subcommand)]
+    pub command: BenchCommand,
+}
+
+/// How to compute the marginals.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
+pub enum MarginalEngine {
+    /// dpflow's MarginalExec (all marginals in one scan).
+    Exec,
+    /// One DataFusion `GROUP BY a, b` query per marginal.
+    GroupBy,
+    /// One DataFusion `GROUP BY GROUPING SETS (...)` query.
+    GroupingSets,
+}
+
+/// Benchmarks.
+#[derive(Debug, Subcommand)]
+pub enum BenchCommand {
+    /// All k-way marginals of a dataset (exact counts; the result is discarded).
+    Marginals {
+        /// Input (Parquet or CSV).
+        #[arg(long)]
+        input: String,
+        /// Domain file.
+        #[arg(long)]
+        domain: String,
+        /// Marginal order k.
+        #[arg(long, default_value_t = 2)]
+        k: usize,
+        /// Engine.
+        #[arg(long, value_enum, default_value = "exec")]
+        engine: MarginalEngine,
+    },
+}
+
+/// Peak resident set size of this process, in MB.
+pub fn peak_rss_mb() -> f64 {
+    // SAFETY: getrusage only writes into the struct we pass.
+    let mut u: libc::rusage = unsafe { std::mem::zeroed() };
+    let rc = unsafe { libc::getrusage(libc::RUSAGE_SELF, &mut u) };
+    if rc == 0 {
+        u.ru_maxrss as f64 / 1024.0
+    } else {
+        f64::NAN
+    }
+}
+
+fn subsets(n: usize, k: usize) -> Vec<Vec<usize>> {
+    let mut out = Vec::new();
+    let mut cur = Vec::new();
+    fn rec(start: usize, n: usize, k: usize, cur: &mut Vec<usize>, out: &mut Vec<Vec<usize>>) {
+        if cur.len() == k {
+            out.push(cur.clone());
+            return;
+        }
+        for i in start..n {
+            cur.push(i);
+            rec(i + 1, n, k, cur, out);
+            cur.pop();
+        }
+    }
+    rec(0, n, k, &mut cur, &mut out);
+    out
+}
+
+pub(super) async fn run(a: BenchArgs) -> Result<i32> {
+    match a.command {
+        BenchCommand::Marginals {
+            input,
+            domain,
+            k,
+            engine,
+        } => {
+            let ds = Dataset::open("bench", &input, None, &domain)?;
+            let names: Vec<String> = ds.domain().names().iter().map(|s| s.to_string()).collect();
+            let sets = subsets(names.len(), k);
+            let ctx = session_context();
+            let start = Instant::now();
+            let rows: u64 = match engine {
+                MarginalEngine::Exec => {
+                    let q: Vec<(Vec<String>, _)> = sets
+                        .iter()
+                        .map(|s| {
+                            (
+                                s.iter().map(|&i| names[i].clone()).collect(),
+                                dpflow_udfs::marginal::NullMode::Cells,
+                            )
+                        })
+                        .collect();
+                    let m = ds.exact_marginals(&ctx, &q).await?;
+                    m[0].counts.iter().sum()
+                }
+                MarginalEngine::GroupBy | MarginalEngine::GroupingSets => {
+                    ctx.register_table("t", ds.raw(&ctx).await?.into_view())?;
+                    let quoted: Vec<String> = names.iter().map(|n| format!("\"{n}\"")).collect();
+                    let queries: Vec<String> = if engine == MarginalEngine::GroupBy {
+                        sets.iter()
+                            .map(|s| {
+                                let cols: Vec<&str> =
+                                    s.iter().map(|&i| quoted[i].as_str()).collect();
+                                format!(
+                                    "SELECT {c}, count(*) AS n FROM t GROUP BY {c}",
+                                    c = cols.join(", ")
+                                )
+                            })
+                            .collect()
+                    } else {
+                        let used: Vec<usize> = (0..names.len()).collect();
+                        let gs: Vec<String> = sets
+                            .iter()
+                            .map(|s| {
+                                format!(
+                                    "({})",
+                                    s.iter()
+                                        .map(|&i| quoted[i].as_str())
+                                        .collect::<Vec<_>>()
+                                        .join(", ")
+                                )
+                            })
+                            .collect();
+                        vec![format!(
+                            "SELECT {}, count(*) AS n FROM t GROUP BY GROUPING SETS ({})",
+                            used.iter()
+                                .map(|&i| quoted[i].as_str())
+                                .collect::<Vec<_>>()
+                                .join(", "),
+                            gs.join(", ")
+                        )]
+                    };
+                    let mut first_total = 0u64;
+                    for (qi, q) in queries.iter().enumerate() {
+                        let mut s = ctx.sql(q).await?.execute_stream().await?;
+                        let mut total = 0u64;
+                        while let Some(b) = s.next().await {
+                            let b = b?;
+                            let n = b.column(b.num_columns() - 1);
+                            let n = datafusion::arrow::compute::cast(
+                                n,
+                                &datafusion::arrow::datatypes::DataType::Int64,
+                            )?;
+                            let n = n
+                                .as_any()
+                                .downcast_ref::<datafusion::arrow::array::Int64Array>()
+                                .expect("int64");
+                            total += n.values().iter().map(|&v| v as u64).sum::<u64>();
+                        }
+                        if qi == 0 {
+                            first_total = total;
+                        }
+                    }
+                    if engine == MarginalEngine::GroupingSets {
+                        first_total / sets.len() as u64
+                    } else {
+                        first_total
+                    }
+                }
+            };
+            let secs = start.elapsed().as_secs_f64();
+            let cores = std::thread::available_parallelism().map_or(1, |n| n.get());
+            println!(
+                "{}",
+                serde_json::to_string_pretty(&json!({
+                    "engine": format!("{engine:?}"),
+                    "input": input,
+                    "rows": rows,
+                    "marginals": sets.len(),
+                    "k": k,
+                    "seconds": secs,
+                    "rows_per_second": rows as f64 / secs,
+                    "rows_per_second_per_core": rows as f64 / secs / cores as f64,
+                    "cores": cores,
+                    "peak_rss_mb": peak_rss_mb(),
+                }))?
+            );
+        }
+    }
+    Ok(0)
+}

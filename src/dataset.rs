@@ -1,0 +1,136 @@
+//! A dataset: where the data is, how to read it, and its public domain.
+//! Exact statistics computed here are `pub(crate)`: they only ever feed DP
+//! mechanisms inside this crate.
+
+use std::sync::Arc;
+
+use anyhow::{Context, Result};
+use datafusion::dataframe::DataFrame;
+use datafusion::execution::context::SessionContext;
+use datafusion::physical_plan::{ExecutionPlan, collect};
+use dpflow_udfs::domain::EncodeExec;
+use dpflow_udfs::marginal::{NullMode, batch_to_counts, config_for, plan_marginals};
+
+use crate::domain::{Domain, DomainSpec};
+use crate::io::{InputFormat, open_input};
+
+/// A protected (or public) dataset.
+#[derive(Debug, Clone)]
+pub struct Dataset {
+    /// Name (the ledger's dataset name for protected data).
+    pub name: String,
+    /// File, prefix, glob or URL.
+    pub location: String,
+    /// Format (default: from the extension).
+    pub format: Option<InputFormat>,
+    /// Public domain.
+    pub spec: Arc<DomainSpec>,
+}
+
+/// Exact marginal counts (crate-private: never released without noise).
+#[derive(Debug, Clone, PartialEq)]
+pub(crate) struct ExactMarginal {
+    pub attrs: Vec<String>,
+    pub mode: NullMode,
+    /// Cells per attribute (null cell included in `Cells` mode).
+    pub shape: Vec<usize>,
+    pub counts: Vec<u64>,
+    /// Rows observed on every attribute (all rows in `Cells` mode).
+    pub observed: u64,
+}
+
+impl Dataset {
+    /// A dataset from a location and a domain file.
+    pub fn open(
+        name: &str,
+        location: &str,
+        format: Option<InputFormat>,
+        domain_file: &str,
+    ) -> Result<Self> {
+        Ok(Self {
+            name: name.to_string(),
+            location: location.to_string(),
+            format,
+            spec: Arc::new(DomainSpec::load(domain_file)?),
+        })
+    }
+
+    /// The public domain.
+    pub fn domain(&self) -> &Domain {
+        &self.spec.domain
+    }
+
+    /// The raw data as a lazy DataFrame.
+    pub async fn raw(&self, ctx: &SessionContext) -> Result<DataFrame> {
+        open_input(ctx, &self.location, self.format, &self.spec).await
+    }
+
+    /// Physical plan producing encoded codes for `columns` (all domain columns if empty).
+    pub(crate) async fn encoded_plan(
+        &self,
+        ctx: &SessionContext,
+        columns: &[&str],
+    ) -> Result<Arc<dyn ExecutionPlan>> {
+        let names: Vec<&str> = if columns.is_empty() {
+            self.domain().names()
+        } else {
+            columns.to_vec()
+        };
+        let sub = Arc::new(self.domain().project(&names).map_err(anyhow::Error::msg)?);
+        let df = self
+            .raw(ctx)
+            .await?
+            .select_columns(&names)
+            .with_context(|| {
+                format!(
+                    "{}: the data does not have the domain's columns {names:?}",
+                    self.location
+                )
+            })?;
+        let plan = df.create_physical_plan().await?;
+        Ok(Arc::new(EncodeExec::try_new(plan, sub)?))
+    }
+
+    /// Exact marginals of attribute sets, in one scan.
+    pub(crate) async fn exact_marginals(
+        &self,
+        ctx: &SessionContext,
+        sets: &[(Vec<String>, NullMode)],
+    ) -> Result<Vec<ExactMarginal>> {
+        let config = config_for(self.domain(), sets)?;
+        let used: Vec<&str> = config.columns.iter().map(|c| c.name.as_str()).collect();
+        let input = self.encoded_plan(ctx, &used).await?;
+        let plan = plan_marginals(input, config.clone())?;
+        let batches = collect(plan, ctx.task_ctx())
+            .await
+            .with_context(|| format!("counting marginals of {}", self.location))?;
+        let mut out: Vec<Option<ExactMarginal>> = vec![None; sets.len()];
+        for b in &batches {
+            for (i, counts, observed) in batch_to_counts(b)? {
+                let i = i as usize;
+                let (attrs, mode) = &sets[i];
+                let shape = config.sets[i]
+                    .attrs
+                    .iter()
+                    .map(|&a| {
+                        let c = &config.columns[a];
+                        match (mode, c.null_code) {
+                            (NullMode::Observed, Some(_)) => c.cardinality as usize - 1,
+                            _ => c.cardinality as usize,
+                        }
+                    })
+                    .collect();
+                out[i] = Some(ExactMarginal {
+                    attrs: attrs.clone(),
+                    mode: *mode,
+                    shape,
+                    counts,
+                    observed,
+                });
+            }
+        }
+        out.into_iter()
+            .map(|m| m.context("marginal operator returned too few marginals"))
+            .collect()
+    }
+}
