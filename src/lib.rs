@@ -14,6 +14,7 @@ pub mod dataset;
 pub mod domain;
 pub mod io;
 pub mod measure;
+pub mod pgm;
 pub mod privacy;
 
 pub use dpflow_udfs as udfs;

@@ -15,3 +15,4 @@ pub mod domain;
 pub mod marginal;
 pub mod noise;
 pub mod session;
+pub mod synth;
