@@ -32,6 +32,38 @@ pub enum MarginalEngine {
 /// Benchmarks.
 #[derive(Debug, Subcommand)]
 pub enum BenchCommand {
+    /// Write noisy measurements for a PGM estimation benchmark: all 1-way
+    /// marginals plus the 2-way marginals of the maximum spanning tree on
+    /// mutual information (benchmark input, not a private release).
+    PgmMeasurements {
+        /// Input data.
+        #[arg(long)]
+        input: String,
+        /// Domain file.
+        #[arg(long)]
+        domain: String,
+        /// Output JSON.
+        #[arg(long)]
+        out: String,
+        /// Noise σ for every marginal.
+        #[arg(long, default_value_t = 10.0)]
+        sigma: f64,
+        /// Seed of the noise (benchmark only).
+        #[arg(long, default_value_t = 0)]
+        seed: u64,
+    },
+    /// Estimate a model from a measurements JSON and report objective and time.
+    Pgm {
+        /// Measurements JSON (from `bench pgm-measurements`).
+        #[arg(long)]
+        measurements: String,
+        /// Mirror-descent iterations.
+        #[arg(long, default_value_t = 1000)]
+        iters: usize,
+        /// Optimise with 1/σ² weights (mbi 2.0.0's loss) instead of 1/σ.
+        #[arg(long)]
+        inverse_variance: bool,
+    },
     /// All k-way marginals of a dataset (exact counts; the result is discarded).
     Marginals {
         /// Input (Parquet or CSV).
@@ -81,6 +113,28 @@ fn subsets(n: usize, k: usize) -> Vec<Vec<usize>> {
 
 pub(super) async fn run(a: BenchArgs) -> Result<i32> {
     match a.command {
+        BenchCommand::PgmMeasurements {
+            input,
+            domain,
+            out,
+            sigma,
+            seed,
+        } => {
+            crate::pgm::bench::write_measurements(&input, &domain, &out, sigma, seed).await?;
+        }
+        BenchCommand::Pgm {
+            measurements,
+            iters,
+            inverse_variance,
+        } => {
+            let w = if inverse_variance {
+                crate::pgm::Weighting::InverseVariance
+            } else {
+                crate::pgm::Weighting::InverseSigma
+            };
+            let report = crate::pgm::bench::run_estimation(&measurements, iters, w)?;
+            println!("{}", serde_json::to_string_pretty(&report)?);
+        }
         BenchCommand::Marginals {
             input,
             domain,

@@ -8,7 +8,9 @@
 //! log-potentials θ with marginals from belief propagation and an Armijo line
 //! search (step 2/n initially, ×1.01 after a sufficient decrease, ×½ otherwise),
 //! exactly the update private-pgm (mbi 2.0) uses. The weights are 1/σ_i as in
-//! 001 §2.3 and mbi 2.0 (the issue's objective up to the constant ½).
+//! 001 §2.3 and the issue (up to the constant ½); `Weighting::InverseVariance`
+//! gives the Gaussian maximum-likelihood weights 1/σ_i² that mbi 2.0.0 (PyPI)
+//! uses, for side-by-side comparisons.
 
 use serde::{Deserialize, Serialize};
 
@@ -84,6 +86,26 @@ pub enum Norm {
     L1,
 }
 
+/// Weights of the L2 loss terms.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Weighting {
+    /// 1/σ (001 §2.3, the issue's objective).
+    #[default]
+    InverseSigma,
+    /// 1/σ² (Gaussian likelihood; mbi 2.0.0).
+    InverseVariance,
+}
+
+impl Weighting {
+    fn weight(&self, sigma: f64) -> f64 {
+        match self {
+            Weighting::InverseSigma => 1.0 / sigma,
+            Weighting::InverseVariance => 1.0 / (sigma * sigma),
+        }
+    }
+}
+
 /// Estimation options.
 #[derive(Debug, Clone)]
 pub struct EstimateOptions {
@@ -95,6 +117,8 @@ pub struct EstimateOptions {
     pub total: Option<f64>,
     /// Stop early when the loss improves by less than this (relative) over 50 iterations.
     pub tolerance: f64,
+    /// L2 weights.
+    pub weighting: Weighting,
 }
 
 impl Default for EstimateOptions {
@@ -104,6 +128,7 @@ impl Default for EstimateOptions {
             norm: Norm::L2,
             total: None,
             tolerance: 0.0,
+            weighting: Weighting::InverseSigma,
         }
     }
 }
@@ -156,6 +181,7 @@ struct Problem<'a> {
     sizes: &'a [usize],
     measurements: &'a [Measurement],
     norm: Norm,
+    weighting: Weighting,
     /// Potential cliques (maximal measured sets ∪ warm-start cliques).
     cliques: Vec<Vec<usize>>,
     /// Measurement → potential clique.
@@ -199,15 +225,18 @@ impl Problem<'_> {
             let marg = mu[k].sum_to(&m.attrs);
             let fitted = m.apply(&marg);
             let g: Vec<f64> = match self.norm {
-                Norm::L2 => fitted
-                    .iter()
-                    .zip(&m.values)
-                    .map(|(f, y)| {
-                        let d = f - y;
-                        loss += d * d / (2.0 * m.sigma);
-                        d / m.sigma
-                    })
-                    .collect(),
+                Norm::L2 => {
+                    let w = self.weighting.weight(m.sigma);
+                    fitted
+                        .iter()
+                        .zip(&m.values)
+                        .map(|(f, y)| {
+                            let d = f - y;
+                            loss += 0.5 * w * d * d;
+                            w * d
+                        })
+                        .collect()
+                }
                 // L1 is minimised through its Huber smoothing with δ = σ/10 (the
                 // plain subgradient stalls the Armijo line search); the smoothed
                 // loss is within δ/2 per cell of the L1 loss.
@@ -237,6 +266,25 @@ impl Problem<'_> {
     fn loss(&self, mu: &[Factor]) -> f64 {
         self.loss_grad(mu).0
     }
+}
+
+fn lipschitz(p: &Problem<'_>) -> f64 {
+    let mut blocks = vec![0.0f64; p.cliques.len()];
+    for (i, m) in p.measurements.iter().enumerate() {
+        let k = p.assign[i];
+        let big: f64 = p.cliques[k].iter().map(|&a| p.sizes[a] as f64).product();
+        let small: f64 = m.attrs.iter().map(|&a| p.sizes[a] as f64).product();
+        let q = match &m.query {
+            Query::Scaled(c) => c * c,
+            _ => 1.0,
+        };
+        let w = match p.norm {
+            Norm::L2 => p.weighting.weight(m.sigma),
+            Norm::L1 => 1.0 / (m.sigma * m.sigma * HUBER),
+        };
+        blocks[k] += q * w * big / small;
+    }
+    blocks.into_iter().fold(0.0, f64::max).max(1e-12)
 }
 
 fn dot(a: &[Factor], b: &[Factor], c: &[Factor]) -> f64 {
@@ -287,6 +335,7 @@ pub fn estimate(
         sizes,
         measurements,
         norm: options.norm,
+        weighting: options.weighting,
         cliques,
         assign,
         jt,
@@ -311,7 +360,10 @@ pub fn estimate(
         }
     }
 
-    let mut alpha = 2.0 / total;
+    // Initial step 2/(L·n) with L the Lipschitz constant of ∇L (exact for
+    // identity queries: max over cliques of Σ w·|C|/|r|), as mbi 2.0 does.
+    let lipschitz = lipschitz(&problem);
+    let mut alpha = 2.0 / (lipschitz * total);
     let mut mu = problem.marginals(&theta);
     let (mut loss, mut grad) = problem.loss_grad(&mu);
     let mut iterations = 0;
@@ -372,10 +424,20 @@ pub fn estimate(
     }
 }
 
-/// The objective value of any marginal oracle (for comparisons): `marginal(attrs)` → counts.
+/// The objective value (1/σ weights) of any marginal oracle: `marginal(attrs)` → counts.
 pub fn objective(
     measurements: &[Measurement],
     norm: Norm,
+    marginal: impl FnMut(&[usize]) -> Factor,
+) -> f64 {
+    objective_weighted(measurements, norm, Weighting::InverseSigma, marginal)
+}
+
+/// The objective value under a given L2 weighting.
+pub fn objective_weighted(
+    measurements: &[Measurement],
+    norm: Norm,
+    weighting: Weighting,
     mut marginal: impl FnMut(&[usize]) -> Factor,
 ) -> f64 {
     measurements
@@ -386,7 +448,7 @@ pub fn objective(
                 .iter()
                 .zip(&m.values)
                 .map(|(f, y)| match norm {
-                    Norm::L2 => (f - y) * (f - y) / (2.0 * m.sigma),
+                    Norm::L2 => 0.5 * weighting.weight(m.sigma) * (f - y) * (f - y),
                     Norm::L1 => (f - y).abs() / m.sigma,
                 })
                 .sum::<f64>()

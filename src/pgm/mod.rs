@@ -2,6 +2,7 @@
 //! (001 §2.3; NOTES §3): factors, junction trees, exact belief propagation,
 //! Private-PGM estimation from noisy marginals, and synthetic sampling.
 
+pub mod bench;
 pub mod estimate;
 pub mod factor;
 pub mod jtree;
@@ -11,7 +12,8 @@ pub mod sample;
 mod tests;
 
 pub use estimate::{
-    Estimate, EstimateOptions, Measurement, Norm, Query, estimate, estimate_total, objective,
+    Estimate, EstimateOptions, Measurement, Norm, Query, Weighting, estimate, estimate_total,
+    objective, objective_weighted,
 };
 pub use factor::Factor;
 pub use jtree::{JunctionTree, hypothetical_size_mb};
