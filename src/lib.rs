@@ -12,9 +12,11 @@ pub mod bench_data;
 pub mod cli;
 pub mod dataset;
 pub mod domain;
+pub mod eval;
 pub mod io;
 pub mod measure;
 pub mod pgm;
 pub mod privacy;
+pub mod synth;
 
 pub use dpflow_udfs as udfs;

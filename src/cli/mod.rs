@@ -2,8 +2,9 @@
 
 mod bench;
 mod bench_data;
-mod budget;
+pub mod budget;
 pub mod inspect;
+mod synth;
 
 use anyhow::Result;
 use clap::{Parser, Subcommand};
@@ -31,6 +32,12 @@ pub enum Command {
     BenchData(bench_data::BenchDataArgs),
     /// Performance benchmarks (marginals vs. DataFusion GROUP BY, ...).
     Bench(bench::BenchArgs),
+    /// Fit a DP synthesizer (AIM, MWEM+PGM, MST, Independent) and write synthetic Parquet.
+    Synth(synth::SynthArgs),
+    /// Sample synthetic rows from a saved model (no data needed).
+    Sample(synth::SampleArgs),
+    /// Compare synthetic with real data: workload error and 1/2/3-way TVD (curator-only).
+    Eval(synth::EvalArgs),
 }
 
 /// Runs a parsed command line.
@@ -40,6 +47,9 @@ pub async fn run(cli: Cli) -> Result<i32> {
         Command::Budget(a) => budget::run(a).await,
         Command::BenchData(a) => bench_data::run(a).await,
         Command::Bench(a) => bench::run(a).await,
+        Command::Synth(a) => synth::run(a).await,
+        Command::Sample(a) => synth::sample(a).await,
+        Command::Eval(a) => synth::eval(a).await,
     }
 }
 

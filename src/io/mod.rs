@@ -9,4 +9,4 @@ mod write;
 
 pub use read::{InputFormat, open_input, read_header_names};
 pub use store::{memory_store, register_stores_for, resolve_url, session_context, store_for};
-pub use write::{ParquetSink, write_parquet_stream};
+pub use write::{ParquetSink, write_csv_stream, write_parquet_stream, write_stream};

@@ -1,7 +1,5 @@
 //! Parquet (zstd) writes to any registered object store, streaming.
 
-use std::sync::Arc;
-
 use anyhow::{Context, Result};
 use datafusion::arrow::array::RecordBatch;
 use datafusion::arrow::datatypes::SchemaRef;
@@ -73,6 +71,63 @@ impl ParquetSink {
     }
 }
 
+/// Writes a whole stream as CSV (with a header; nulls as empty fields).
+pub async fn write_csv_stream(
+    ctx: &SessionContext,
+    location: &str,
+    mut stream: SendableRecordBatchStream,
+) -> Result<u64> {
+    use tokio::io::AsyncWriteExt;
+    let url = resolve_url(location)?;
+    register_stores_for(ctx, &url)?;
+    if url.scheme() == "file" {
+        if let Ok(p) = url.to_file_path() {
+            if let Some(dir) = p.parent() {
+                std::fs::create_dir_all(dir)
+                    .with_context(|| format!("cannot create {}", dir.display()))?;
+            }
+        }
+    }
+    let store = store_for(ctx, &url)?;
+    let path = ObjectPath::from_url_path(url.path())
+        .with_context(|| format!("bad output path {location}"))?;
+    let mut out = BufWriter::new(store, path);
+    let mut rows = 0u64;
+    let mut header = true;
+    while let Some(batch) = stream.next().await {
+        let batch = batch?;
+        rows += batch.num_rows() as u64;
+        let mut buf = Vec::new();
+        {
+            let mut w = datafusion::arrow::csv::WriterBuilder::new()
+                .with_header(header)
+                .build(&mut buf);
+            w.write(&batch)?;
+        }
+        header = false;
+        out.write_all(&buf)
+            .await
+            .with_context(|| format!("writing {location}"))?;
+    }
+    out.shutdown()
+        .await
+        .with_context(|| format!("closing {location}"))?;
+    Ok(rows)
+}
+
+/// Writes a stream as Parquet, or as CSV when the location ends in `.csv`.
+pub async fn write_stream(
+    ctx: &SessionContext,
+    location: &str,
+    stream: SendableRecordBatchStream,
+) -> Result<u64> {
+    if location.to_ascii_lowercase().ends_with(".csv") {
+        write_csv_stream(ctx, location, stream).await
+    } else {
+        write_parquet_stream(ctx, location, stream).await
+    }
+}
+
 /// Writes a whole stream to a Parquet object; returns the row count.
 pub async fn write_parquet_stream(
     ctx: &SessionContext,
@@ -85,6 +140,3 @@ pub async fn write_parquet_stream(
     }
     sink.finish().await
 }
-
-#[allow(dead_code)]
-fn _assert_send(_: Arc<ParquetSink>) {}

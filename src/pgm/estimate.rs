@@ -29,6 +29,9 @@ pub enum Query {
     /// The marginal scaled by a known factor (e.g. observed-only marginals of a
     /// model without null codes: ≈ n_obs/n of the full marginal).
     Scaled(f64),
+    /// Each cell multiplied by its own public weight (e.g. MST's compressed
+    /// domains re-express a merged cell as its sum/√k).
+    Weighted(Vec<f64>),
 }
 
 /// One noisy measurement ỹ = Q·M_r(D) + noise.
@@ -62,6 +65,7 @@ impl Measurement {
             Query::Identity => marginal.values.clone(),
             Query::Select(idx) => idx.iter().map(|&i| marginal.values[i]).collect(),
             Query::Scaled(c) => marginal.values.iter().map(|v| v * c).collect(),
+            Query::Weighted(w) => marginal.values.iter().zip(w).map(|(v, c)| v * c).collect(),
         }
     }
 
@@ -71,6 +75,12 @@ impl Measurement {
             Query::Identity => into.values.iter_mut().zip(g).for_each(|(a, b)| *a += b),
             Query::Select(idx) => idx.iter().zip(g).for_each(|(&i, b)| into.values[i] += b),
             Query::Scaled(c) => into.values.iter_mut().zip(g).for_each(|(a, b)| *a += c * b),
+            Query::Weighted(w) => into
+                .values
+                .iter_mut()
+                .zip(g)
+                .zip(w)
+                .for_each(|((a, b), c)| *a += c * b),
         }
     }
 }
@@ -276,6 +286,7 @@ fn lipschitz(p: &Problem<'_>) -> f64 {
         let small: f64 = m.attrs.iter().map(|&a| p.sizes[a] as f64).product();
         let q = match &m.query {
             Query::Scaled(c) => c * c,
+            Query::Weighted(w) => w.iter().fold(0.0f64, |a, c| a.max(c * c)),
             _ => 1.0,
         };
         let w = match p.norm {

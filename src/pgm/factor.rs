@@ -199,6 +199,41 @@ impl Factor {
         for_each_pair(&self.shape, &ss, |i, j| v[i] -= o[j]);
     }
 
+    /// Multiplies by `other` (over a subset of attributes), broadcast.
+    pub fn mul_assign_sub(&mut self, other: &Factor) {
+        let ss = self.sub_strides(&other.attrs, &other.shape);
+        let v = &mut self.values;
+        let o = &other.values;
+        for_each_pair(&self.shape, &ss, |i, j| v[i] *= o[j]);
+    }
+
+    /// Divides by `other` (over a subset of attributes), broadcast; 0/0 = 0.
+    pub fn div_assign_sub(&mut self, other: &Factor) {
+        let ss = self.sub_strides(&other.attrs, &other.shape);
+        let v = &mut self.values;
+        let o = &other.values;
+        for_each_pair(&self.shape, &ss, |i, j| {
+            v[i] = if o[j] == 0.0 { 0.0 } else { v[i] / o[j] }
+        });
+    }
+
+    /// This factor broadcast onto `attrs` ⊇ its attributes (sizes from `sizes`).
+    pub fn expand(&self, attrs: &[usize], sizes: &[usize]) -> Factor {
+        let mut out = Factor::zeros(attrs, sizes);
+        out.add_assign_sub(self);
+        out
+    }
+
+    /// The product with `other`, over the union of attributes.
+    pub fn product(&self, other: &Factor, sizes: &[usize]) -> Factor {
+        let mut union: Vec<usize> = self.attrs.iter().chain(&other.attrs).copied().collect();
+        union.sort_unstable();
+        union.dedup();
+        let mut out = self.expand(&union, sizes);
+        out.mul_assign_sub(other);
+        out
+    }
+
     /// log Σ exp(values).
     pub fn logsumexp(&self) -> f64 {
         let m = self

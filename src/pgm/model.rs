@@ -145,6 +145,12 @@ impl GraphicalModel {
     /// clique it is a sum; otherwise the model is re-run on a junction tree that
     /// contains `attrs` as a clique (variable elimination).
     pub fn marginal(&self, attrs: &[usize]) -> Factor {
+        self.beliefs().marginal_any(attrs, &self.sizes)
+    }
+
+    /// [`GraphicalModel::marginal`] by re-running belief propagation on a junction
+    /// tree extended with `attrs` (a slower, independent path used in tests).
+    pub fn marginal_by_extension(&self, attrs: &[usize]) -> Factor {
         let b = self.beliefs();
         if let Some(m) = b.marginal(attrs) {
             return m;
@@ -170,6 +176,97 @@ impl Beliefs {
     pub fn marginal(&self, attrs: &[usize]) -> Option<Factor> {
         let i = self.jtree.clique_containing(attrs)?;
         Some(self.cliques[i].sum_to(attrs))
+    }
+
+    /// The marginal (counts) over any attribute set, by variable elimination on
+    /// the smallest subtree of the calibrated junction tree that covers `attrs`:
+    /// p = Π_C μ_C / Π_S μ_S on that subtree, summing out other attributes
+    /// leaf to root.
+    pub fn marginal_any(&self, attrs: &[usize], sizes: &[usize]) -> Factor {
+        if let Some(m) = self.marginal(attrs) {
+            return m;
+        }
+        let jt = &self.jtree;
+        let n = jt.cliques.len();
+        let nb = jt.neighbours();
+        // Terminals: for each attribute, the clique holding most of `attrs`.
+        let mut terminal = vec![false; n];
+        for &a in attrs {
+            let best = (0..n)
+                .filter(|&i| jt.cliques[i].contains(&a))
+                .max_by_key(|&i| attrs.iter().filter(|x| jt.cliques[i].contains(x)).count())
+                .expect("every attribute is in a clique");
+            terminal[best] = true;
+        }
+        // Steiner subtree: repeatedly prune non-terminal leaves.
+        let mut alive = vec![true; n];
+        let mut degree: Vec<usize> = nb.iter().map(|v| v.len()).collect();
+        let mut changed = true;
+        while changed {
+            changed = false;
+            for i in 0..n {
+                if alive[i] && !terminal[i] && degree[i] <= 1 {
+                    alive[i] = false;
+                    changed = true;
+                    for &j in &nb[i] {
+                        if alive[j] {
+                            degree[j] -= 1;
+                        }
+                    }
+                }
+            }
+        }
+        let root = (0..n).find(|&i| terminal[i]).expect("a terminal");
+        // DFS order within the subtree.
+        let mut order = vec![root];
+        let mut parent = vec![usize::MAX; n];
+        let mut k = 0;
+        while k < order.len() {
+            let x = order[k];
+            for &y in &nb[x] {
+                if alive[y] && y != parent[x] && parent[y] == usize::MAX && y != root {
+                    parent[y] = x;
+                    order.push(y);
+                }
+            }
+            k += 1;
+        }
+        let total = self.total.max(f64::MIN_POSITIVE);
+        let mut msgs: Vec<Option<Factor>> = vec![None; n];
+        for &i in order.iter().rev() {
+            let mut f = self.cliques[i].clone();
+            f.values.iter_mut().for_each(|v| *v /= total);
+            if let Some(m) = msgs[i].take() {
+                f = f.product(&m, sizes);
+            }
+            if i == root {
+                let mut out = f.sum_to(attrs);
+                out.values.iter_mut().for_each(|v| *v *= total);
+                return out;
+            }
+            let p = parent[i];
+            let sep: Vec<usize> = jt.cliques[i]
+                .iter()
+                .copied()
+                .filter(|a| jt.cliques[p].contains(a))
+                .collect();
+            let mut sep_belief = self.cliques[p].sum_to(&sep);
+            sep_belief.values.iter_mut().for_each(|v| *v /= total);
+            f.div_assign_sub(&sep_belief);
+            let mut keep: Vec<usize> = f
+                .attrs
+                .iter()
+                .copied()
+                .filter(|a| sep.contains(a) || attrs.contains(a))
+                .collect();
+            keep.sort_unstable();
+            let m = f.sum_to(&keep);
+            msgs[p] = Some(match msgs[p].take() {
+                Some(prev) => prev.product(&m, sizes),
+                None => m,
+            });
+        }
+        unreachable!("the root returns")
     }
 }
 

@@ -59,12 +59,24 @@ fn belief_propagation_matches_the_joint() {
                 assert!((x - y).abs() < 1e-9 * 1000.0, "clique {c:?}: {x} vs {y}");
             }
         }
-        // Attribute sets outside every clique go through variable elimination.
-        for q in [vec![0, 4], vec![0, 5], vec![0, 2, 5], vec![1, 4]] {
+        // Attribute sets outside every clique go through variable elimination
+        // (both the re-built tree and the calibrated-subtree elimination).
+        for q in [
+            vec![0, 4],
+            vec![0, 5],
+            vec![0, 2, 5],
+            vec![1, 4],
+            vec![0, 3, 4, 5],
+        ] {
             let want = joint.sum_to(&q);
-            let got = model.marginal(&q);
-            for (x, y) in want.values.iter().zip(&got.values) {
+            let got = model.marginal_by_extension(&q);
+            let fast = beliefs.marginal_any(&q, &sizes);
+            for ((x, y), z) in want.values.iter().zip(&got.values).zip(&fast.values) {
                 assert!((x - y).abs() < 1e-9 * 1000.0, "{q:?}: {x} vs {y}");
+                assert!(
+                    (x - z).abs() < 1e-9 * 1000.0,
+                    "{q:?}: {x} vs {z} (subtree elimination)"
+                );
             }
         }
     }

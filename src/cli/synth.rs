@@ -1,0 +1,242 @@
+//! `dpflow synth`, `dpflow sample` and `dpflow eval`.
+
+use anyhow::{Context, Result};
+use clap::Args;
+use indicatif::{ProgressBar, ProgressStyle};
+
+use super::OutputFormat;
+use super::budget::BudgetSpec;
+use crate::dataset::Dataset;
+use crate::io::{InputFormat, session_context, write_stream};
+use crate::synth::SynthOptions;
+use crate::synth::run::{Mechanism, SavedModel, SynthRequest, run_synth, synthetic_exec};
+use dpflow_udfs::domain::DecodeMode;
+
+/// Arguments of `dpflow synth`.
+#[derive(Debug, Args)]
+pub struct SynthArgs {
+    /// Input data (file, prefix, glob or URL).
+    #[arg(long)]
+    pub input: String,
+    /// Input format (default: from the extension).
+    #[arg(long, value_enum)]
+    pub input_format: Option<InputFormat>,
+    /// Public domain file.
+    #[arg(long)]
+    pub domain: String,
+    /// Synthesizer.
+    #[arg(long, value_enum)]
+    pub mechanism: Mechanism,
+    /// Budget of this release.
+    #[command(flatten)]
+    pub budget: BudgetSpec,
+    /// Workload: all-Kway[:max-cells=N], target:COL, skewed[:seed=S], file:PATH.
+    #[arg(long, default_value = "all-3way")]
+    pub workload: String,
+    /// Rows to generate (default: the model's noisy estimate of the row count).
+    #[arg(long)]
+    pub rows: Option<u64>,
+    /// Synthetic Parquet output (file or URL).
+    #[arg(long)]
+    pub out: String,
+    /// Also save the fitted model (DP post-processing; safe to publish).
+    #[arg(long)]
+    pub model_out: Option<String>,
+    /// Release record (JSON; default `<out>.record.json`).
+    #[arg(long)]
+    pub record_out: Option<String>,
+    /// Ledger to charge (with --dataset).
+    #[arg(long, requires = "dataset")]
+    pub ledger: Option<String>,
+    /// Dataset name in the ledger.
+    #[arg(long, requires = "ledger")]
+    pub dataset: Option<String>,
+    /// Release id (idempotency in the ledger).
+    #[arg(long)]
+    pub release_id: Option<String>,
+    /// Mirror-descent iterations per estimation.
+    #[arg(long, default_value_t = 1000)]
+    pub iters: usize,
+    /// AIM/MWEM model capacity (JT-SIZE in MB).
+    #[arg(long, default_value_t = 80.0)]
+    pub max_model_size: f64,
+    /// Confidence of AIM's error bounds.
+    #[arg(long, default_value_t = 0.95)]
+    pub confidence: f64,
+    /// MWEM rounds (default: number of columns).
+    #[arg(long)]
+    pub rounds: Option<usize>,
+    /// Decode numeric bins to their midpoints (default: uniform inside the bin).
+    #[arg(long)]
+    pub midpoints: bool,
+    /// UNSAFE: seed all randomness (tests and reproducible benchmarks only; the output is not private).
+    #[arg(long)]
+    pub unsafe_seed: Option<u64>,
+}
+
+fn spinner() -> ProgressBar {
+    let pb = ProgressBar::new_spinner();
+    pb.set_style(ProgressStyle::with_template("{spinner} [{elapsed}] {msg}").expect("template"));
+    pb.enable_steady_tick(std::time::Duration::from_millis(200));
+    pb
+}
+
+pub(super) async fn run(a: SynthArgs) -> Result<i32> {
+    if a.unsafe_seed.is_some() {
+        eprintln!(
+            "WARNING: --unsafe-seed makes the noise reproducible: this output is NOT differentially private."
+        );
+    }
+    if a.ledger.is_none() {
+        eprintln!(
+            "note: no --ledger given: this release's privacy cost is not recorded in a budget ledger."
+        );
+    }
+    let dataset = Dataset::open(
+        a.dataset.as_deref().unwrap_or("data"),
+        &a.input,
+        a.input_format,
+        &a.domain,
+    )?;
+    let req = SynthRequest {
+        dataset,
+        mechanism: a.mechanism,
+        budget: a.budget.budget()?,
+        workload: a.workload.clone(),
+        rows: a.rows,
+        out: a.out.clone(),
+        model_out: a.model_out.clone(),
+        record_out: a.record_out.clone(),
+        ledger: a.ledger.clone().zip(a.dataset.clone()),
+        release_id: a.release_id.clone(),
+        unsafe_seed: a.unsafe_seed,
+        options: SynthOptions {
+            iters: a.iters,
+            max_model_mb: a.max_model_size,
+            confidence: a.confidence,
+            rounds: a.rounds,
+        },
+        decode: if a.midpoints {
+            DecodeMode::Midpoint
+        } else {
+            DecodeMode::Uniform
+        },
+    };
+    let pb = spinner();
+    let ctx = session_context();
+    let progress = |m: &str| pb.set_message(m.to_string());
+    let record = run_synth(&ctx, &req, &progress).await;
+    pb.finish_and_clear();
+    let record = record?;
+    eprintln!(
+        "{}: wrote {} rows to {} (ρ spent {:.6} of {:.6}; fit {:.1}s, generation {:.1}s)",
+        record.mechanism,
+        record.rows,
+        a.out,
+        record.rho_spent,
+        record.rho,
+        record.seconds.fit,
+        record.seconds.generate
+    );
+    Ok(0)
+}
+
+/// Arguments of `dpflow sample`.
+#[derive(Debug, Args)]
+pub struct SampleArgs {
+    /// A model saved by `dpflow synth --model-out`.
+    #[arg(long)]
+    pub model: String,
+    /// Rows to generate (default: the model's noisy row count).
+    #[arg(long)]
+    pub rows: Option<u64>,
+    /// Output Parquet (file or URL).
+    #[arg(long)]
+    pub out: String,
+    /// Decode numeric bins to their midpoints.
+    #[arg(long)]
+    pub midpoints: bool,
+    /// Seed for the sampling (sampling a DP model is post-processing).
+    #[arg(long)]
+    pub seed: Option<u64>,
+}
+
+pub(super) async fn sample(a: SampleArgs) -> Result<i32> {
+    let m = SavedModel::load(&a.model)?;
+    let plan = m.sampling_plan(if a.midpoints {
+        DecodeMode::Midpoint
+    } else {
+        DecodeMode::Uniform
+    })?;
+    let rows = a.rows.unwrap_or(m.total().round().max(1.0) as u64);
+    let seed = match a.seed {
+        Some(s) => s,
+        None => rand::Rng::next_u64(&mut dpflow_udfs::noise::DpRng::from_os()?),
+    };
+    let ctx = session_context();
+    let exec = synthetic_exec(plan, rows, seed)?;
+    let pb = ProgressBar::new(rows);
+    pb.set_style(
+        ProgressStyle::with_template("{bar:40} {pos}/{len} rows [{elapsed}]").expect("template"),
+    );
+    let stream = datafusion::physical_plan::execute_stream(exec, ctx.task_ctx())?;
+    let pb2 = pb.clone();
+    let stream = Box::pin(
+        datafusion::physical_plan::stream::RecordBatchStreamAdapter::new(
+            stream.schema(),
+            futures::StreamExt::inspect(stream, move |b| {
+                if let Ok(b) = b {
+                    pb2.inc(b.num_rows() as u64)
+                }
+            }),
+        ),
+    );
+    let n = write_stream(&ctx, &a.out, stream)
+        .await
+        .with_context(|| format!("writing {}", a.out))?;
+    pb.finish_and_clear();
+    eprintln!("wrote {n} rows to {}", a.out);
+    Ok(0)
+}
+
+/// Arguments of `dpflow eval`.
+#[derive(Debug, Args)]
+pub struct EvalArgs {
+    /// Real data.
+    #[arg(long)]
+    pub real: String,
+    /// Synthetic data.
+    #[arg(long)]
+    pub synth: String,
+    /// Public domain file (both inputs are read through it).
+    #[arg(long)]
+    pub domain: String,
+    /// Workload spec.
+    #[arg(long, default_value = "all-3way")]
+    pub workload: String,
+    /// Output format.
+    #[arg(long, value_enum, default_value_t)]
+    pub format: OutputFormat,
+}
+
+pub(super) async fn eval(a: EvalArgs) -> Result<i32> {
+    let real = Dataset::open("real", &a.real, None, &a.domain)?;
+    let synth = Dataset::open("synthetic", &a.synth, None, &a.domain)?;
+    let ctx = session_context();
+    let r = crate::eval::evaluate(&ctx, &real, &synth, &a.workload).await?;
+    match a.format {
+        OutputFormat::Json => println!("{}", serde_json::to_string_pretty(&r)?),
+        OutputFormat::Table => {
+            println!("{}", r.notice);
+            println!("workload {}: error {:.4}", r.workload, r.workload_error);
+            println!(
+                "TVD 1-way {:.4}  2-way {:.4}  3-way {}",
+                r.tvd_1way,
+                r.tvd_2way,
+                r.tvd_3way.map_or("-".into(), |v| format!("{v:.4}"))
+            );
+            println!("rows: real {} synthetic {}", r.rows_real, r.rows_synthetic);
+        }
+    }
+    Ok(0)
+}

@@ -1,0 +1,224 @@
+//! AIM: An Adaptive and Iterative Mechanism (001 Alg 2–4, §4), with its error
+//! bounds (001 §5).
+//!
+//! Privacy (001 Thm 1): ρ-zCDP. Initialisation measures the 1-way marginals
+//! of W₊ with σ₀ = √(T/(2αρ)); every round spends ε_t²/8 (exponential
+//! mechanism, Cesar & Rogers) + 1/(2σ_t²) (Gaussian); when the rest cannot pay
+//! for two more rounds, the last round takes exactly the rest. Each charge
+//! goes through the release accountant, which refuses anything beyond ρ.
+
+use std::collections::HashMap;
+
+use anyhow::Result;
+
+use super::bounds::{MeasuredMarginal, RoundInfo, workload_bounds};
+use super::{FitContext, FitMetadata, Fitted, MeasurementLog, Synthesizer, l1};
+use crate::domain::Domain;
+use crate::pgm::{GraphicalModel, JunctionTree, Measurement};
+use crate::synth::workload::Workload;
+
+/// AIM hyper-parameters (001 Alg 4 line 3).
+#[derive(Debug, Clone)]
+pub struct Aim {
+    /// Budget share of the measure steps (α = 0.9).
+    pub alpha: f64,
+    /// Upper bound on rounds T as a multiple of d (T = 16d).
+    pub rounds_per_attribute: usize,
+}
+
+impl Default for Aim {
+    fn default() -> Self {
+        Self {
+            alpha: 0.9,
+            rounds_per_attribute: 16,
+        }
+    }
+}
+
+/// Is `r` a subset of some clique of the model (free to add)?
+fn in_closure(r: &[usize], cliques: &[Vec<usize>]) -> bool {
+    cliques.iter().any(|c| r.iter().all(|a| c.contains(a)))
+}
+
+impl Synthesizer for Aim {
+    fn name(&self) -> &'static str {
+        "aim"
+    }
+
+    fn required_marginals(&self, domain: &Domain, workload: &Workload) -> Vec<Vec<usize>> {
+        let mut req: Vec<Vec<usize>> = workload
+            .downward_closure()
+            .into_iter()
+            .map(|(r, _)| r)
+            .collect();
+        for a in 0..domain.len() {
+            if !req.contains(&vec![a]) {
+                req.push(vec![a]);
+            }
+        }
+        req
+    }
+
+    #[allow(private_interfaces)]
+    fn fit(&self, ctx: &mut FitContext<'_>) -> Result<Fitted> {
+        let d = ctx.sizes.len();
+        let rho = ctx.rho;
+        let alpha = self.alpha;
+        let t_max = (self.rounds_per_attribute * d) as f64;
+        let candidates: Vec<(Vec<usize>, f64)> = ctx.workload.downward_closure();
+        let weight_of: HashMap<Vec<usize>, f64> = candidates.iter().cloned().collect();
+        let sizes = ctx.sizes.clone();
+        let cells = |r: &[usize]| -> f64 { r.iter().map(|&a| sizes[a] as f64).product() };
+
+        // Alg 2: initialise on the 1-way marginals of W₊ (and of any attribute
+        // outside W₊, so every column has a noisy marginal; an extension).
+        let sigma0 = (t_max / (2.0 * alpha * rho)).sqrt();
+        let mut measurements: Vec<Measurement> = Vec::new();
+        let mut log = Vec::new();
+        let mut measured_for_bounds = Vec::new();
+        let mut rho_used = 0.0;
+        for a in 0..d {
+            let m = ctx.measure(&[a], sigma0)?;
+            rho_used += 1.0 / (2.0 * sigma0 * sigma0);
+            log.push(MeasurementLog {
+                attributes: ctx.names(&[a]),
+                sigma: sigma0,
+                round: 0,
+            });
+            measured_for_bounds.push(MeasuredMarginal {
+                attrs: m.attrs.clone(),
+                values: m.values.clone(),
+                sigma: sigma0,
+            });
+            measurements.push(m);
+        }
+        let iters = ctx.options.iters;
+        let mut model: GraphicalModel = ctx.estimate(&measurements, None, iters);
+        (ctx.progress)(&format!(
+            "aim: initialised on {d} one-way marginals (σ₀ = {sigma0:.2})"
+        ));
+
+        let mut sigma = sigma0;
+        let mut epsilon = (8.0 * (1.0 - alpha) * rho / t_max).sqrt();
+        let mut rounds: Vec<RoundInfo> = Vec::new();
+        let mut last_candidate: HashMap<Vec<usize>, (usize, Vec<f64>)> = HashMap::new();
+        let mut notes = Vec::new();
+        let mut terminate = false;
+        let mut t = 0usize;
+        while !terminate {
+            t += 1;
+            // Alg 3 line 8 (checked before spending, as private-pgm does).
+            if rho - rho_used <= 2.0 * (1.0 / (2.0 * sigma * sigma) + epsilon * epsilon / 8.0) {
+                let remaining = rho - rho_used;
+                sigma = (1.0 / (2.0 * alpha * remaining)).sqrt();
+                epsilon = (8.0 * (1.0 - alpha) * remaining).sqrt();
+                terminate = true;
+            }
+            rho_used += epsilon * epsilon / 8.0 + 1.0 / (2.0 * sigma * sigma);
+            let size_limit = ctx.options.max_model_mb * (rho_used / rho).min(1.0);
+            // Candidates: JT-SIZE filter, or already free in the model.
+            let model_cliques: Vec<Vec<usize>> =
+                model.potentials.iter().map(|p| p.attrs.clone()).collect();
+            let beliefs = model.beliefs();
+            let mut cand: Vec<(Vec<usize>, f64, f64, Vec<f64>)> = Vec::new(); // (r, w, score, M_r(p̂))
+            for (r, w) in &candidates {
+                let ok = in_closure(r, &model_cliques) || {
+                    let mut cl = model_cliques.clone();
+                    cl.push(r.clone());
+                    JunctionTree::build(&ctx.sizes, &cl).size_mb(&ctx.sizes) <= size_limit
+                };
+                if !ok {
+                    continue;
+                }
+                let est = beliefs.marginal_any(r, &ctx.sizes).values;
+                let exact = ctx.answers.get(r)?;
+                let score =
+                    w * (l1(exact, &est) - (2.0 / std::f64::consts::PI).sqrt() * sigma * cells(r));
+                cand.push((r.clone(), *w, score, est));
+            }
+            let delta = cand
+                .iter()
+                .map(|c| c.1)
+                .fold(0.0f64, f64::max)
+                .max(f64::MIN_POSITIVE);
+            let scores: Vec<f64> = cand.iter().map(|c| c.2).collect();
+            let pick = ctx.select(&format!("aim round {t} selection"), &scores, epsilon, delta)?;
+            let (r_t, w_t, _, prev_est) = cand[pick].clone();
+            for (r, _, _, est) in &cand {
+                last_candidate.insert(r.clone(), (rounds.len(), est.clone()));
+            }
+            let m = ctx.measure(&r_t, sigma)?;
+            let selected_error = l1(&prev_est, &m.values);
+            log.push(MeasurementLog {
+                attributes: ctx.names(&r_t),
+                sigma,
+                round: t,
+            });
+            measured_for_bounds.push(MeasuredMarginal {
+                attrs: r_t.clone(),
+                values: m.values.clone(),
+                sigma,
+            });
+            measurements.push(m);
+            rounds.push(RoundInfo {
+                sigma,
+                epsilon,
+                selected: r_t.clone(),
+                selected_weight: w_t,
+                selected_cells: cells(&r_t),
+                selected_error,
+                delta,
+                candidates: cand.len(),
+            });
+            model = ctx.estimate(&measurements, Some(&model), iters);
+            let new_est = model.marginal(&r_t).values;
+            (ctx.progress)(&format!(
+                "aim: round {t}: measured ({}) σ={sigma:.2} ε={epsilon:.4}; ρ used {:.4}/{rho:.4}",
+                ctx.names(&r_t).join(","),
+                rho_used.min(rho)
+            ));
+            // Alg 3 lines 1–7: anneal when little was learned.
+            if !terminate
+                && l1(&new_est, &prev_est)
+                    <= (2.0 / std::f64::consts::PI).sqrt() * sigma * cells(&r_t)
+            {
+                sigma /= 2.0;
+                epsilon *= 2.0;
+                notes.push(format!(
+                    "round {t}: annealed to σ={sigma:.3}, ε={epsilon:.4}"
+                ));
+            }
+        }
+        let workload: Vec<(Vec<usize>, f64)> = ctx
+            .workload
+            .queries
+            .iter()
+            .map(|q| (q.attrs.clone(), *weight_of.get(&q.attrs).unwrap_or(&0.0)))
+            .collect();
+        let names = |r: &[usize]| {
+            r.iter()
+                .map(|&a| ctx.domain.columns()[a].name.clone())
+                .collect::<Vec<_>>()
+        };
+        let error_bounds = workload_bounds(
+            &workload,
+            &names,
+            &ctx.sizes,
+            &measured_for_bounds,
+            &rounds,
+            &last_candidate,
+            &model,
+            ctx.options.confidence,
+        );
+        Ok(Fitted {
+            model,
+            compression: None,
+            metadata: FitMetadata {
+                measurements: log,
+                rounds: t,
+                error_bounds,
+                notes,
+            },
+        })
+    }
+}

@@ -1,0 +1,172 @@
+//! Synthesizer tests: budget accounting to 1e-12, convergence at large ε,
+//! and AIM error-bound coverage over repeated runs.
+
+use rand::rngs::SmallRng;
+use rand::{RngExt, SeedableRng};
+
+use super::run::{Mechanism, fit_with_answers};
+use super::*;
+use crate::domain::DomainSpec;
+
+/// A small correlated dataset: rows of codes.
+fn data(n: usize, seed: u64) -> (Domain, Vec<Vec<u32>>) {
+    let domain = DomainSpec::parse(r#"{"a": 3, "b": 4, "c": 2, "d": 5}"#, "t.json")
+        .unwrap()
+        .domain;
+    let mut rng = SmallRng::seed_from_u64(seed);
+    let rows = (0..n)
+        .map(|_| {
+            let a = rng.random_range(0..3u32);
+            let b = if rng.random::<f64>() < 0.7 {
+                a
+            } else {
+                rng.random_range(0..4)
+            };
+            let c = u32::from(b >= 2 && rng.random::<f64>() < 0.8);
+            let d = if rng.random::<f64>() < 0.6 {
+                (a + c) % 5
+            } else {
+                rng.random_range(0..5)
+            };
+            vec![a, b, c, d]
+        })
+        .collect();
+    (domain, rows)
+}
+
+fn answers_for(domain: &Domain, rows: &[Vec<u32>], sets: &[Vec<usize>]) -> Answers {
+    let sizes = domain.cardinalities();
+    let mut a = Answers {
+        sizes: sizes.clone(),
+        map: Default::default(),
+    };
+    for s in sets {
+        let shape: Vec<usize> = s.iter().map(|&x| sizes[x]).collect();
+        let st = crate::pgm::factor::strides(&shape);
+        let mut v = vec![0.0; shape.iter().product()];
+        for r in rows {
+            let i: usize = s.iter().zip(&st).map(|(&x, k)| r[x] as usize * k).sum();
+            v[i] += 1.0;
+        }
+        a.map.insert(s.clone(), v);
+    }
+    a
+}
+
+fn run(
+    mech: Mechanism,
+    rho: f64,
+    seed: u64,
+    n: usize,
+    workload: &str,
+) -> (Fitted, f64, Answers, Domain) {
+    let (domain, rows) = data(n, seed);
+    let w = Workload::parse(workload, &domain).unwrap();
+    let s = mech.synthesizer();
+    let mut req = s.required_marginals(&domain, &w);
+    for q in &w.queries {
+        if !req.contains(&q.attrs) {
+            req.push(q.attrs.clone());
+        }
+    }
+    let answers = answers_for(&domain, &rows, &req);
+    let opts = SynthOptions {
+        iters: 300,
+        ..Default::default()
+    };
+    let mut rng = DpRng::unsafe_seeded(seed);
+    let (fitted, acct) = fit_with_answers(
+        s.as_ref(),
+        &domain,
+        &answers,
+        &w,
+        rho,
+        &opts,
+        &mut rng,
+        &|_| {},
+    )
+    .unwrap();
+    (fitted, acct.filter().spent_amount(), answers, domain)
+}
+
+#[test]
+fn every_mechanism_spends_exactly_its_budget() {
+    for mech in [
+        Mechanism::Aim,
+        Mechanism::Mst,
+        Mechanism::Mwem,
+        Mechanism::Independent,
+    ] {
+        for rho in [0.01, 0.5] {
+            let (_, spent, _, _) = run(mech, rho, 1, 2000, "all-2way");
+            assert!(
+                spent <= rho * (1.0 + 1e-12),
+                "{mech:?} overspent: {spent} > {rho}"
+            );
+            assert!(
+                (spent - rho).abs() <= 1e-12 * rho,
+                "{mech:?}: spent {spent} of {rho}"
+            );
+        }
+    }
+}
+
+#[test]
+fn large_epsilon_converges_to_the_real_marginals() {
+    for mech in [Mechanism::Aim, Mechanism::Mst] {
+        let (fitted, _, answers, _) = run(mech, 5000.0, 3, 3000, "all-2way");
+        let b = fitted.model.beliefs();
+        // AIM ends up measuring every 2-way marginal at this ε; MST measures a
+        // spanning tree, so only the tree's edges (and 1-way marginals) converge.
+        let names = ["a", "b", "c", "d"];
+        let measured: Vec<Vec<usize>> = fitted
+            .metadata
+            .measurements
+            .iter()
+            .map(|m| {
+                m.attributes
+                    .iter()
+                    .map(|x| names.iter().position(|n| n == x).unwrap())
+                    .collect()
+            })
+            .collect();
+        let sets: Vec<Vec<usize>> = if mech == Mechanism::Aim {
+            two_way(4)
+        } else {
+            measured
+        };
+        for s in sets {
+            let mut est = b.marginal_any(&s, &fitted.model.sizes).values;
+            if let Some(c) = &fitted.compression {
+                assert!(c.is_trivial(), "no value is rare at this ε");
+                est = c.compress_table(&s, &answers.sizes, &est);
+            }
+            let tvd = crate::eval::tvd(answers.get(&s).unwrap(), &est);
+            assert!(tvd < 0.01, "{mech:?} {s:?}: TVD {tvd}");
+        }
+    }
+}
+
+#[test]
+fn aim_error_bounds_hold_on_at_least_95_percent() {
+    let mut held = 0;
+    let mut total = 0;
+    for seed in 0..12 {
+        let (fitted, _, answers, _) = run(Mechanism::Aim, 0.05, 100 + seed, 2000, "all-2way");
+        let b = fitted.model.beliefs();
+        assert_eq!(fitted.metadata.error_bounds.len(), 6);
+        for (eb, s) in fitted.metadata.error_bounds.iter().zip(two_way(4)) {
+            let est = b.marginal_any(&s, &fitted.model.sizes).values;
+            let err = l1(answers.get(&s).unwrap(), &est);
+            let bound = eb.l1_bound.expect("every workload marginal gets a bound");
+            total += 1;
+            if err <= bound {
+                held += 1;
+            }
+        }
+    }
+    assert!(
+        held as f64 >= 0.95 * total as f64,
+        "bounds held on {held}/{total}"
+    );
+}
