@@ -15,9 +15,7 @@
 use std::sync::Arc;
 
 use anyhow::{Context, Result};
-use datafusion::arrow::array::{
-    ArrayRef, BooleanBuilder, Int64Builder, RecordBatch, StringBuilder,
-};
+use datafusion::arrow::array::{ArrayRef, BooleanBuilder, Int64Builder, RecordBatch, StringBuilder};
 use datafusion::arrow::datatypes::{DataType, Field, Schema, SchemaRef};
 use rand::rngs::SmallRng;
 use rand::{RngExt, SeedableRng};
@@ -93,57 +91,16 @@ fn columns() -> Vec<BenchColumn> {
     use BenchNulls::*;
     let cat = |v: &[&str]| Categorical(v.iter().map(|s| s.to_string()).collect());
     vec![
-        BenchColumn {
-            name: "age",
-            size: 100,
-            kind: Integer { lo: 0, width: 1 },
-            parent: None,
-            nulls: Never,
-        },
-        BenchColumn {
-            name: "sex",
-            size: 2,
-            kind: cat(&["F", "M"]),
-            parent: None,
-            nulls: Never,
-        },
-        BenchColumn {
-            name: "race",
-            size: 9,
-            kind: Categorical(labels("R", 9)),
-            parent: None,
-            nulls: Never,
-        },
-        BenchColumn {
-            name: "hispanic",
-            size: 5,
-            kind: Categorical(labels("H", 5)),
-            parent: Some(2),
-            nulls: Never,
-        },
-        BenchColumn {
-            name: "marital",
-            size: 6,
-            kind: Categorical(labels("M", 6)),
-            parent: Some(0),
-            nulls: Never,
-        },
-        BenchColumn {
-            name: "education",
-            size: 16,
-            kind: Categorical(labels("E", 16)),
-            parent: Some(0),
-            nulls: Never,
-        },
+        BenchColumn { name: "age", size: 100, kind: Integer { lo: 0, width: 1 }, parent: None, nulls: Never },
+        BenchColumn { name: "sex", size: 2, kind: cat(&["F", "M"]), parent: None, nulls: Never },
+        BenchColumn { name: "race", size: 9, kind: Categorical(labels("R", 9)), parent: None, nulls: Never },
+        BenchColumn { name: "hispanic", size: 5, kind: Categorical(labels("H", 5)), parent: Some(2), nulls: Never },
+        BenchColumn { name: "marital", size: 6, kind: Categorical(labels("M", 6)), parent: Some(0), nulls: Never },
+        BenchColumn { name: "education", size: 16, kind: Categorical(labels("E", 16)), parent: Some(0), nulls: Never },
         BenchColumn {
             name: "employment",
             size: 4,
-            kind: cat(&[
-                "employed",
-                "unemployed",
-                "not-in-labor-force",
-                "armed-forces",
-            ]),
+            kind: cat(&["employed", "unemployed", "not-in-labor-force", "armed-forces"]),
             parent: Some(5),
             nulls: Never,
         },
@@ -152,10 +109,7 @@ fn columns() -> Vec<BenchColumn> {
             size: 25,
             kind: Categorical(labels("O", 25)),
             parent: Some(5),
-            nulls: MarOnParent {
-                base: 0.02,
-                slope: 0.10,
-            },
+            nulls: MarOnParent { base: 0.02, slope: 0.10 },
         },
         BenchColumn {
             name: "industry",
@@ -164,58 +118,19 @@ fn columns() -> Vec<BenchColumn> {
             parent: Some(7),
             nulls: Mcar(0.05),
         },
-        BenchColumn {
-            name: "hours",
-            size: 10,
-            kind: Integer { lo: 0, width: 10 },
-            parent: Some(6),
-            nulls: Never,
-        },
+        BenchColumn { name: "hours", size: 10, kind: Integer { lo: 0, width: 10 }, parent: Some(6), nulls: Never },
         BenchColumn {
             name: "income",
             size: 50,
             kind: Integer { lo: 0, width: 4000 },
             parent: Some(7),
-            nulls: MarOnParent {
-                base: 0.05,
-                slope: 0.15,
-            },
+            nulls: MarOnParent { base: 0.05, slope: 0.15 },
         },
-        BenchColumn {
-            name: "household",
-            size: 10,
-            kind: Integer { lo: 1, width: 1 },
-            parent: Some(4),
-            nulls: Never,
-        },
-        BenchColumn {
-            name: "tenure",
-            size: 3,
-            kind: cat(&["own", "rent", "other"]),
-            parent: Some(10),
-            nulls: Never,
-        },
-        BenchColumn {
-            name: "state",
-            size: 50,
-            kind: Categorical(labels("S", 50)),
-            parent: None,
-            nulls: Never,
-        },
-        BenchColumn {
-            name: "county",
-            size: 100,
-            kind: Integer { lo: 0, width: 1 },
-            parent: Some(13),
-            nulls: Never,
-        },
-        BenchColumn {
-            name: "disability",
-            size: 2,
-            kind: Boolean,
-            parent: Some(0),
-            nulls: Mcar(0.02),
-        },
+        BenchColumn { name: "household", size: 10, kind: Integer { lo: 1, width: 1 }, parent: Some(4), nulls: Never },
+        BenchColumn { name: "tenure", size: 3, kind: cat(&["own", "rent", "other"]), parent: Some(10), nulls: Never },
+        BenchColumn { name: "state", size: 50, kind: Categorical(labels("S", 50)), parent: None, nulls: Never },
+        BenchColumn { name: "county", size: 100, kind: Integer { lo: 0, width: 1 }, parent: Some(13), nulls: Never },
+        BenchColumn { name: "disability", size: 2, kind: Boolean, parent: Some(0), nulls: Mcar(0.02) },
     ]
 }
 
@@ -260,12 +175,7 @@ impl BenchModel {
                 out
             })
             .collect();
-        Self {
-            columns,
-            cpt,
-            cum,
-            seed,
-        }
+        Self { columns, cpt, cum, seed }
     }
 
     /// Probability that column `c` is null given its parent's code.
@@ -368,11 +278,7 @@ impl BenchModel {
 
     /// Generates batch number `index` of `rows` rows (deterministic in seed and index).
     pub fn batch(&self, index: u64, rows: usize) -> RecordBatch {
-        let mut rng = SmallRng::seed_from_u64(
-            self.seed
-                .wrapping_mul(0x9E37_79B9_7F4A_7C15)
-                .wrapping_add(index),
-        );
+        let mut rng = SmallRng::seed_from_u64(self.seed.wrapping_mul(0x9E37_79B9_7F4A_7C15).wrapping_add(index));
         let d = self.columns.len();
         let mut codes = vec![vec![0u32; rows]; d];
         let mut nulls = vec![vec![false; rows]; d];
@@ -395,11 +301,7 @@ impl BenchModel {
                     BenchKind::Categorical(l) => {
                         let mut b = StringBuilder::with_capacity(rows, rows * 4);
                         for r in 0..rows {
-                            if nulls[c][r] {
-                                b.append_null()
-                            } else {
-                                b.append_value(&l[codes[c][r] as usize])
-                            }
+                            if nulls[c][r] { b.append_null() } else { b.append_value(&l[codes[c][r] as usize]) }
                         }
                         Arc::new(b.finish())
                     }
@@ -409,11 +311,7 @@ impl BenchModel {
                             if nulls[c][r] {
                                 b.append_null()
                             } else {
-                                let off = if *width > 1 {
-                                    rng.random_range(0..*width)
-                                } else {
-                                    0
-                                };
+                                let off = if *width > 1 { rng.random_range(0..*width) } else { 0 };
                                 b.append_value(lo + codes[c][r] as i64 * width + off)
                             }
                         }
@@ -422,11 +320,7 @@ impl BenchModel {
                     BenchKind::Boolean => {
                         let mut b = BooleanBuilder::with_capacity(rows);
                         for r in 0..rows {
-                            if nulls[c][r] {
-                                b.append_null()
-                            } else {
-                                b.append_value(codes[c][r] == 1)
-                            }
+                            if nulls[c][r] { b.append_null() } else { b.append_value(codes[c][r] == 1) }
                         }
                         Arc::new(b.finish())
                     }
@@ -453,22 +347,13 @@ impl BenchModel {
                 }
                 BenchKind::Integer { lo, width } => {
                     let hi = lo + width * c.size as i64 - 1;
-                    let bins = if *width > 1 {
-                        format!(", bins: {{width: {width}}}")
-                    } else {
-                        String::new()
-                    };
+                    let bins = if *width > 1 { format!(", bins: {{width: {width}}}") } else { String::new() };
                     s += &format!(
                         "  - {{name: {}, kind: integer, bounds: [{lo}, {hi}]{bins}, nullable: {nullable}}}\n",
                         c.name
                     )
                 }
-                BenchKind::Boolean => {
-                    s += &format!(
-                        "  - {{name: {}, kind: boolean, nullable: {nullable}}}\n",
-                        c.name
-                    )
-                }
+                BenchKind::Boolean => s += &format!("  - {{name: {}, kind: boolean, nullable: {nullable}}}\n", c.name),
             }
         }
         s
@@ -537,25 +422,13 @@ mod tests {
         let data = dir.path().join("b.parquet");
         let dom = dir.path().join("b.yaml");
         let rows = 200_000u64;
-        let n = write_bench_data(
-            rows,
-            data.to_str().unwrap(),
-            11,
-            Some(dom.to_str().unwrap()),
-            30_000,
-        )
-        .await
-        .unwrap();
+        let n = write_bench_data(rows, data.to_str().unwrap(), 11, Some(dom.to_str().unwrap()), 30_000).await.unwrap();
         assert_eq!(n, rows);
-        let ds =
-            Dataset::open("bench", data.to_str().unwrap(), None, dom.to_str().unwrap()).unwrap();
+        let ds = Dataset::open("bench", data.to_str().unwrap(), None, dom.to_str().unwrap()).unwrap();
         let model = BenchModel::new(11);
         let ctx = crate::io::session_context();
         let names: Vec<String> = model.columns.iter().map(|c| c.name.to_string()).collect();
-        let sets: Vec<(Vec<String>, NullMode)> = names
-            .iter()
-            .map(|n| (vec![n.clone()], NullMode::Cells))
-            .collect();
+        let sets: Vec<(Vec<String>, NullMode)> = names.iter().map(|n| (vec![n.clone()], NullMode::Cells)).collect();
         let got = ds.exact_marginals(&ctx, &sets).await.unwrap();
         for (i, m) in got.iter().enumerate() {
             let col = &model.columns[i];
@@ -569,23 +442,13 @@ mod tests {
         // Parent–child joints of never-null pairs.
         let pairs: Vec<usize> = (0..model.columns.len())
             .filter(|&c| {
-                model.columns[c]
-                    .parent
-                    .is_some_and(|p| model.columns[p].nulls == BenchNulls::Never)
+                model.columns[c].parent.is_some_and(|p| model.columns[p].nulls == BenchNulls::Never)
                     && model.columns[c].nulls == BenchNulls::Never
             })
             .collect();
         let sets: Vec<(Vec<String>, NullMode)> = pairs
             .iter()
-            .map(|&c| {
-                (
-                    vec![
-                        names[model.columns[c].parent.unwrap()].clone(),
-                        names[c].clone(),
-                    ],
-                    NullMode::Cells,
-                )
-            })
+            .map(|&c| (vec![names[model.columns[c].parent.unwrap()].clone(), names[c].clone()], NullMode::Cells))
             .collect();
         let got = ds.exact_marginals(&ctx, &sets).await.unwrap();
         for (k, &c) in pairs.iter().enumerate() {

@@ -41,12 +41,7 @@ pub(crate) struct ExactMarginal {
 
 impl Dataset {
     /// A dataset from a location and a domain file.
-    pub fn open(
-        name: &str,
-        location: &str,
-        format: Option<InputFormat>,
-        domain_file: &str,
-    ) -> Result<Self> {
+    pub fn open(name: &str, location: &str, format: Option<InputFormat>, domain_file: &str) -> Result<Self> {
         Ok(Self {
             name: name.to_string(),
             location: location.to_string(),
@@ -66,27 +61,14 @@ impl Dataset {
     }
 
     /// Physical plan producing encoded codes for `columns` (all domain columns if empty).
-    pub(crate) async fn encoded_plan(
-        &self,
-        ctx: &SessionContext,
-        columns: &[&str],
-    ) -> Result<Arc<dyn ExecutionPlan>> {
-        let names: Vec<&str> = if columns.is_empty() {
-            self.domain().names()
-        } else {
-            columns.to_vec()
-        };
+    pub(crate) async fn encoded_plan(&self, ctx: &SessionContext, columns: &[&str]) -> Result<Arc<dyn ExecutionPlan>> {
+        let names: Vec<&str> = if columns.is_empty() { self.domain().names() } else { columns.to_vec() };
         let sub = Arc::new(self.domain().project(&names).map_err(anyhow::Error::msg)?);
         let df = self
             .raw(ctx)
             .await?
             .select_columns(&names)
-            .with_context(|| {
-                format!(
-                    "{}: the data does not have the domain's columns {names:?}",
-                    self.location
-                )
-            })?;
+            .with_context(|| format!("{}: the data does not have the domain's columns {names:?}", self.location))?;
         let plan = df.create_physical_plan().await?;
         Ok(Arc::new(EncodeExec::try_new(plan, sub)?))
     }
@@ -101,9 +83,8 @@ impl Dataset {
         let used: Vec<&str> = config.columns.iter().map(|c| c.name.as_str()).collect();
         let input = self.encoded_plan(ctx, &used).await?;
         let plan = plan_marginals(input, config.clone())?;
-        let batches = collect(plan, ctx.task_ctx())
-            .await
-            .with_context(|| format!("counting marginals of {}", self.location))?;
+        let batches =
+            collect(plan, ctx.task_ctx()).await.with_context(|| format!("counting marginals of {}", self.location))?;
         let mut out: Vec<Option<ExactMarginal>> = vec![None; sets.len()];
         for b in &batches {
             for (i, counts, observed) in batch_to_counts(b)? {
@@ -120,17 +101,9 @@ impl Dataset {
                         }
                     })
                     .collect();
-                out[i] = Some(ExactMarginal {
-                    attrs: attrs.clone(),
-                    mode: *mode,
-                    shape,
-                    counts,
-                    observed,
-                });
+                out[i] = Some(ExactMarginal { attrs: attrs.clone(), mode: *mode, shape, counts, observed });
             }
         }
-        out.into_iter()
-            .map(|m| m.context("marginal operator returned too few marginals"))
-            .collect()
+        out.into_iter().map(|m| m.context("marginal operator returned too few marginals")).collect()
     }
 }

@@ -3,13 +3,8 @@ use clap::Parser;
 fn main() {
     let cli = dpflow::cli::Cli::parse();
     let env = env_logger::Env::default().default_filter_or(cli.log.clone());
-    env_logger::Builder::from_env(env)
-        .format_timestamp_millis()
-        .init();
-    let runtime = match tokio::runtime::Builder::new_multi_thread()
-        .enable_all()
-        .build()
-    {
+    env_logger::Builder::from_env(env).format_timestamp_millis().init();
+    let runtime = match tokio::runtime::Builder::new_multi_thread().enable_all().build() {
         Ok(r) => r,
         Err(e) => {
             eprintln!("error: cannot start the async runtime: {e}");

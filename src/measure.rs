@@ -31,18 +31,12 @@ pub struct MarginalQuery {
 impl MarginalQuery {
     /// Null-as-cell marginal.
     pub fn cells(attrs: &[&str]) -> Self {
-        Self {
-            attrs: attrs.iter().map(|s| s.to_string()).collect(),
-            mode: NullMode::Cells,
-        }
+        Self { attrs: attrs.iter().map(|s| s.to_string()).collect(), mode: NullMode::Cells }
     }
 
     /// Observed-only marginal.
     pub fn observed(attrs: &[&str]) -> Self {
-        Self {
-            attrs: attrs.iter().map(|s| s.to_string()).collect(),
-            mode: NullMode::Observed,
-        }
+        Self { attrs: attrs.iter().map(|s| s.to_string()).collect(), mode: NullMode::Observed }
     }
 
     /// `a,b` or `a,b[observed]`.
@@ -105,10 +99,7 @@ pub struct ReleaseAccountant {
 impl ReleaseAccountant {
     /// An accountant holding `filter` (e.g. the release's reserved budget).
     pub fn new(filter: PrivacyFilter) -> Self {
-        Self {
-            filter,
-            records: Vec::new(),
-        }
+        Self { filter, records: Vec::new() }
     }
 
     /// The filter.
@@ -151,12 +142,7 @@ pub struct LedgerAccountant<'a> {
 impl<'a> LedgerAccountant<'a> {
     /// Charges go to `dataset` under release id `release_id`.
     pub fn new(ledger: &'a mut Ledger, dataset: &str, release_id: &str) -> Self {
-        Self {
-            ledger,
-            dataset: dataset.into(),
-            release_id: release_id.into(),
-            charges: Vec::new(),
-        }
+        Self { ledger, dataset: dataset.into(), release_id: release_id.into(), charges: Vec::new() }
     }
 
     /// Commits every reservation made.
@@ -219,19 +205,14 @@ pub async fn measure(
     // 1. Charge before touching data.
     accountant.charge(&records)?;
     // 2. Count exactly, in one scan.
-    let sets: Vec<(Vec<String>, NullMode)> =
-        queries.iter().map(|q| (q.attrs.clone(), q.mode)).collect();
+    let sets: Vec<(Vec<String>, NullMode)> = queries.iter().map(|q| (q.attrs.clone(), q.mode)).collect();
     let exact = dataset.exact_marginals(ctx, &sets).await?;
     // 3. Add exact integer noise; only noisy values leave.
     let mut out = Vec::with_capacity(queries.len());
     for (i, m) in exact.into_iter().enumerate() {
         let dist = noise_of(i);
         let sampler = dist.integer_sampler();
-        let values = m
-            .counts
-            .iter()
-            .map(|&c| (c as i128 + sampler.sample(rng)) as f64)
-            .collect();
+        let values = m.counts.iter().map(|&c| (c as i128 + sampler.sample(rng)) as f64).collect();
         out.push(NoisyMarginal {
             query: queries[i].clone(),
             shape: m.shape,
@@ -256,13 +237,7 @@ mod tests {
     use crate::privacy::{Budget, PrivacyLoss};
 
     fn adult() -> Dataset {
-        Dataset::open(
-            "adult",
-            "sample_data/adult/adult.data",
-            None,
-            "sample_data/adult/adult.domain.yaml",
-        )
-        .unwrap()
+        Dataset::open("adult", "sample_data/adult/adult.data", None, "sample_data/adult/adult.domain.yaml").unwrap()
     }
 
     /// Codes of a categorical or unit-integer column from GROUP BY keys.
@@ -275,9 +250,7 @@ mod tests {
                     let k = aliases.get(k).map(|s| s.as_str()).unwrap_or(k);
                     values.iter().position(|v| v == k).unwrap()
                 }
-                crate::domain::ColumnKind::Integer { edges } => {
-                    (k.parse::<i64>().unwrap() - edges[0]) as usize
-                }
+                crate::domain::ColumnKind::Integer { edges } => (k.parse::<i64>().unwrap() - edges[0]) as usize,
                 _ => unreachable!(),
             },
         }
@@ -287,8 +260,7 @@ mod tests {
     async fn exact_marginals_equal_group_by_on_adult_in_both_modes() {
         let ds = adult();
         let ctx = session_context();
-        ctx.register_table("adult", ds.raw(&ctx).await.unwrap().into_view())
-            .unwrap();
+        ctx.register_table("adult", ds.raw(&ctx).await.unwrap().into_view()).unwrap();
         let sets: Vec<Vec<&str>> = vec![
             vec!["workclass"],
             vec!["age"],
@@ -298,10 +270,8 @@ mod tests {
             vec!["race", "education-num", "native-country"],
         ];
         for mode in [NullMode::Cells, NullMode::Observed] {
-            let q: Vec<(Vec<String>, NullMode)> = sets
-                .iter()
-                .map(|s| (s.iter().map(|x| x.to_string()).collect(), mode))
-                .collect();
+            let q: Vec<(Vec<String>, NullMode)> =
+                sets.iter().map(|s| (s.iter().map(|x| x.to_string()).collect(), mode)).collect();
             let got = ds.exact_marginals(&ctx, &q).await.unwrap();
             for (s, m) in sets.iter().zip(&got) {
                 // GROUP BY over trimmed text, '?' as null.
@@ -341,11 +311,7 @@ mod tests {
                     }
                 }
                 for (i, &c) in m.counts.iter().enumerate() {
-                    assert_eq!(
-                        c,
-                        expect.get(&i).copied().unwrap_or(0),
-                        "{s:?} {mode:?} cell {i}"
-                    );
+                    assert_eq!(c, expect.get(&i).copied().unwrap_or(0), "{s:?} {mode:?} cell {i}");
                 }
                 assert_eq!(m.observed, observed, "{s:?} {mode:?}");
             }
@@ -360,20 +326,9 @@ mod tests {
         let mut rng = DpRng::unsafe_seeded(7);
         let sigma = 3.0;
         let q = [MarginalQuery::cells(&["age", "occupation", "sex"])];
-        let noisy = measure(
-            &ctx,
-            &ds,
-            &q,
-            &[NoiseDistribution::Gaussian { sigma }],
-            &mut acct,
-            &mut rng,
-        )
-        .await
-        .unwrap();
-        let exact = ds
-            .exact_marginals(&ctx, &[(q[0].attrs.clone(), NullMode::Cells)])
-            .await
-            .unwrap();
+        let noisy =
+            measure(&ctx, &ds, &q, &[NoiseDistribution::Gaussian { sigma }], &mut acct, &mut rng).await.unwrap();
+        let exact = ds.exact_marginals(&ctx, &[(q[0].attrs.clone(), NullMode::Cells)]).await.unwrap();
         // The charge is exactly ρ = 1/(2σ²) for sensitivity 1.
         match &acct.records()[0].loss {
             PrivacyLoss::Zcdp { rho } => assert!((rho - 1.0 / (2.0 * sigma * sigma)).abs() < 1e-12),
@@ -381,16 +336,10 @@ mod tests {
         }
         assert!((acct.filter().spent_amount() - 1.0 / 18.0).abs() < 1e-12);
         // Residuals are discrete Gaussian with σ² = 9: chi-square goodness of fit.
-        let resid: Vec<i64> = noisy[0]
-            .values
-            .iter()
-            .zip(&exact[0].counts)
-            .map(|(y, &c)| *y as i64 - c as i64)
-            .collect();
+        let resid: Vec<i64> =
+            noisy[0].values.iter().zip(&exact[0].counts).map(|(y, &c)| *y as i64 - c as i64).collect();
         assert_eq!(resid.len(), 74 * 15 * 2);
-        let norm: f64 = (-200..=200)
-            .map(|y: i64| (-(y * y) as f64 / 18.0).exp())
-            .sum();
+        let norm: f64 = (-200..=200).map(|y: i64| (-(y * y) as f64 / 18.0).exp()).sum();
         chi_square_test_integer(&resid, |y| (-(y * y) as f64 / 18.0).exp() / norm, 1e-4);
     }
 
@@ -398,9 +347,7 @@ mod tests {
     async fn charge_precedes_data_and_refusal_returns_nothing() {
         let dir = tempfile::tempdir().unwrap();
         let mut ledger = Ledger::create(dir.path().join("l.sqlite")).unwrap();
-        ledger
-            .add_dataset("adult", "row", Budget::Zcdp { rho: 0.01 })
-            .unwrap();
+        ledger.add_dataset("adult", "row", Budget::Zcdp { rho: 0.01 }).unwrap();
         let ctx = session_context();
         let mut rng = DpRng::unsafe_seeded(1);
         // A dataset whose file does not exist: if the charge were made after
@@ -410,20 +357,13 @@ mod tests {
         let q = [MarginalQuery::cells(&["sex"])];
         let big = [NoiseDistribution::Gaussian { sigma: 1.0 }]; // ρ = 0.5 > 0.01
         let mut acct = LedgerAccountant::new(&mut ledger, "adult", "r1");
-        let err = measure(&ctx, &missing, &q, &big, &mut acct, &mut rng)
-            .await
-            .unwrap_err();
+        let err = measure(&ctx, &missing, &q, &big, &mut acct, &mut rng).await.unwrap_err();
         assert!(format!("{err:#}").contains("budget exceeded"), "{err:#}");
-        assert!(
-            ledger.history(None).unwrap().is_empty(),
-            "a refused charge records nothing"
-        );
+        assert!(ledger.history(None).unwrap().is_empty(), "a refused charge records nothing");
         // A charge that fits is reserved before the (failing) read.
         let small = [NoiseDistribution::Gaussian { sigma: 10.0 }]; // ρ = 0.005
         let mut acct = LedgerAccountant::new(&mut ledger, "adult", "r2");
-        let err = measure(&ctx, &missing, &q, &small, &mut acct, &mut rng)
-            .await
-            .unwrap_err();
+        let err = measure(&ctx, &missing, &q, &small, &mut acct, &mut rng).await.unwrap_err();
         assert!(!format!("{err:#}").contains("budget"), "{err:#}");
         let h = ledger.history(None).unwrap();
         assert_eq!(h.len(), 1);
@@ -431,16 +371,8 @@ mod tests {
         // And on real data, results come back only with the reservation in place.
         let ds = adult();
         let mut acct = LedgerAccountant::new(&mut ledger, "adult", "r3");
-        let out = measure(
-            &ctx,
-            &ds,
-            &q,
-            &[NoiseDistribution::Gaussian { sigma: 100.0 }],
-            &mut acct,
-            &mut rng,
-        )
-        .await
-        .unwrap();
+        let out =
+            measure(&ctx, &ds, &q, &[NoiseDistribution::Gaussian { sigma: 100.0 }], &mut acct, &mut rng).await.unwrap();
         acct.commit_all().unwrap();
         assert_eq!(out[0].values.len(), 2);
         assert!((out[0].total() - 32_561.0).abs() < 1000.0);

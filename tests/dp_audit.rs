@@ -25,10 +25,7 @@ fn estimate_loss(release: impl Fn(i64, &mut DpRng) -> i64, n: i64) -> f64 {
     let count_le = |v: &[i64], t: i64| v.partition_point(|&x| x <= t);
     let mut worst: f64 = 0.0;
     for t in lo..=hi {
-        for (ca, cb) in [
-            (count_ge(&a, t), count_ge(&b, t)),
-            (count_le(&a, t), count_le(&b, t)),
-        ] {
+        for (ca, cb) in [(count_ge(&a, t), count_ge(&b, t)), (count_le(&a, t), count_le(&b, t))] {
             if ca >= MIN_EVENT && cb >= MIN_EVENT {
                 worst = worst.max(((ca as f64) / (cb as f64)).ln().abs());
             }
@@ -42,20 +39,11 @@ fn discrete_laplace_count_passes_audit_and_broken_mechanism_is_caught() {
     let eps = 1.0;
     let correct = DiscreteLaplace::from_f64(1.0 / eps).unwrap();
     let est = estimate_loss(|n, rng| n + correct.sample(rng) as i64, 1000);
-    assert!(
-        est <= eps + MARGIN,
-        "correct mechanism: estimated loss {est} > ε + margin"
-    );
-    assert!(
-        est >= eps - MARGIN,
-        "the audit is too weak to see the true loss: {est}"
-    );
+    assert!(est <= eps + MARGIN, "correct mechanism: estimated loss {est} > ε + margin");
+    assert!(est >= eps - MARGIN, "the audit is too weak to see the true loss: {est}");
 
     // Broken: half the noise (scale 1/(2ε)) has true loss 2ε.
     let broken = DiscreteLaplace::from_f64(0.5 / eps).unwrap();
     let est_broken = estimate_loss(|n, rng| n + broken.sample(rng) as i64, 1000);
-    assert!(
-        est_broken > eps + MARGIN,
-        "the audit failed to catch a mechanism with half the noise: {est_broken}"
-    );
+    assert!(est_broken > eps + MARGIN, "the audit failed to catch a mechanism with half the noise: {est_broken}");
 }

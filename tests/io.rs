@@ -4,9 +4,7 @@
 
 use std::sync::Arc;
 
-use datafusion::arrow::array::{
-    ArrayRef, BooleanArray, Float64Array, Int64Array, RecordBatch, StringArray,
-};
+use datafusion::arrow::array::{ArrayRef, BooleanArray, Float64Array, Int64Array, RecordBatch, StringArray};
 use datafusion::arrow::datatypes::{DataType, Field, Schema};
 use datafusion::physical_plan::stream::RecordBatchStreamAdapter;
 use dpflow::cli::inspect::inspect;
@@ -21,64 +19,33 @@ fn sample_batch() -> RecordBatch {
         Field::new("b", DataType::Boolean, true),
     ]));
     let cols: Vec<ArrayRef> = vec![
-        Arc::new(StringArray::from(vec![
-            Some("a"),
-            None,
-            Some("ç"),
-            Some(""),
-        ])),
-        Arc::new(Int64Array::from(vec![
-            Some(1),
-            Some(-7),
-            None,
-            Some(i64::MAX),
-        ])),
-        Arc::new(Float64Array::from(vec![
-            Some(0.1),
-            None,
-            Some(f64::MIN_POSITIVE),
-            Some(-2.5),
-        ])),
-        Arc::new(BooleanArray::from(vec![
-            Some(true),
-            Some(false),
-            None,
-            Some(true),
-        ])),
+        Arc::new(StringArray::from(vec![Some("a"), None, Some("ç"), Some("")])),
+        Arc::new(Int64Array::from(vec![Some(1), Some(-7), None, Some(i64::MAX)])),
+        Arc::new(Float64Array::from(vec![Some(0.1), None, Some(f64::MIN_POSITIVE), Some(-2.5)])),
+        Arc::new(BooleanArray::from(vec![Some(true), Some(false), None, Some(true)])),
     ];
     RecordBatch::try_new(schema, cols).unwrap()
 }
 
 fn any_domain() -> DomainSpec {
-    DomainSpec::parse(
-        "columns:\n  - {name: s, kind: categorical, values: [a]}\n",
-        "t.yaml",
-    )
-    .unwrap()
+    DomainSpec::parse("columns:\n  - {name: s, kind: categorical, values: [a]}\n", "t.yaml").unwrap()
 }
 
 async fn round_trip(location: &str) {
     let ctx = session_context();
     let batch = sample_batch();
-    let stream = Box::pin(RecordBatchStreamAdapter::new(
-        batch.schema(),
-        futures::stream::iter(vec![Ok(batch.clone())]),
-    ));
+    let stream =
+        Box::pin(RecordBatchStreamAdapter::new(batch.schema(), futures::stream::iter(vec![Ok(batch.clone())])));
     let rows = write_parquet_stream(&ctx, location, stream).await.unwrap();
     assert_eq!(rows, 4);
-    let df = open_input(&ctx, location, None, &any_domain())
-        .await
-        .unwrap();
+    let df = open_input(&ctx, location, None, &any_domain()).await.unwrap();
     let got = df.collect().await.unwrap();
     let got = datafusion::arrow::compute::concat_batches(&got[0].schema(), &got).unwrap();
     // DataFusion may read strings as views; compare values after casting back.
     assert_eq!(got.num_rows(), 4);
     for (i, want) in batch.columns().iter().enumerate() {
         let have = datafusion::arrow::compute::cast(got.column(i), want.data_type()).unwrap();
-        assert_eq!(
-            &have, want,
-            "column {i} differs after the round trip through {location}"
-        );
+        assert_eq!(&have, want, "column {i} differs after the round trip through {location}");
     }
 }
 
@@ -99,45 +66,19 @@ async fn parquet_round_trip_memory_store() {
 #[tokio::test]
 async fn adult_acceptance_counts() {
     let d = "sample_data/adult/adult.domain.yaml";
-    let r = inspect("sample_data/adult/adult.data", d, None)
-        .await
-        .unwrap();
+    let r = inspect("sample_data/adult/adult.data", d, None).await.unwrap();
     assert_eq!(r.rows, 32_561);
     let nulls = |name: &str| r.columns.iter().find(|c| c.name == name).unwrap().nulls;
-    assert_eq!(
-        (
-            nulls("workclass"),
-            nulls("occupation"),
-            nulls("native-country")
-        ),
-        (1_836, 1_843, 583)
-    );
+    assert_eq!((nulls("workclass"), nulls("occupation"), nulls("native-country")), (1_836, 1_843, 583));
     assert!(r.columns.iter().all(|c| c.out_of_domain == 0));
     // adult.test: a leading "|1x3 Cross validator" line and labels ending in '.'.
-    let t = inspect("sample_data/adult/adult.test", d, None)
-        .await
-        .unwrap();
+    let t = inspect("sample_data/adult/adult.test", d, None).await.unwrap();
     assert_eq!(t.rows, 16_281);
     let nulls = |name: &str| t.columns.iter().find(|c| c.name == name).unwrap().nulls;
-    assert_eq!(
-        (
-            nulls("workclass"),
-            nulls("occupation"),
-            nulls("native-country")
-        ),
-        (963, 966, 274)
-    );
-    assert!(
-        t.columns.iter().all(|c| c.out_of_domain == 0),
-        "income labels map to the same values"
-    );
-    let p = inspect(
-        "sample_data/penguins/penguins.csv",
-        "sample_data/penguins/penguins.domain.yaml",
-        None,
-    )
-    .await
-    .unwrap();
+    assert_eq!((nulls("workclass"), nulls("occupation"), nulls("native-country")), (963, 966, 274));
+    assert!(t.columns.iter().all(|c| c.out_of_domain == 0), "income labels map to the same values");
+    let p =
+        inspect("sample_data/penguins/penguins.csv", "sample_data/penguins/penguins.domain.yaml", None).await.unwrap();
     let nulls: Vec<u64> = p.columns.iter().map(|c| c.nulls).collect();
     assert_eq!(nulls, vec![0, 0, 2, 2, 2, 2, 11, 0]);
 }
@@ -147,52 +88,24 @@ async fn domain_column_missing_from_input_is_named() {
     let dir = tempfile::tempdir().unwrap();
     let dom = dir.path().join("d.yaml");
     std::fs::write(&dom, "columns:\n  - {name: species, kind: categorical, values: [Adelie]}\n  - {name: wingspan, kind: integer, bounds: [0, 9]}\n").unwrap();
-    let err = inspect(
-        "sample_data/penguins/penguins.csv",
-        dom.to_str().unwrap(),
-        None,
-    )
-    .await
-    .unwrap_err();
+    let err = inspect("sample_data/penguins/penguins.csv", dom.to_str().unwrap(), None).await.unwrap_err();
     let msg = format!("{err:#}");
-    assert!(
-        msg.contains("penguins.csv") && msg.contains("\"wingspan\""),
-        "{msg}"
-    );
+    assert!(msg.contains("penguins.csv") && msg.contains("\"wingspan\""), "{msg}");
 }
 
 #[tokio::test]
 async fn malformed_domain_file_names_file_line_and_key() {
     let dir = tempfile::tempdir().unwrap();
     let dom = dir.path().join("bad.yaml");
-    std::fs::write(
-        &dom,
-        "columns:\n  - name: age\n    kind: integer\n    bounds: [10, 5]\n",
-    )
-    .unwrap();
-    let err = inspect(
-        "sample_data/penguins/penguins.csv",
-        dom.to_str().unwrap(),
-        None,
-    )
-    .await
-    .unwrap_err();
+    std::fs::write(&dom, "columns:\n  - name: age\n    kind: integer\n    bounds: [10, 5]\n").unwrap();
+    let err = inspect("sample_data/penguins/penguins.csv", dom.to_str().unwrap(), None).await.unwrap_err();
     let msg = format!("{err:#}");
-    assert!(
-        msg.contains("bad.yaml:2") && msg.contains("columns[0] (age).bounds"),
-        "{msg}"
-    );
+    assert!(msg.contains("bad.yaml:2") && msg.contains("columns[0] (age).bounds"), "{msg}");
     std::fs::write(&dom, "columns: [ {name: x, kind: categorical, values: [a] ").unwrap();
     let msg = format!("{:#}", DomainSpec::load(&dom).unwrap_err());
     assert!(msg.starts_with(&format!("{}:", dom.display())), "{msg}");
-    let msg = format!(
-        "{:#}",
-        DomainSpec::load(dir.path().join("missing.yaml")).unwrap_err()
-    );
-    assert!(
-        msg.contains("missing.yaml") && msg.contains("cannot read"),
-        "{msg}"
-    );
+    let msg = format!("{:#}", DomainSpec::load(dir.path().join("missing.yaml")).unwrap_err());
+    assert!(msg.contains("missing.yaml") && msg.contains("cannot read"), "{msg}");
 }
 
 #[tokio::test]
@@ -204,12 +117,7 @@ async fn missing_inputs_are_errors_not_empty_tables() {
         format!("{}/", dir.path().join("empty-prefix").display()),
         "memory://bucket/nothing/here.parquet".to_string(),
     ] {
-        let err = inspect(&loc, "sample_data/penguins/penguins.domain.yaml", None)
-            .await
-            .unwrap_err();
-        assert!(
-            format!("{err:#}").contains("does not exist"),
-            "{loc}: {err:#}"
-        );
+        let err = inspect(&loc, "sample_data/penguins/penguins.domain.yaml", None).await.unwrap_err();
+        assert!(format!("{err:#}").contains("does not exist"), "{loc}: {err:#}");
     }
 }

@@ -13,22 +13,11 @@ fn dpflow() -> Command {
 
 fn init(path: &std::path::Path, budget: &[&str]) {
     let out = dpflow()
-        .args([
-            "budget",
-            "init",
-            "--ledger",
-            path.to_str().unwrap(),
-            "--dataset",
-            "adult",
-        ])
+        .args(["budget", "init", "--ledger", path.to_str().unwrap(), "--dataset", "adult"])
         .args(budget)
         .output()
         .unwrap();
-    assert!(
-        out.status.success(),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
 }
 
 fn pure(eps: f64) -> MechanismRecord {
@@ -55,14 +44,7 @@ fn eight_processes_never_overspend() {
                 let mut ok = 0;
                 for k in 0..3 {
                     let out = dpflow()
-                        .args([
-                            "budget",
-                            "charge",
-                            "--ledger",
-                            path.to_str().unwrap(),
-                            "--dataset",
-                            "adult",
-                        ])
+                        .args(["budget", "charge", "--ledger", path.to_str().unwrap(), "--dataset", "adult"])
                         .args(["--release-id", &format!("p{p}-{k}"), "--epsilon", "0.1"])
                         .output()
                         .unwrap();
@@ -91,22 +73,8 @@ fn sigkill_between_reserve_and_commit_leaves_reservation_counted() {
     let path = dir.path().join("ledger.sqlite");
     init(&path, &["--epsilon", "1.0", "--delta", "1e-6"]);
     let mut child = dpflow()
-        .args([
-            "budget",
-            "charge",
-            "--ledger",
-            path.to_str().unwrap(),
-            "--dataset",
-            "adult",
-        ])
-        .args([
-            "--release-id",
-            "r1",
-            "--epsilon",
-            "0.4",
-            "--hold-ms",
-            "60000",
-        ])
+        .args(["budget", "charge", "--ledger", path.to_str().unwrap(), "--dataset", "adult"])
+        .args(["--release-id", "r1", "--epsilon", "0.4", "--hold-ms", "60000"])
         .stderr(Stdio::piped())
         .spawn()
         .unwrap();
@@ -117,10 +85,7 @@ fn sigkill_between_reserve_and_commit_leaves_reservation_counted() {
         if !l.history(None).unwrap().is_empty() {
             break;
         }
-        assert!(
-            std::time::Instant::now() < deadline,
-            "reservation never appeared"
-        );
+        assert!(std::time::Instant::now() < deadline, "reservation never appeared");
         std::thread::sleep(Duration::from_millis(50));
     }
     child.kill().unwrap(); // SIGKILL
@@ -130,11 +95,7 @@ fn sigkill_between_reserve_and_commit_leaves_reservation_counted() {
     assert_eq!(h.len(), 1);
     assert_eq!(h[0].status, ChargeStatus::Reserved);
     let s = ledger.status("adult").unwrap();
-    assert!(
-        (s.spent - 0.4).abs() < 1e-12,
-        "reservation must count as spent: {}",
-        s.spent
-    );
+    assert!((s.spent - 0.4).abs() < 1e-12, "reservation must count as spent: {}", s.spent);
     assert_eq!(s.committed, 0.0);
     assert_eq!(s.open_reservations, 1);
     // The operator resolves it (outputs were never published): released.
@@ -151,11 +112,7 @@ fn sigkill_between_reserve_and_commit_leaves_reservation_counted() {
         ])
         .output()
         .unwrap();
-    assert!(
-        out.status.success(),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
     assert_eq!(ledger.status("adult").unwrap().spent, 0.0);
 }
 
@@ -164,51 +121,25 @@ fn history_lists_every_charge_and_release_ids_never_double_spend() {
     let dir = tempfile::tempdir().unwrap();
     let path = dir.path().join("l.sqlite");
     let mut ledger = Ledger::create(&path).unwrap();
-    ledger
-        .add_dataset("d", "row", Budget::Pure { epsilon: 1.0 })
-        .unwrap();
+    ledger.add_dataset("d", "row", Budget::Pure { epsilon: 1.0 }).unwrap();
     let a = ledger.reserve("d", "a", &[pure(0.2)], None).unwrap();
     ledger.commit(a.charge_id).unwrap();
     let b = ledger.reserve("d", "b", &[pure(0.3)], None).unwrap();
     ledger.release(b.charge_id, "failed cleanly").unwrap();
-    let c = ledger
-        .reserve("d", "c", &[pure(0.1), pure(0.1)], None)
-        .unwrap();
+    let c = ledger.reserve("d", "c", &[pure(0.1), pure(0.1)], None).unwrap();
     // Resuming an open reservation with the same cost does not spend twice.
-    let c2 = ledger
-        .reserve("d", "c", &[pure(0.1), pure(0.1)], None)
-        .unwrap();
+    let c2 = ledger.reserve("d", "c", &[pure(0.1), pure(0.1)], None).unwrap();
     assert!(c2.resumed && c2.charge_id == c.charge_id);
     // A committed release id is refused.
-    assert!(matches!(
-        ledger.reserve("d", "a", &[pure(0.2)], None),
-        Err(LedgerError::AlreadyCommitted { .. })
-    ));
+    assert!(matches!(ledger.reserve("d", "a", &[pure(0.2)], None), Err(LedgerError::AlreadyCommitted { .. })));
     // A different cost under the same open id is refused.
-    assert!(matches!(
-        ledger.reserve("d", "c", &[pure(0.3)], None),
-        Err(LedgerError::ConflictingReservation { .. })
-    ));
+    assert!(matches!(ledger.reserve("d", "c", &[pure(0.3)], None), Err(LedgerError::ConflictingReservation { .. })));
     let s = ledger.status("d").unwrap();
     assert!((s.spent - 0.4).abs() < 1e-12);
-    let out = dpflow()
-        .args([
-            "budget",
-            "history",
-            "--ledger",
-            path.to_str().unwrap(),
-            "--format",
-            "json",
-        ])
-        .output()
-        .unwrap();
+    let out =
+        dpflow().args(["budget", "history", "--ledger", path.to_str().unwrap(), "--format", "json"]).output().unwrap();
     let rows: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
-    let statuses: Vec<&str> = rows
-        .as_array()
-        .unwrap()
-        .iter()
-        .map(|r| r["status"].as_str().unwrap())
-        .collect();
+    let statuses: Vec<&str> = rows.as_array().unwrap().iter().map(|r| r["status"].as_str().unwrap()).collect();
     assert_eq!(statuses, vec!["committed", "released", "reserved"]);
     assert_eq!(rows[2]["mechanisms"].as_array().unwrap().len(), 2);
 }
@@ -217,27 +148,14 @@ fn history_lists_every_charge_and_release_ids_never_double_spend() {
 fn missing_or_corrupt_ledger_is_an_error_never_a_fresh_budget() {
     let dir = tempfile::tempdir().unwrap();
     let missing = dir.path().join("nope.sqlite");
-    let out = dpflow()
-        .args(["budget", "show", "--ledger", missing.to_str().unwrap()])
-        .output()
-        .unwrap();
+    let out = dpflow().args(["budget", "show", "--ledger", missing.to_str().unwrap()]).output().unwrap();
     assert!(!out.status.success());
     assert!(String::from_utf8_lossy(&out.stderr).contains("does not exist"));
-    assert!(
-        !missing.exists(),
-        "a missing ledger must not be created by `show`"
-    );
+    assert!(!missing.exists(), "a missing ledger must not be created by `show`");
 
     let corrupt = dir.path().join("corrupt.sqlite");
-    std::fs::write(
-        &corrupt,
-        b"this is not a database, just some bytes that look wrong......",
-    )
-    .unwrap();
-    let out = dpflow()
-        .args(["budget", "show", "--ledger", corrupt.to_str().unwrap()])
-        .output()
-        .unwrap();
+    std::fs::write(&corrupt, b"this is not a database, just some bytes that look wrong......").unwrap();
+    let out = dpflow().args(["budget", "show", "--ledger", corrupt.to_str().unwrap()]).output().unwrap();
     assert!(!out.status.success());
     let err = String::from_utf8_lossy(&out.stderr);
     assert!(err.contains("not a usable dpflow ledger"), "{err}");
@@ -251,8 +169,7 @@ fn missing_or_corrupt_ledger_is_an_error_never_a_fresh_budget() {
     // Truncating a real ledger is detected.
     let real = dir.path().join("real.sqlite");
     let l = Ledger::create(&real).unwrap();
-    l.add_dataset("d", "row", Budget::Zcdp { rho: 1.0 })
-        .unwrap();
+    l.add_dataset("d", "row", Budget::Zcdp { rho: 1.0 }).unwrap();
     drop(l);
     let bytes = std::fs::read(&real).unwrap();
     std::fs::write(&real, &bytes[..bytes.len() / 2]).unwrap();
@@ -270,7 +187,10 @@ fn rusqlite_free_create(path: &std::path::Path) {
     // ledger without its `meta` rows is not a dpflow ledger.
     let conn_path = path.to_str().unwrap().to_string();
     let status = Command::new("python3")
-        .args(["-c", &format!("import sqlite3; c=sqlite3.connect({conn_path:?}); c.execute('DELETE FROM meta'); c.commit()")])
+        .args([
+            "-c",
+            &format!("import sqlite3; c=sqlite3.connect({conn_path:?}); c.execute('DELETE FROM meta'); c.commit()"),
+        ])
         .status()
         .unwrap();
     assert!(status.success());

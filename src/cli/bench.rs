@@ -86,11 +86,7 @@ pub fn peak_rss_mb() -> f64 {
     // SAFETY: getrusage only writes into the struct we pass.
     let mut u: libc::rusage = unsafe { std::mem::zeroed() };
     let rc = unsafe { libc::getrusage(libc::RUSAGE_SELF, &mut u) };
-    if rc == 0 {
-        u.ru_maxrss as f64 / 1024.0
-    } else {
-        f64::NAN
-    }
+    if rc == 0 { u.ru_maxrss as f64 / 1024.0 } else { f64::NAN }
 }
 
 fn subsets(n: usize, k: usize) -> Vec<Vec<usize>> {
@@ -113,20 +109,10 @@ fn subsets(n: usize, k: usize) -> Vec<Vec<usize>> {
 
 pub(super) async fn run(a: BenchArgs) -> Result<i32> {
     match a.command {
-        BenchCommand::PgmMeasurements {
-            input,
-            domain,
-            out,
-            sigma,
-            seed,
-        } => {
+        BenchCommand::PgmMeasurements { input, domain, out, sigma, seed } => {
             crate::pgm::bench::write_measurements(&input, &domain, &out, sigma, seed).await?;
         }
-        BenchCommand::Pgm {
-            measurements,
-            iters,
-            inverse_variance,
-        } => {
+        BenchCommand::Pgm { measurements, iters, inverse_variance } => {
             let w = if inverse_variance {
                 crate::pgm::Weighting::InverseVariance
             } else {
@@ -135,12 +121,7 @@ pub(super) async fn run(a: BenchArgs) -> Result<i32> {
             let report = crate::pgm::bench::run_estimation(&measurements, iters, w)?;
             println!("{}", serde_json::to_string_pretty(&report)?);
         }
-        BenchCommand::Marginals {
-            input,
-            domain,
-            k,
-            engine,
-        } => {
+        BenchCommand::Marginals { input, domain, k, engine } => {
             let ds = Dataset::open("bench", &input, None, &domain)?;
             let names: Vec<String> = ds.domain().names().iter().map(|s| s.to_string()).collect();
             let sets = subsets(names.len(), k);
@@ -151,10 +132,7 @@ pub(super) async fn run(a: BenchArgs) -> Result<i32> {
                     let q: Vec<(Vec<String>, _)> = sets
                         .iter()
                         .map(|s| {
-                            (
-                                s.iter().map(|&i| names[i].clone()).collect(),
-                                dpflow_udfs::marginal::NullMode::Cells,
-                            )
+                            (s.iter().map(|&i| names[i].clone()).collect(), dpflow_udfs::marginal::NullMode::Cells)
                         })
                         .collect();
                     let m = ds.exact_marginals(&ctx, &q).await?;
@@ -166,12 +144,8 @@ pub(super) async fn run(a: BenchArgs) -> Result<i32> {
                     let queries: Vec<String> = if engine == MarginalEngine::GroupBy {
                         sets.iter()
                             .map(|s| {
-                                let cols: Vec<&str> =
-                                    s.iter().map(|&i| quoted[i].as_str()).collect();
-                                format!(
-                                    "SELECT {c}, count(*) AS n FROM t GROUP BY {c}",
-                                    c = cols.join(", ")
-                                )
+                                let cols: Vec<&str> = s.iter().map(|&i| quoted[i].as_str()).collect();
+                                format!("SELECT {c}, count(*) AS n FROM t GROUP BY {c}", c = cols.join(", "))
                             })
                             .collect()
                     } else {
@@ -179,21 +153,12 @@ pub(super) async fn run(a: BenchArgs) -> Result<i32> {
                         let gs: Vec<String> = sets
                             .iter()
                             .map(|s| {
-                                format!(
-                                    "({})",
-                                    s.iter()
-                                        .map(|&i| quoted[i].as_str())
-                                        .collect::<Vec<_>>()
-                                        .join(", ")
-                                )
+                                format!("({})", s.iter().map(|&i| quoted[i].as_str()).collect::<Vec<_>>().join(", "))
                             })
                             .collect();
                         vec![format!(
                             "SELECT {}, count(*) AS n FROM t GROUP BY GROUPING SETS ({})",
-                            used.iter()
-                                .map(|&i| quoted[i].as_str())
-                                .collect::<Vec<_>>()
-                                .join(", "),
+                            used.iter().map(|&i| quoted[i].as_str()).collect::<Vec<_>>().join(", "),
                             gs.join(", ")
                         )]
                     };
@@ -204,25 +169,16 @@ pub(super) async fn run(a: BenchArgs) -> Result<i32> {
                         while let Some(b) = s.next().await {
                             let b = b?;
                             let n = b.column(b.num_columns() - 1);
-                            let n = datafusion::arrow::compute::cast(
-                                n,
-                                &datafusion::arrow::datatypes::DataType::Int64,
-                            )?;
-                            let n = n
-                                .as_any()
-                                .downcast_ref::<datafusion::arrow::array::Int64Array>()
-                                .expect("int64");
+                            let n =
+                                datafusion::arrow::compute::cast(n, &datafusion::arrow::datatypes::DataType::Int64)?;
+                            let n = n.as_any().downcast_ref::<datafusion::arrow::array::Int64Array>().expect("int64");
                             total += n.values().iter().map(|&v| v as u64).sum::<u64>();
                         }
                         if qi == 0 {
                             first_total = total;
                         }
                     }
-                    if engine == MarginalEngine::GroupingSets {
-                        first_total / sets.len() as u64
-                    } else {
-                        first_total
-                    }
+                    if engine == MarginalEngine::GroupingSets { first_total / sets.len() as u64 } else { first_total }
                 }
             };
             let secs = start.elapsed().as_secs_f64();

@@ -25,18 +25,7 @@ pub struct BenchDataArgs {
 
 pub(super) async fn run(a: BenchDataArgs) -> Result<i32> {
     let t = std::time::Instant::now();
-    let n = crate::bench_data::write_bench_data(
-        a.rows,
-        &a.out,
-        a.seed,
-        a.domain_out.as_deref(),
-        a.batch_rows,
-    )
-    .await?;
-    eprintln!(
-        "wrote {n} rows to {} in {:.1}s",
-        a.out,
-        t.elapsed().as_secs_f64()
-    );
+    let n = crate::bench_data::write_bench_data(a.rows, &a.out, a.seed, a.domain_out.as_deref(), a.batch_rows).await?;
+    eprintln!("wrote {n} rows to {} in {:.1}s", a.out, t.elapsed().as_secs_f64());
     Ok(0)
 }

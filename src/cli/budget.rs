@@ -109,32 +109,20 @@ pub enum BudgetCommand {
 }
 
 fn ledger_path(a: &BudgetArgs) -> Result<&str> {
-    a.ledger
-        .as_deref()
-        .ok_or_else(|| anyhow::anyhow!("--ledger FILE is required"))
+    a.ledger.as_deref().ok_or_else(|| anyhow::anyhow!("--ledger FILE is required"))
 }
 
 pub(super) async fn run(a: BudgetArgs) -> Result<i32> {
     let path = ledger_path(&a)?.to_string();
     let json = a.format == OutputFormat::Json;
     match &a.command {
-        BudgetCommand::Init {
-            dataset,
-            privacy_unit,
-            budget,
-        } => {
+        BudgetCommand::Init { dataset, privacy_unit, budget } => {
             let budget = budget.budget()?;
-            let ledger = if std::path::Path::new(&path).exists() {
-                Ledger::open(&path)?
-            } else {
-                Ledger::create(&path)?
-            };
+            let ledger =
+                if std::path::Path::new(&path).exists() { Ledger::open(&path)? } else { Ledger::create(&path)? };
             ledger.add_dataset(dataset, privacy_unit, budget)?;
             if json {
-                println!(
-                    "{}",
-                    serde_json::to_string_pretty(&ledger.status(dataset)?)?
-                );
+                println!("{}", serde_json::to_string_pretty(&ledger.status(dataset)?)?);
             } else {
                 println!(
                     "ledger {path}: dataset {dataset:?} (privacy unit {privacy_unit}) with budget {}",
@@ -148,10 +136,7 @@ pub(super) async fn run(a: BudgetArgs) -> Result<i32> {
                 Some(d) => vec![d.clone()],
                 None => ledger.datasets()?.into_iter().map(|d| d.name).collect(),
             };
-            let statuses = names
-                .iter()
-                .map(|n| ledger.status(n))
-                .collect::<Result<Vec<_>, _>>()?;
+            let statuses = names.iter().map(|n| ledger.status(n)).collect::<Result<Vec<_>, _>>()?;
             if json {
                 println!("{}", serde_json::to_string_pretty(&statuses)?);
             } else {
@@ -207,13 +192,7 @@ pub(super) async fn run(a: BudgetArgs) -> Result<i32> {
             ledger.resolve(*charge, *to, note)?;
             println!("charge #{charge} resolved as {to:?}");
         }
-        BudgetCommand::Charge {
-            dataset,
-            release_id,
-            what,
-            loss,
-            hold_ms,
-        } => {
+        BudgetCommand::Charge { dataset, release_id, what, loss, hold_ms } => {
             let mut ledger = Ledger::open(&path)?;
             let loss = match loss.budget()? {
                 Budget::Pure { epsilon } => PrivacyLoss::Pure { epsilon },
@@ -234,10 +213,7 @@ pub(super) async fn run(a: BudgetArgs) -> Result<i32> {
                 std::thread::sleep(std::time::Duration::from_millis(*ms));
             }
             ledger.commit(r.charge_id)?;
-            println!(
-                "charge #{} committed; remaining {}",
-                r.charge_id, r.remaining
-            );
+            println!("charge #{} committed; remaining {}", r.charge_id, r.remaining);
         }
     }
     Ok(0)

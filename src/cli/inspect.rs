@@ -62,31 +62,22 @@ pub struct ColumnReport {
 }
 
 /// Curator-only label used in every exact report.
-pub const CURATOR_NOTICE: &str = "CURATOR-ONLY: exact statistics of the private input, NOT differentially private. Do not publish.";
+pub const CURATOR_NOTICE: &str =
+    "CURATOR-ONLY: exact statistics of the private input, NOT differentially private. Do not publish.";
 
 /// Computes the report, streaming the input once.
-pub async fn inspect(
-    input: &str,
-    domain_path: &str,
-    format: Option<InputFormat>,
-) -> Result<InspectReport> {
+pub async fn inspect(input: &str, domain_path: &str, format: Option<InputFormat>) -> Result<InspectReport> {
     let spec = DomainSpec::load(domain_path)?;
     let ctx = session_context();
     let df = open_input(&ctx, input, format, &spec).await?;
     let domain = Arc::new(spec.domain.clone());
     let schema = df.schema().as_arrow().clone();
-    let mut encoder = BatchEncoder::new(domain.clone(), &schema)
-        .map_err(|e| anyhow::anyhow!("{input}: {e}"))?
-        .count_only();
-    let mut stream = df
-        .execute_stream()
-        .await
-        .with_context(|| format!("reading {input}"))?;
+    let mut encoder =
+        BatchEncoder::new(domain.clone(), &schema).map_err(|e| anyhow::anyhow!("{input}: {e}"))?.count_only();
+    let mut stream = df.execute_stream().await.with_context(|| format!("reading {input}"))?;
     while let Some(batch) = stream.next().await {
         let batch = batch.with_context(|| format!("reading {input}"))?;
-        encoder
-            .encode(&batch)
-            .map_err(|e| anyhow::anyhow!("{input}: {e}"))?;
+        encoder.encode(&batch).map_err(|e| anyhow::anyhow!("{input}: {e}"))?;
     }
     let stats = encoder.into_stats();
     let columns = domain

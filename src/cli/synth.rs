@@ -83,21 +83,12 @@ fn spinner() -> ProgressBar {
 
 pub(super) async fn run(a: SynthArgs) -> Result<i32> {
     if a.unsafe_seed.is_some() {
-        eprintln!(
-            "WARNING: --unsafe-seed makes the noise reproducible: this output is NOT differentially private."
-        );
+        eprintln!("WARNING: --unsafe-seed makes the noise reproducible: this output is NOT differentially private.");
     }
     if a.ledger.is_none() {
-        eprintln!(
-            "note: no --ledger given: this release's privacy cost is not recorded in a budget ledger."
-        );
+        eprintln!("note: no --ledger given: this release's privacy cost is not recorded in a budget ledger.");
     }
-    let dataset = Dataset::open(
-        a.dataset.as_deref().unwrap_or("data"),
-        &a.input,
-        a.input_format,
-        &a.domain,
-    )?;
+    let dataset = Dataset::open(a.dataset.as_deref().unwrap_or("data"), &a.input, a.input_format, &a.domain)?;
     let req = SynthRequest {
         dataset,
         mechanism: a.mechanism,
@@ -116,11 +107,7 @@ pub(super) async fn run(a: SynthArgs) -> Result<i32> {
             confidence: a.confidence,
             rounds: a.rounds,
         },
-        decode: if a.midpoints {
-            DecodeMode::Midpoint
-        } else {
-            DecodeMode::Uniform
-        },
+        decode: if a.midpoints { DecodeMode::Midpoint } else { DecodeMode::Uniform },
     };
     let pb = spinner();
     let ctx = session_context();
@@ -130,13 +117,7 @@ pub(super) async fn run(a: SynthArgs) -> Result<i32> {
     let record = record?;
     eprintln!(
         "{}: wrote {} rows to {} (ρ spent {:.6} of {:.6}; fit {:.1}s, generation {:.1}s)",
-        record.mechanism,
-        record.rows,
-        a.out,
-        record.rho_spent,
-        record.rho,
-        record.seconds.fit,
-        record.seconds.generate
+        record.mechanism, record.rows, a.out, record.rho_spent, record.rho, record.seconds.fit, record.seconds.generate
     );
     Ok(0)
 }
@@ -163,11 +144,7 @@ pub struct SampleArgs {
 
 pub(super) async fn sample(a: SampleArgs) -> Result<i32> {
     let m = SavedModel::load(&a.model)?;
-    let plan = m.sampling_plan(if a.midpoints {
-        DecodeMode::Midpoint
-    } else {
-        DecodeMode::Uniform
-    })?;
+    let plan = m.sampling_plan(if a.midpoints { DecodeMode::Midpoint } else { DecodeMode::Uniform })?;
     let rows = a.rows.unwrap_or(m.total().round().max(1.0) as u64);
     let seed = match a.seed {
         Some(s) => s,
@@ -176,24 +153,18 @@ pub(super) async fn sample(a: SampleArgs) -> Result<i32> {
     let ctx = session_context();
     let exec = synthetic_exec(plan, rows, seed)?;
     let pb = ProgressBar::new(rows);
-    pb.set_style(
-        ProgressStyle::with_template("{bar:40} {pos}/{len} rows [{elapsed}]").expect("template"),
-    );
+    pb.set_style(ProgressStyle::with_template("{bar:40} {pos}/{len} rows [{elapsed}]").expect("template"));
     let stream = datafusion::physical_plan::execute_stream(exec, ctx.task_ctx())?;
     let pb2 = pb.clone();
-    let stream = Box::pin(
-        datafusion::physical_plan::stream::RecordBatchStreamAdapter::new(
-            stream.schema(),
-            futures::StreamExt::inspect(stream, move |b| {
-                if let Ok(b) = b {
-                    pb2.inc(b.num_rows() as u64)
-                }
-            }),
-        ),
-    );
-    let n = write_stream(&ctx, &a.out, stream)
-        .await
-        .with_context(|| format!("writing {}", a.out))?;
+    let stream = Box::pin(datafusion::physical_plan::stream::RecordBatchStreamAdapter::new(
+        stream.schema(),
+        futures::StreamExt::inspect(stream, move |b| {
+            if let Ok(b) = b {
+                pb2.inc(b.num_rows() as u64)
+            }
+        }),
+    ));
+    let n = write_stream(&ctx, &a.out, stream).await.with_context(|| format!("writing {}", a.out))?;
     pb.finish_and_clear();
     eprintln!("wrote {n} rows to {}", a.out);
     Ok(0)

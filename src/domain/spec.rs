@@ -66,13 +66,7 @@ fn default_quote() -> char {
 
 impl Default for TextFormat {
     fn default() -> Self {
-        Self {
-            header: true,
-            delimiter: ',',
-            comment: None,
-            quote: '"',
-            trim: true,
-        }
+        Self { header: true, delimiter: ',', comment: None, quote: '"', trim: true }
     }
 }
 
@@ -261,9 +255,7 @@ impl DomainSpec {
             }
             columns.push(Column {
                 name,
-                kind: ColumnKind::Integer {
-                    edges: (0..=size as i64).collect(),
-                },
+                kind: ColumnKind::Integer { edges: (0..=size as i64).collect() },
                 nullable: false,
                 null_tokens: vec![],
                 out_of_domain: OutOfDomain::Error,
@@ -275,12 +267,7 @@ impl DomainSpec {
             key: "(root)".into(),
             message: m,
         })?;
-        Ok(Self {
-            name: None,
-            domain,
-            text: TextFormat::default(),
-            source: file.into(),
-        })
+        Ok(Self { name: None, domain, text: TextFormat::default(), source: file.into() })
     }
 
     /// The file this domain came from.
@@ -312,26 +299,16 @@ fn compile(raw: RawSpec, file: &str) -> Result<DomainSpec, SpecError> {
         let err = |key: &str, message: String| SpecError {
             file: file.into(),
             line,
-            key: format!(
-                "columns[{i}] ({}){}{key}",
-                rc.name,
-                if key.is_empty() { "" } else { "." }
-            ),
+            key: format!("columns[{i}] ({}){}{key}", rc.name, if key.is_empty() { "" } else { "." }),
             message,
         };
         if let Some(j) = seen.insert(rc.name.clone(), i) {
-            return Err(err(
-                "name",
-                format!("duplicate column name (also columns[{j}])"),
-            ));
+            return Err(err("name", format!("duplicate column name (also columns[{j}])")));
         }
         let kind = match rc.kind {
             RawKind::Categorical => {
                 if rc.bounds.is_some() || rc.bins.is_some() {
-                    return Err(err(
-                        "bounds",
-                        "a categorical column takes `values`, not bounds or bins".into(),
-                    ));
+                    return Err(err("bounds", "a categorical column takes `values`, not bounds or bins".into()));
                 }
                 let values: Vec<String> = rc
                     .values
@@ -342,43 +319,26 @@ fn compile(raw: RawSpec, file: &str) -> Result<DomainSpec, SpecError> {
                     .collect();
                 ColumnKind::Categorical {
                     values,
-                    aliases: rc
-                        .aliases
-                        .iter()
-                        .map(|(k, v)| (k.clone(), v.0.clone()))
-                        .collect(),
+                    aliases: rc.aliases.iter().map(|(k, v)| (k.clone(), v.0.clone())).collect(),
                 }
             }
             RawKind::Boolean => {
                 if rc.values.is_some() || rc.bounds.is_some() || rc.bins.is_some() {
-                    return Err(err(
-                        "kind",
-                        "a boolean column takes no values, bounds or bins".into(),
-                    ));
+                    return Err(err("kind", "a boolean column takes no values, bounds or bins".into()));
                 }
                 ColumnKind::Boolean
             }
-            RawKind::Integer => ColumnKind::Integer {
-                edges: integer_edges(&rc).map_err(|(k, m)| err(k, m))?,
-            },
-            RawKind::Float => ColumnKind::Float {
-                edges: float_edges(&rc).map_err(|(k, m)| err(k, m))?,
-            },
+            RawKind::Integer => ColumnKind::Integer { edges: integer_edges(&rc).map_err(|(k, m)| err(k, m))? },
+            RawKind::Float => ColumnKind::Float { edges: float_edges(&rc).map_err(|(k, m)| err(k, m))? },
         };
         if !rc.aliases.is_empty() && rc.kind != RawKind::Categorical {
-            return Err(err(
-                "aliases",
-                "aliases apply to categorical columns only".into(),
-            ));
+            return Err(err("aliases", "aliases apply to categorical columns only".into()));
         }
         let col = Column {
             name: rc.name.clone(),
             kind,
             nullable: rc.nullable,
-            null_tokens: rc
-                .null_tokens
-                .clone()
-                .unwrap_or_else(|| raw.null_tokens.clone()),
+            null_tokens: rc.null_tokens.clone().unwrap_or_else(|| raw.null_tokens.clone()),
             out_of_domain: rc.out_of_domain.unwrap_or(default_policy),
         };
         col.validate().map_err(|m| err("", m))?;
@@ -390,22 +350,14 @@ fn compile(raw: RawSpec, file: &str) -> Result<DomainSpec, SpecError> {
         key: "columns".into(),
         message: m,
     })?;
-    Ok(DomainSpec {
-        name: raw.name,
-        domain,
-        text: raw.text.unwrap_or_default(),
-        source: file.into(),
-    })
+    Ok(DomainSpec { name: raw.name, domain, text: raw.text.unwrap_or_default(), source: file.into() })
 }
 
 type KeyErr = (&'static str, String);
 
 fn integer_edges(rc: &RawColumn) -> Result<Vec<i64>, KeyErr> {
     if rc.values.is_some() {
-        return Err((
-            "values",
-            "an integer column takes `bounds` (and optional `bins`), not values".into(),
-        ));
+        return Err(("values", "an integer column takes `bounds` (and optional `bins`), not values".into()));
     }
     let as_int = |x: f64, key: &'static str| -> Result<i64, KeyErr> {
         if x.fract() != 0.0 || !x.is_finite() || x.abs() > 9.0e15 {
@@ -414,25 +366,16 @@ fn integer_edges(rc: &RawColumn) -> Result<Vec<i64>, KeyErr> {
             Ok(x as i64)
         }
     };
-    if let Some(RawBins {
-        edges: Some(e),
-        width: None,
-        count: None,
-    }) = &rc.bins
-    {
+    if let Some(RawBins { edges: Some(e), width: None, count: None }) = &rc.bins {
         if e.len() < 2 {
             return Err(("bins.edges", "need at least two edges".into()));
         }
-        let mut edges = e
-            .iter()
-            .map(|x| as_int(*x, "bins.edges"))
-            .collect::<Result<Vec<_>, _>>()?;
+        let mut edges = e.iter().map(|x| as_int(*x, "bins.edges")).collect::<Result<Vec<_>, _>>()?;
         if edges.windows(2).any(|w| w[0] >= w[1]) {
             return Err(("bins.edges", "edges must be strictly increasing".into()));
         }
         if let Some((lo, hi)) = rc.bounds {
-            if as_int(lo, "bounds")? != edges[0] || as_int(hi, "bounds")? != *edges.last().unwrap()
-            {
+            if as_int(lo, "bounds")? != edges[0] || as_int(hi, "bounds")? != *edges.last().unwrap() {
                 return Err(("bounds", "bounds must equal the first and last edge".into()));
             }
         }
@@ -440,33 +383,20 @@ fn integer_edges(rc: &RawColumn) -> Result<Vec<i64>, KeyErr> {
         *edges.last_mut().unwrap() += 1;
         return Ok(edges);
     }
-    let (lo, hi) = rc.bounds.ok_or((
-        "bounds",
-        "an integer column needs `bounds: [lo, hi]`".to_string(),
-    ))?;
+    let (lo, hi) = rc.bounds.ok_or(("bounds", "an integer column needs `bounds: [lo, hi]`".to_string()))?;
     let (lo, hi) = (as_int(lo, "bounds")?, as_int(hi, "bounds")?);
     if lo > hi {
-        return Err((
-            "bounds",
-            format!("lower bound {lo} is above upper bound {hi}"),
-        ));
+        return Err(("bounds", format!("lower bound {lo} is above upper bound {hi}")));
     }
     let span = hi - lo + 1;
     match &rc.bins {
         None => {
             if span > 10_000_000 {
-                return Err((
-                    "bins",
-                    format!("{span} unit bins is too many; give `bins: {{count: k}}` or `width`"),
-                ));
+                return Err(("bins", format!("{span} unit bins is too many; give `bins: {{count: k}}` or `width`")));
             }
             Ok((lo..=hi + 1).collect())
         }
-        Some(RawBins {
-            width: Some(w),
-            count: None,
-            edges: None,
-        }) => {
+        Some(RawBins { width: Some(w), count: None, edges: None }) => {
             let w = as_int(*w, "bins.width")?;
             if w < 1 {
                 return Err(("bins.width", "width must be at least 1".into()));
@@ -475,50 +405,28 @@ fn integer_edges(rc: &RawColumn) -> Result<Vec<i64>, KeyErr> {
             edges.push(hi + 1);
             Ok(edges)
         }
-        Some(RawBins {
-            count: Some(k),
-            width: None,
-            edges: None,
-        }) => {
+        Some(RawBins { count: Some(k), width: None, edges: None }) => {
             let k = *k as i64;
             if k < 1 || k > span {
                 return Err((
                     "bins.count",
-                    format!(
-                        "count must be between 1 and {span} (the number of integers in bounds)"
-                    ),
+                    format!("count must be between 1 and {span} (the number of integers in bounds)"),
                 ));
             }
             // Near-equal widths: e_i = lo + ⌊i·span/k⌋.
-            Ok((0..=k)
-                .map(|i| lo + ((i as i128 * span as i128) / k as i128) as i64)
-                .collect())
+            Ok((0..=k).map(|i| lo + ((i as i128 * span as i128) / k as i128) as i64).collect())
         }
-        Some(_) => Err((
-            "bins",
-            "give exactly one of `width`, `count` or `edges`".into(),
-        )),
+        Some(_) => Err(("bins", "give exactly one of `width`, `count` or `edges`".into())),
     }
 }
 
 fn float_edges(rc: &RawColumn) -> Result<Vec<f64>, KeyErr> {
     if rc.values.is_some() {
-        return Err((
-            "values",
-            "a float column takes `bounds` and `bins`, not values".into(),
-        ));
+        return Err(("values", "a float column takes `bounds` and `bins`, not values".into()));
     }
-    if let Some(RawBins {
-        edges: Some(e),
-        width: None,
-        count: None,
-    }) = &rc.bins
-    {
+    if let Some(RawBins { edges: Some(e), width: None, count: None }) = &rc.bins {
         if e.len() < 2 || e.iter().any(|x| !x.is_finite()) || e.windows(2).any(|w| w[0] >= w[1]) {
-            return Err((
-                "bins.edges",
-                "need at least two finite, strictly increasing edges".into(),
-            ));
+            return Err(("bins.edges", "need at least two finite, strictly increasing edges".into()));
         }
         if let Some((lo, hi)) = rc.bounds {
             if lo != e[0] || hi != *e.last().unwrap() {
@@ -527,26 +435,13 @@ fn float_edges(rc: &RawColumn) -> Result<Vec<f64>, KeyErr> {
         }
         return Ok(e.clone());
     }
-    let (lo, hi) = rc.bounds.ok_or((
-        "bounds",
-        "a float column needs `bounds: [lo, hi]`".to_string(),
-    ))?;
+    let (lo, hi) = rc.bounds.ok_or(("bounds", "a float column needs `bounds: [lo, hi]`".to_string()))?;
     if !(lo.is_finite() && hi.is_finite() && lo < hi) {
-        return Err((
-            "bounds",
-            format!("bounds must be finite with lo < hi, got [{lo}, {hi}]"),
-        ));
+        return Err(("bounds", format!("bounds must be finite with lo < hi, got [{lo}, {hi}]")));
     }
     match &rc.bins {
-        None => Err((
-            "bins",
-            "a float column needs `bins` (`width`, `count` or `edges`)".into(),
-        )),
-        Some(RawBins {
-            width: Some(w),
-            count: None,
-            edges: None,
-        }) => {
+        None => Err(("bins", "a float column needs `bins` (`width`, `count` or `edges`)".into())),
+        Some(RawBins { width: Some(w), count: None, edges: None }) => {
             if !(*w > 0.0 && w.is_finite()) {
                 return Err(("bins.width", "width must be positive".into()));
             }
@@ -554,32 +449,20 @@ fn float_edges(rc: &RawColumn) -> Result<Vec<f64>, KeyErr> {
             if n > 10_000_000 {
                 return Err(("bins.width", "too many bins".into()));
             }
-            let mut edges: Vec<f64> = (0..n)
-                .map(|i| lo + i as f64 * w)
-                .filter(|e| *e < hi)
-                .collect();
+            let mut edges: Vec<f64> = (0..n).map(|i| lo + i as f64 * w).filter(|e| *e < hi).collect();
             edges.push(hi);
             Ok(edges)
         }
-        Some(RawBins {
-            count: Some(k),
-            width: None,
-            edges: None,
-        }) => {
+        Some(RawBins { count: Some(k), width: None, edges: None }) => {
             let k = *k as usize;
             if k < 1 || k > 10_000_000 {
                 return Err(("bins.count", "count must be between 1 and 10^7".into()));
             }
-            let mut edges: Vec<f64> = (0..k)
-                .map(|i| lo + (hi - lo) * i as f64 / k as f64)
-                .collect();
+            let mut edges: Vec<f64> = (0..k).map(|i| lo + (hi - lo) * i as f64 / k as f64).collect();
             edges.push(hi);
             Ok(edges)
         }
-        Some(_) => Err((
-            "bins",
-            "give exactly one of `width`, `count` or `edges`".into(),
-        )),
+        Some(_) => Err(("bins", "give exactly one of `width`, `count` or `edges`".into())),
     }
 }
 
@@ -637,11 +520,7 @@ columns:
         assert_eq!(e.file, "d.yaml");
         assert_eq!(e.line, Some(2));
         assert_eq!(e.key, "columns[0] (a).bounds");
-        assert!(
-            e.to_string()
-                .starts_with("d.yaml:2: columns[0] (a).bounds: lower bound 5"),
-            "{e}"
-        );
+        assert!(e.to_string().starts_with("d.yaml:2: columns[0] (a).bounds: lower bound 5"), "{e}");
 
         let y = "columns:\n  - name: a\n    kind: categorical\n    valeus: [x]\n";
         let e = DomainSpec::parse(y, "d.yaml").unwrap_err();

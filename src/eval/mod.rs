@@ -38,11 +38,7 @@ pub struct EvalReport {
 pub fn tvd(a: &[f64], b: &[f64]) -> f64 {
     let sa: f64 = a.iter().sum::<f64>().max(f64::MIN_POSITIVE);
     let sb: f64 = b.iter().sum::<f64>().max(f64::MIN_POSITIVE);
-    0.5 * a
-        .iter()
-        .zip(b)
-        .map(|(x, y)| (x / sa - y / sb).abs())
-        .sum::<f64>()
+    0.5 * a.iter().zip(b).map(|(x, y)| (x / sa - y / sb).abs()).sum::<f64>()
 }
 
 fn combos(d: usize, k: usize) -> Vec<Vec<usize>> {
@@ -64,12 +60,7 @@ fn combos(d: usize, k: usize) -> Vec<Vec<usize>> {
 }
 
 /// Evaluates synthetic against real data on a workload and on all 1/2/3-way marginals.
-pub async fn evaluate(
-    ctx: &SessionContext,
-    real: &Dataset,
-    synth: &Dataset,
-    workload: &str,
-) -> Result<EvalReport> {
+pub async fn evaluate(ctx: &SessionContext, real: &Dataset, synth: &Dataset, workload: &str) -> Result<EvalReport> {
     let d = real.domain().len();
     let w = Workload::parse(workload, real.domain())?;
     let mut sets: Vec<Vec<usize>> = w.queries.iter().map(|q| q.attrs.clone()).collect();
@@ -102,11 +93,7 @@ pub async fn evaluate(
         workload_error: werr / wsum,
         tvd_1way: mean(&combos(d, 1))?,
         tvd_2way: mean(&combos(d, 2))?,
-        tvd_3way: if d >= 3 {
-            Some(mean(&combos(d, 3))?)
-        } else {
-            None
-        },
+        tvd_3way: if d >= 3 { Some(mean(&combos(d, 3))?) } else { None },
         rows_real: a.get(&[0])?.iter().sum(),
         rows_synthetic: b.get(&[0])?.iter().sum(),
     })

@@ -16,9 +16,7 @@ use super::store::{register_stores_for, resolve_url, store_for};
 use crate::domain::DomainSpec;
 
 /// File format of an input.
-#[derive(
-    Debug, Clone, Copy, PartialEq, Eq, serde::Serialize, serde::Deserialize, clap::ValueEnum,
-)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize, serde::Deserialize, clap::ValueEnum)]
 #[serde(rename_all = "lowercase")]
 pub enum InputFormat {
     /// Delimited text (CSV, UCI `.data`/`.test`, TSV).
@@ -32,10 +30,7 @@ impl InputFormat {
     pub fn detect(location: &str) -> Self {
         let l = location.to_ascii_lowercase();
         let l = l.split(['?', '#']).next().unwrap_or(&l);
-        if [".csv", ".data", ".test", ".txt", ".tsv", ".csv.gz"]
-            .iter()
-            .any(|e| l.ends_with(e))
-        {
+        if [".csv", ".data", ".test", ".txt", ".tsv", ".csv.gz"].iter().any(|e| l.ends_with(e)) {
             InputFormat::Csv
         } else {
             InputFormat::Parquet
@@ -56,38 +51,20 @@ fn extension_of(url: &Url) -> String {
 }
 
 /// Reads the header line of a delimited text file (first file of a prefix).
-pub async fn read_header_names(
-    ctx: &SessionContext,
-    url: &Url,
-    delimiter: char,
-    quote: char,
-) -> Result<Vec<String>> {
+pub async fn read_header_names(ctx: &SessionContext, url: &Url, delimiter: char, quote: char) -> Result<Vec<String>> {
     let store = store_for(ctx, url)?;
-    let mut path =
-        ObjectPath::from_url_path(url.path()).with_context(|| format!("bad path in {url}"))?;
+    let mut path = ObjectPath::from_url_path(url.path()).with_context(|| format!("bad path in {url}"))?;
     if url.path().ends_with('/') {
-        let first = store
-            .list(Some(&path))
-            .try_next()
-            .await?
-            .with_context(|| format!("{url}: no files under this prefix"))?;
+        let first =
+            store.list(Some(&path)).try_next().await?.with_context(|| format!("{url}: no files under this prefix"))?;
         path = first.location;
     }
-    let meta = store
-        .head(&path)
-        .await
-        .with_context(|| format!("cannot open {url}"))?;
+    let meta = store.head(&path).await.with_context(|| format!("cannot open {url}"))?;
     let end = meta.size.min(1 << 16);
     let bytes = store.get_range(&path, 0..end).await?;
     let text = String::from_utf8_lossy(&bytes);
-    let line = text
-        .lines()
-        .next()
-        .with_context(|| format!("{url}: empty file"))?;
-    Ok(line
-        .split(delimiter)
-        .map(|s| s.trim().trim_matches(quote).to_string())
-        .collect())
+    let line = text.lines().next().with_context(|| format!("{url}: empty file"))?;
+    Ok(line.split(delimiter).map(|s| s.trim().trim_matches(quote).to_string()).collect())
 }
 
 /// Fails unless `url` names an existing object, or a prefix/glob with at least
@@ -97,8 +74,7 @@ pub async fn ensure_exists(ctx: &SessionContext, url: &Url, location: &str) -> R
     let path = url.path();
     let is_glob = path.contains(['*', '?', '[']);
     if !is_glob && !path.ends_with('/') {
-        let p =
-            ObjectPath::from_url_path(path).with_context(|| format!("bad path in {location}"))?;
+        let p = ObjectPath::from_url_path(path).with_context(|| format!("bad path in {location}"))?;
         if store.head(&p).await.is_ok() {
             return Ok(());
         }
@@ -108,8 +84,7 @@ pub async fn ensure_exists(ctx: &SessionContext, url: &Url, location: &str) -> R
         Some(i) => &path[..path[..i].rfind('/').map_or(0, |j| j + 1)],
         None => path,
     };
-    let prefix =
-        ObjectPath::from_url_path(fixed).with_context(|| format!("bad path in {location}"))?;
+    let prefix = ObjectPath::from_url_path(fixed).with_context(|| format!("bad path in {location}"))?;
     match store.list(Some(&prefix)).try_next().await {
         Ok(Some(_)) => Ok(()),
         _ => bail!("input {location} does not exist (no file or object at {url})"),
@@ -137,26 +112,15 @@ pub async fn open_input(
             .with_context(|| format!("cannot read Parquet input {location}")),
         InputFormat::Csv => {
             let t = &spec.text;
-            if !t.delimiter.is_ascii()
-                || !t.quote.is_ascii()
-                || t.comment.is_some_and(|c| !c.is_ascii())
-            {
-                bail!(
-                    "{}: text delimiter, quote and comment must be ASCII characters",
-                    spec.source
-                );
+            if !t.delimiter.is_ascii() || !t.quote.is_ascii() || t.comment.is_some_and(|c| !c.is_ascii()) {
+                bail!("{}: text delimiter, quote and comment must be ASCII characters", spec.source);
             }
             let names: Vec<String> = if t.header {
                 read_header_names(ctx, &url, t.delimiter, t.quote).await?
             } else {
                 spec.domain.names().iter().map(|s| s.to_string()).collect()
             };
-            let schema = Schema::new(
-                names
-                    .iter()
-                    .map(|n| Field::new(n, DataType::Utf8, true))
-                    .collect::<Vec<_>>(),
-            );
+            let schema = Schema::new(names.iter().map(|n| Field::new(n, DataType::Utf8, true)).collect::<Vec<_>>());
             let ext = extension_of(&url);
             let mut opts = CsvReadOptions::new()
                 .has_header(t.header)
@@ -167,10 +131,8 @@ pub async fn open_input(
             if let Some(c) = t.comment {
                 opts = opts.comment(c as u8);
             }
-            let df = ctx
-                .read_csv(table_path, opts)
-                .await
-                .with_context(|| format!("cannot read CSV input {location}"))?;
+            let df =
+                ctx.read_csv(table_path, opts).await.with_context(|| format!("cannot read CSV input {location}"))?;
             let _ = Arc::new(schema);
             Ok(df)
         }

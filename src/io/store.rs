@@ -21,18 +21,12 @@ pub fn memory_store() -> Arc<InMemory> {
 pub fn resolve_url(location: &str) -> Result<Url> {
     if let Some((scheme, _)) = location.split_once("://") {
         if !matches!(scheme, "file" | "s3" | "memory") {
-            bail!(
-                "unsupported URL scheme {scheme:?} in {location:?} (use file://, s3:// or memory://)"
-            );
+            bail!("unsupported URL scheme {scheme:?} in {location:?} (use file://, s3:// or memory://)");
         }
         return Url::parse(location).with_context(|| format!("invalid URL {location:?}"));
     }
     let path = std::path::Path::new(location);
-    let abs = if path.is_absolute() {
-        path.to_path_buf()
-    } else {
-        std::env::current_dir()?.join(path)
-    };
+    let abs = if path.is_absolute() { path.to_path_buf() } else { std::env::current_dir()?.join(path) };
     // Keep a trailing slash (a prefix) and glob characters as written.
     let mut s = abs.to_string_lossy().to_string();
     if location.ends_with('/') && !s.ends_with('/') {
@@ -45,11 +39,9 @@ pub fn resolve_url(location: &str) -> Result<Url> {
 
 /// The object store serving `url` (registered with [`register_stores_for`] first).
 pub fn store_for(ctx: &SessionContext, url: &Url) -> Result<Arc<dyn ObjectStore>> {
-    let base = ObjectStoreUrl::parse(&url[..url::Position::BeforePath])
-        .with_context(|| format!("bad store URL {url}"))?;
-    ctx.runtime_env()
-        .object_store(&base)
-        .with_context(|| format!("no object store registered for {url}"))
+    let base =
+        ObjectStoreUrl::parse(&url[..url::Position::BeforePath]).with_context(|| format!("bad store URL {url}"))?;
+    ctx.runtime_env().object_store(&base).with_context(|| format!("no object store registered for {url}"))
 }
 
 /// A DataFusion session with dpflow's defaults.
@@ -68,15 +60,12 @@ pub fn register_stores_for(ctx: &SessionContext, url: &Url) -> Result<()> {
         "file" => Ok(()),
         "memory" => {
             // One process-wide store, served under every memory:// host.
-            let base = Url::parse(&format!("memory://{}", url.host_str().unwrap_or("")))
-                .expect("memory url");
+            let base = Url::parse(&format!("memory://{}", url.host_str().unwrap_or(""))).expect("memory url");
             ctx.register_object_store(&base, memory_store() as Arc<dyn ObjectStore>);
             Ok(())
         }
         "s3" => {
-            let bucket = url
-                .host_str()
-                .with_context(|| format!("{url}: an s3:// URL needs a bucket"))?;
+            let bucket = url.host_str().with_context(|| format!("{url}: an s3:// URL needs a bucket"))?;
             let mut builder = AmazonS3Builder::from_env().with_bucket_name(bucket);
             // AmazonS3Builder::from_env reads AWS_ENDPOINT; accept the newer spelling too.
             if let Ok(ep) = std::env::var("AWS_ENDPOINT_URL") {
@@ -85,13 +74,10 @@ pub fn register_stores_for(ctx: &SessionContext, url: &Url) -> Result<()> {
             if std::env::var("AWS_ALLOW_HTTP").is_ok_and(|v| v == "true" || v == "1") {
                 builder = builder.with_allow_http(true);
             }
-            if std::env::var("AWS_REGION").is_err() && std::env::var("AWS_DEFAULT_REGION").is_err()
-            {
+            if std::env::var("AWS_REGION").is_err() && std::env::var("AWS_DEFAULT_REGION").is_err() {
                 builder = builder.with_region("us-east-1");
             }
-            let store = builder
-                .build()
-                .with_context(|| format!("configuring S3 for bucket {bucket:?}"))?;
+            let store = builder.build().with_context(|| format!("configuring S3 for bucket {bucket:?}"))?;
             let base = Url::parse(&format!("s3://{bucket}")).expect("bucket url");
             ctx.register_object_store(&base, Arc::new(store));
             Ok(())

@@ -29,44 +29,30 @@ impl ParquetSink {
         if url.scheme() == "file" {
             if let Ok(p) = url.to_file_path() {
                 if let Some(dir) = p.parent() {
-                    std::fs::create_dir_all(dir)
-                        .with_context(|| format!("cannot create {}", dir.display()))?;
+                    std::fs::create_dir_all(dir).with_context(|| format!("cannot create {}", dir.display()))?;
                 }
             }
         }
         let store = store_for(ctx, &url)?;
-        let path = ObjectPath::from_url_path(url.path())
-            .with_context(|| format!("bad output path {location}"))?;
+        let path = ObjectPath::from_url_path(url.path()).with_context(|| format!("bad output path {location}"))?;
         let props = WriterProperties::builder()
-            .set_compression(Compression::ZSTD(
-                ZstdLevel::try_new(3).expect("valid level"),
-            ))
+            .set_compression(Compression::ZSTD(ZstdLevel::try_new(3).expect("valid level")))
             .set_max_row_group_row_count(Some(1 << 20))
             .build();
         let object_writer = BufWriter::new(store, path);
         let writer = AsyncArrowWriter::try_new(object_writer, schema, Some(props))?;
-        Ok(Self {
-            writer,
-            rows: 0,
-            location: location.to_string(),
-        })
+        Ok(Self { writer, rows: 0, location: location.to_string() })
     }
 
     /// Appends a batch.
     pub async fn write(&mut self, batch: &RecordBatch) -> Result<()> {
         self.rows += batch.num_rows() as u64;
-        self.writer
-            .write(batch)
-            .await
-            .with_context(|| format!("writing {}", self.location))
+        self.writer.write(batch).await.with_context(|| format!("writing {}", self.location))
     }
 
     /// Flushes and closes the file; returns the number of rows written.
     pub async fn finish(self) -> Result<u64> {
-        self.writer
-            .close()
-            .await
-            .with_context(|| format!("closing {}", self.location))?;
+        self.writer.close().await.with_context(|| format!("closing {}", self.location))?;
         Ok(self.rows)
     }
 }
@@ -83,14 +69,12 @@ pub async fn write_csv_stream(
     if url.scheme() == "file" {
         if let Ok(p) = url.to_file_path() {
             if let Some(dir) = p.parent() {
-                std::fs::create_dir_all(dir)
-                    .with_context(|| format!("cannot create {}", dir.display()))?;
+                std::fs::create_dir_all(dir).with_context(|| format!("cannot create {}", dir.display()))?;
             }
         }
     }
     let store = store_for(ctx, &url)?;
-    let path = ObjectPath::from_url_path(url.path())
-        .with_context(|| format!("bad output path {location}"))?;
+    let path = ObjectPath::from_url_path(url.path()).with_context(|| format!("bad output path {location}"))?;
     let mut out = BufWriter::new(store, path);
     let mut rows = 0u64;
     let mut header = true;
@@ -99,28 +83,18 @@ pub async fn write_csv_stream(
         rows += batch.num_rows() as u64;
         let mut buf = Vec::new();
         {
-            let mut w = datafusion::arrow::csv::WriterBuilder::new()
-                .with_header(header)
-                .build(&mut buf);
+            let mut w = datafusion::arrow::csv::WriterBuilder::new().with_header(header).build(&mut buf);
             w.write(&batch)?;
         }
         header = false;
-        out.write_all(&buf)
-            .await
-            .with_context(|| format!("writing {location}"))?;
+        out.write_all(&buf).await.with_context(|| format!("writing {location}"))?;
     }
-    out.shutdown()
-        .await
-        .with_context(|| format!("closing {location}"))?;
+    out.shutdown().await.with_context(|| format!("closing {location}"))?;
     Ok(rows)
 }
 
 /// Writes a stream as Parquet, or as CSV when the location ends in `.csv`.
-pub async fn write_stream(
-    ctx: &SessionContext,
-    location: &str,
-    stream: SendableRecordBatchStream,
-) -> Result<u64> {
+pub async fn write_stream(ctx: &SessionContext, location: &str, stream: SendableRecordBatchStream) -> Result<u64> {
     if location.to_ascii_lowercase().ends_with(".csv") {
         write_csv_stream(ctx, location, stream).await
     } else {

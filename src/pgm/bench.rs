@@ -6,9 +6,7 @@ use std::time::Instant;
 use anyhow::{Context, Result};
 use serde::{Deserialize, Serialize};
 
-use super::estimate::{
-    EstimateOptions, Measurement, Norm, Weighting, estimate, estimate_total, objective_weighted,
-};
+use super::estimate::{EstimateOptions, Measurement, Norm, Weighting, estimate, estimate_total, objective_weighted};
 use crate::dataset::Dataset;
 use crate::io::session_context;
 use dpflow_udfs::marginal::NullMode;
@@ -65,13 +63,7 @@ fn mutual_information(joint: &[u64], na: usize, nb: usize) -> f64 {
 
 /// Writes all 1-way marginals and the maximum-MI spanning tree's 2-way
 /// marginals with discrete Gaussian noise σ.
-pub async fn write_measurements(
-    input: &str,
-    domain: &str,
-    out: &str,
-    sigma: f64,
-    seed: u64,
-) -> Result<()> {
+pub async fn write_measurements(input: &str, domain: &str, out: &str, sigma: f64, seed: u64) -> Result<()> {
     let ds = Dataset::open("bench", input, None, domain)?;
     let ctx = session_context();
     let names: Vec<String> = ds.domain().names().iter().map(|s| s.to_string()).collect();
@@ -83,10 +75,8 @@ pub async fn write_measurements(
             pairs.push((i, j));
         }
     }
-    let sets: Vec<(Vec<String>, NullMode)> = pairs
-        .iter()
-        .map(|&(i, j)| (vec![names[i].clone(), names[j].clone()], NullMode::Cells))
-        .collect();
+    let sets: Vec<(Vec<String>, NullMode)> =
+        pairs.iter().map(|&(i, j)| (vec![names[i].clone(), names[j].clone()], NullMode::Cells)).collect();
     let exact = ds.exact_marginals(&ctx, &sets).await?;
     let mut weighted: Vec<(f64, usize, usize)> = pairs
         .iter()
@@ -111,14 +101,8 @@ pub async fn write_measurements(
             tree.push((i, j));
         }
     }
-    let mut queries: Vec<(Vec<String>, NullMode)> = names
-        .iter()
-        .map(|n| (vec![n.clone()], NullMode::Cells))
-        .collect();
-    queries.extend(
-        tree.iter()
-            .map(|&(i, j)| (vec![names[i].clone(), names[j].clone()], NullMode::Cells)),
-    );
+    let mut queries: Vec<(Vec<String>, NullMode)> = names.iter().map(|n| (vec![n.clone()], NullMode::Cells)).collect();
+    queries.extend(tree.iter().map(|&(i, j)| (vec![names[i].clone(), names[j].clone()], NullMode::Cells)));
     let exact = ds.exact_marginals(&ctx, &queries).await?;
     let mut rng = DpRng::unsafe_seeded(seed);
     let sampler = NoiseDistribution::Gaussian { sigma }.integer_sampler();
@@ -128,21 +112,12 @@ pub async fn write_measurements(
         .map(|((clique, _), m)| MeasurementEntry {
             clique: clique.clone(),
             sigma,
-            values: m
-                .counts
-                .iter()
-                .map(|&c| (c as i128 + sampler.sample(&mut rng)) as f64)
-                .collect(),
+            values: m.counts.iter().map(|&c| (c as i128 + sampler.sample(&mut rng)) as f64).collect(),
         })
         .collect();
-    let mut file = MeasurementsFile {
-        domain: names.into_iter().zip(sizes).collect(),
-        total: 0.0,
-        measurements,
-    };
+    let mut file = MeasurementsFile { domain: names.into_iter().zip(sizes).collect(), total: 0.0, measurements };
     file.total = estimate_total(&to_measurements(&file)?);
-    std::fs::write(out, serde_json::to_vec_pretty(&file)?)
-        .with_context(|| format!("writing {out}"))?;
+    std::fs::write(out, serde_json::to_vec_pretty(&file)?).with_context(|| format!("writing {out}"))?;
     Ok(())
 }
 
@@ -154,12 +129,7 @@ fn to_measurements(f: &MeasurementsFile) -> Result<Vec<Measurement>> {
             let idx: Vec<usize> = m
                 .clique
                 .iter()
-                .map(|n| {
-                    f.domain
-                        .iter()
-                        .position(|(d, _)| d == n)
-                        .with_context(|| format!("unknown attribute {n}"))
-                })
+                .map(|n| f.domain.iter().position(|(d, _)| d == n).with_context(|| format!("unknown attribute {n}")))
                 .collect::<Result<_>>()?;
             Ok(Measurement::new(&idx, &sizes, &m.values, m.sigma))
         })
@@ -187,17 +157,11 @@ pub struct EstimationReport {
 
 /// Estimates with dpflow and reports.
 pub fn run_estimation(path: &str, iters: usize, weighting: Weighting) -> Result<EstimationReport> {
-    let f: MeasurementsFile =
-        serde_json::from_slice(&std::fs::read(path).with_context(|| format!("reading {path}"))?)?;
+    let f: MeasurementsFile = serde_json::from_slice(&std::fs::read(path).with_context(|| format!("reading {path}"))?)?;
     let ms = to_measurements(&f)?;
     let sizes: Vec<usize> = f.domain.iter().map(|(_, s)| *s).collect();
     let t = Instant::now();
-    let opts = EstimateOptions {
-        iters,
-        total: Some(f.total),
-        weighting,
-        ..Default::default()
-    };
+    let opts = EstimateOptions { iters, total: Some(f.total), weighting, ..Default::default() };
     let est = estimate(&sizes, &ms, &opts, None);
     let seconds = t.elapsed().as_secs_f64();
     let b = est.model.beliefs();

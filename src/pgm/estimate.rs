@@ -52,12 +52,7 @@ impl Measurement {
     pub fn new(attrs: &[usize], sizes: &[usize], values: &[f64], sigma: f64) -> Self {
         let shape: Vec<usize> = attrs.iter().map(|&a| sizes[a]).collect();
         let f = Factor::from_unsorted(attrs, &shape, values);
-        Self {
-            attrs: f.attrs,
-            values: f.values,
-            sigma,
-            query: Query::Identity,
-        }
+        Self { attrs: f.attrs, values: f.values, sigma, query: Query::Identity }
     }
 
     fn apply(&self, marginal: &Factor) -> Vec<f64> {
@@ -75,12 +70,7 @@ impl Measurement {
             Query::Identity => into.values.iter_mut().zip(g).for_each(|(a, b)| *a += b),
             Query::Select(idx) => idx.iter().zip(g).for_each(|(&i, b)| into.values[i] += b),
             Query::Scaled(c) => into.values.iter_mut().zip(g).for_each(|(a, b)| *a += c * b),
-            Query::Weighted(w) => into
-                .values
-                .iter_mut()
-                .zip(g)
-                .zip(w)
-                .for_each(|((a, b), c)| *a += c * b),
+            Query::Weighted(w) => into.values.iter_mut().zip(g).zip(w).for_each(|((a, b), c)| *a += c * b),
         }
     }
 }
@@ -133,13 +123,7 @@ pub struct EstimateOptions {
 
 impl Default for EstimateOptions {
     fn default() -> Self {
-        Self {
-            iters: 1000,
-            norm: Norm::L2,
-            total: None,
-            tolerance: 0.0,
-            weighting: Weighting::InverseSigma,
-        }
+        Self { iters: 1000, norm: Norm::L2, total: None, tolerance: 0.0, weighting: Weighting::InverseSigma }
     }
 }
 
@@ -164,11 +148,7 @@ pub fn estimate_total(measurements: &[Measurement]) -> f64 {
         num += m.values.iter().sum::<f64>() / var;
         den += 1.0 / var;
     }
-    if den == 0.0 {
-        1.0
-    } else {
-        (num / den).max(1.0)
-    }
+    if den == 0.0 { 1.0 } else { (num / den).max(1.0) }
 }
 
 /// The maximal sets among `sets`.
@@ -204,31 +184,18 @@ struct Problem<'a> {
 
 impl Problem<'_> {
     fn marginals(&self, theta: &[Factor]) -> Vec<Factor> {
-        let mut psi: Vec<Factor> = self
-            .jt
-            .cliques
-            .iter()
-            .map(|c| Factor::zeros(c, self.sizes))
-            .collect();
+        let mut psi: Vec<Factor> = self.jt.cliques.iter().map(|c| Factor::zeros(c, self.sizes)).collect();
         for (k, th) in theta.iter().enumerate() {
             psi[self.to_jt[k]].add_assign_sub(th);
         }
         let beliefs = belief_propagation(&self.jt, &psi, self.total);
         // Project onto the potential cliques.
-        self.cliques
-            .iter()
-            .enumerate()
-            .map(|(k, c)| beliefs[self.to_jt[k]].sum_to(c))
-            .collect()
+        self.cliques.iter().enumerate().map(|(k, c)| beliefs[self.to_jt[k]].sum_to(c)).collect()
     }
 
     /// Loss and gradient w.r.t. the potential-clique marginals.
     fn loss_grad(&self, mu: &[Factor]) -> (f64, Vec<Factor>) {
-        let mut grad: Vec<Factor> = self
-            .cliques
-            .iter()
-            .map(|c| Factor::zeros(c, self.sizes))
-            .collect();
+        let mut grad: Vec<Factor> = self.cliques.iter().map(|c| Factor::zeros(c, self.sizes)).collect();
         let mut loss = 0.0;
         for (i, m) in self.measurements.iter().enumerate() {
             let k = self.assign[i];
@@ -303,11 +270,7 @@ fn dot(a: &[Factor], b: &[Factor], c: &[Factor]) -> f64 {
     a.iter()
         .zip(b.iter().zip(c))
         .map(|(x, (y, z))| {
-            x.values
-                .iter()
-                .zip(y.values.iter().zip(&z.values))
-                .map(|(p, (q, r))| p * (q - r))
-                .sum::<f64>()
+            x.values.iter().zip(y.values.iter().zip(&z.values)).map(|(p, (q, r))| p * (q - r)).sum::<f64>()
         })
         .sum()
 }
@@ -320,9 +283,7 @@ pub fn estimate(
     options: &EstimateOptions,
     warm_start: Option<&GraphicalModel>,
 ) -> Estimate {
-    let total = options
-        .total
-        .unwrap_or_else(|| estimate_total(measurements));
+    let total = options.total.unwrap_or_else(|| estimate_total(measurements));
     let mut sets: Vec<Vec<usize>> = measurements.iter().map(|m| m.attrs.clone()).collect();
     if let Some(w) = warm_start {
         sets.extend(w.potentials.iter().map(|p| p.attrs.clone()));
@@ -330,18 +291,10 @@ pub fn estimate(
     let cliques = maximal(&sets);
     let assign: Vec<usize> = measurements
         .iter()
-        .map(|m| {
-            cliques
-                .iter()
-                .position(|c| m.attrs.iter().all(|a| c.contains(a)))
-                .expect("maximal covers")
-        })
+        .map(|m| cliques.iter().position(|c| m.attrs.iter().all(|a| c.contains(a))).expect("maximal covers"))
         .collect();
     let jt = JunctionTree::build(sizes, &cliques);
-    let to_jt = cliques
-        .iter()
-        .map(|c| jt.clique_containing(c).expect("jt covers"))
-        .collect();
+    let to_jt = cliques.iter().map(|c| jt.clique_containing(c).expect("jt covers")).collect();
     let problem = Problem {
         sizes,
         measurements,
@@ -355,18 +308,10 @@ pub fn estimate(
     };
 
     // θ: zeros, plus the warm start's potentials moved onto the new cliques.
-    let mut theta: Vec<Factor> = problem
-        .cliques
-        .iter()
-        .map(|c| Factor::zeros(c, sizes))
-        .collect();
+    let mut theta: Vec<Factor> = problem.cliques.iter().map(|c| Factor::zeros(c, sizes)).collect();
     if let Some(w) = warm_start {
         for p in &w.potentials {
-            let k = problem
-                .cliques
-                .iter()
-                .position(|c| p.attrs.iter().all(|a| c.contains(a)))
-                .expect("covered");
+            let k = problem.cliques.iter().position(|c| p.attrs.iter().all(|a| c.contains(a))).expect("covered");
             theta[k].add_assign_sub(p);
         }
     }
@@ -386,10 +331,7 @@ pub fn estimate(
             .zip(&grad)
             .map(|(th, g)| {
                 let mut n = th.clone();
-                n.values
-                    .iter_mut()
-                    .zip(&g.values)
-                    .for_each(|(a, b)| *a -= alpha * b);
+                n.values.iter_mut().zip(&g.values).for_each(|(a, b)| *a -= alpha * b);
                 n
             })
             .collect();
@@ -414,33 +356,16 @@ pub fn estimate(
     }
     if options.norm == Norm::L1 {
         loss = objective(measurements, Norm::L1, |a| {
-            let k = problem
-                .cliques
-                .iter()
-                .position(|c| a.iter().all(|x| c.contains(x)))
-                .expect("covered");
+            let k = problem.cliques.iter().position(|c| a.iter().all(|x| c.contains(x))).expect("covered");
             mu[k].sum_to(a)
         });
     }
-    let model = GraphicalModel {
-        sizes: sizes.to_vec(),
-        potentials: theta,
-        total,
-        jtree: problem.jt,
-    };
-    Estimate {
-        model,
-        loss,
-        iterations,
-    }
+    let model = GraphicalModel { sizes: sizes.to_vec(), potentials: theta, total, jtree: problem.jt };
+    Estimate { model, loss, iterations }
 }
 
 /// The objective value (1/σ weights) of any marginal oracle: `marginal(attrs)` → counts.
-pub fn objective(
-    measurements: &[Measurement],
-    norm: Norm,
-    marginal: impl FnMut(&[usize]) -> Factor,
-) -> f64 {
+pub fn objective(measurements: &[Measurement], norm: Norm, marginal: impl FnMut(&[usize]) -> Factor) -> f64 {
     objective_weighted(measurements, norm, Weighting::InverseSigma, marginal)
 }
 

@@ -70,25 +70,14 @@ pub fn strides(shape: &[usize]) -> Vec<usize> {
 impl Factor {
     /// A factor filled with `value`.
     pub fn filled(attrs: Vec<usize>, shape: Vec<usize>, value: f64) -> Self {
-        debug_assert!(
-            attrs.windows(2).all(|w| w[0] < w[1]),
-            "attributes must be sorted"
-        );
+        debug_assert!(attrs.windows(2).all(|w| w[0] < w[1]), "attributes must be sorted");
         let n = shape.iter().product();
-        Self {
-            attrs,
-            shape,
-            values: vec![value; n],
-        }
+        Self { attrs, shape, values: vec![value; n] }
     }
 
     /// Zeros over `attrs` with sizes looked up in `sizes`.
     pub fn zeros(attrs: &[usize], sizes: &[usize]) -> Self {
-        Self::filled(
-            attrs.to_vec(),
-            attrs.iter().map(|&a| sizes[a]).collect(),
-            0.0,
-        )
+        Self::filled(attrs.to_vec(), attrs.iter().map(|&a| sizes[a]).collect(), 0.0)
     }
 
     /// Number of cells.
@@ -117,11 +106,7 @@ impl Factor {
     fn sub_shape(&self, keep: &[usize]) -> Vec<usize> {
         keep.iter()
             .map(|a| {
-                let k = self
-                    .attrs
-                    .iter()
-                    .position(|b| b == a)
-                    .expect("attribute of the factor");
+                let k = self.attrs.iter().position(|b| b == a).expect("attribute of the factor");
                 self.shape[k]
             })
             .collect()
@@ -212,9 +197,7 @@ impl Factor {
         let ss = self.sub_strides(&other.attrs, &other.shape);
         let v = &mut self.values;
         let o = &other.values;
-        for_each_pair(&self.shape, &ss, |i, j| {
-            v[i] = if o[j] == 0.0 { 0.0 } else { v[i] / o[j] }
-        });
+        for_each_pair(&self.shape, &ss, |i, j| v[i] = if o[j] == 0.0 { 0.0 } else { v[i] / o[j] });
     }
 
     /// This factor broadcast onto `attrs` ⊇ its attributes (sizes from `sizes`).
@@ -236,11 +219,7 @@ impl Factor {
 
     /// log Σ exp(values).
     pub fn logsumexp(&self) -> f64 {
-        let m = self
-            .values
-            .iter()
-            .copied()
-            .fold(f64::NEG_INFINITY, f64::max);
+        let m = self.values.iter().copied().fold(f64::NEG_INFINITY, f64::max);
         if m == f64::NEG_INFINITY {
             return m;
         }
@@ -270,16 +249,10 @@ impl Factor {
 
     /// The values laid out in attribute order `order` (inverse of [`Factor::from_unsorted`]).
     pub fn to_order(&self, order: &[usize]) -> Vec<f64> {
-        let sizes: Vec<usize> = order
-            .iter()
-            .map(|a| self.shape[self.attrs.iter().position(|b| b == a).expect("attribute")])
-            .collect();
+        let sizes: Vec<usize> =
+            order.iter().map(|a| self.shape[self.attrs.iter().position(|b| b == a).expect("attribute")]).collect();
         let dst = strides(&sizes);
-        let ss: Vec<usize> = self
-            .attrs
-            .iter()
-            .map(|a| dst[order.iter().position(|b| b == a).unwrap()])
-            .collect();
+        let ss: Vec<usize> = self.attrs.iter().map(|a| dst[order.iter().position(|b| b == a).unwrap()]).collect();
         let mut out = vec![0.0; self.values.len()];
         for_each_pair(&self.shape, &ss, |i, j| out[j] = self.values[i]);
         out
@@ -292,11 +265,7 @@ mod tests {
 
     fn f(attrs: &[usize], shape: &[usize]) -> Factor {
         let n: usize = shape.iter().product();
-        Factor {
-            attrs: attrs.to_vec(),
-            shape: shape.to_vec(),
-            values: (0..n).map(|x| x as f64).collect(),
-        }
+        Factor { attrs: attrs.to_vec(), shape: shape.to_vec(), values: (0..n).map(|x| x as f64).collect() }
     }
 
     #[test]
@@ -304,20 +273,12 @@ mod tests {
         let x = f(&[0, 1, 2], &[2, 3, 4]);
         let s = x.sum_to(&[1]);
         // Σ over i, k of (i*12 + j*4 + k)
-        let want: Vec<f64> = (0..3)
-            .map(|j| {
-                (0..2)
-                    .flat_map(|i| (0..4).map(move |k| (i * 12 + j * 4 + k) as f64))
-                    .sum()
-            })
-            .collect();
+        let want: Vec<f64> =
+            (0..3).map(|j| (0..2).flat_map(|i| (0..4).map(move |k| (i * 12 + j * 4 + k) as f64)).sum()).collect();
         assert_eq!(s.values, want);
         let s = x.sum_to(&[0, 2]);
         assert_eq!(s.shape, vec![2, 4]);
-        assert_eq!(
-            s.values[1 * 4 + 3],
-            (0..3).map(|j| (12 + j * 4 + 3) as f64).sum::<f64>()
-        );
+        assert_eq!(s.values[1 * 4 + 3], (0..3).map(|j| (12 + j * 4 + 3) as f64).sum::<f64>());
         assert_eq!(x.sum_to(&[]).values, vec![(0..24).sum::<usize>() as f64]);
     }
 
@@ -335,10 +296,7 @@ mod tests {
         let mut x = Factor::filled(vec![0, 1, 2], vec![2, 3, 2], 0.0);
         let y = f(&[0, 2], &[2, 2]);
         x.add_assign_sub(&y);
-        assert_eq!(
-            x.sum_to(&[0, 2]).values,
-            y.values.iter().map(|v| v * 3.0).collect::<Vec<_>>()
-        );
+        assert_eq!(x.sum_to(&[0, 2]).values, y.values.iter().map(|v| v * 3.0).collect::<Vec<_>>());
         let vals: Vec<f64> = (0..6).map(|v| v as f64).collect();
         // Given in order (2, 0) with sizes (3, 2).
         let t = Factor::from_unsorted(&[2, 0], &[3, 2], &vals);

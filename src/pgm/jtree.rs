@@ -29,11 +29,7 @@ fn cells(sizes: &[usize], set: &BTreeSet<usize>) -> f64 {
 }
 
 /// A greedy elimination order and its total cost (cells created).
-pub fn greedy_order(
-    sizes: &[usize],
-    cliques: &[Vec<usize>],
-    heuristic: Heuristic,
-) -> (Vec<usize>, f64) {
+pub fn greedy_order(sizes: &[usize], cliques: &[Vec<usize>], heuristic: Heuristic) -> (Vec<usize>, f64) {
     let d = sizes.len();
     // Adjacency of the interaction graph.
     let mut adj: Vec<BTreeSet<usize>> = vec![BTreeSet::new(); d];
@@ -97,11 +93,7 @@ pub fn greedy_order(
 }
 
 /// The maximal cliques produced by eliminating in `order`.
-pub fn elimination_cliques(
-    sizes: &[usize],
-    cliques: &[Vec<usize>],
-    order: &[usize],
-) -> Vec<Vec<usize>> {
+pub fn elimination_cliques(sizes: &[usize], cliques: &[Vec<usize>], order: &[usize]) -> Vec<Vec<usize>> {
     let d = sizes.len();
     let mut adj: Vec<BTreeSet<usize>> = vec![BTreeSet::new(); d];
     for c in cliques {
@@ -134,10 +126,7 @@ pub fn elimination_cliques(
     // Keep maximal ones.
     let mut maximal: Vec<Vec<usize>> = Vec::new();
     for (i, c) in out.iter().enumerate() {
-        let dominated = out
-            .iter()
-            .enumerate()
-            .any(|(j, o)| j != i && c.is_subset(o) && (c.len() < o.len() || j < i));
+        let dominated = out.iter().enumerate().any(|(j, o)| j != i && c.is_subset(o) && (c.len() < o.len() || j < i));
         if !dominated {
             maximal.push(c.iter().copied().collect());
         }
@@ -204,19 +193,12 @@ impl JunctionTree {
         let (order, _) = greedy_order(sizes, cliques, heuristic);
         let max = elimination_cliques(sizes, cliques, &order);
         let edges = max_spanning_tree(&max);
-        JunctionTree {
-            cliques: max,
-            edges,
-            order,
-        }
+        JunctionTree { cliques: max, edges, order }
     }
 
     /// Total cells of the maximal cliques.
     pub fn cells(&self, sizes: &[usize]) -> f64 {
-        self.cliques
-            .iter()
-            .map(|c| c.iter().map(|&a| sizes[a] as f64).product::<f64>())
-            .sum()
+        self.cliques.iter().map(|c| c.iter().map(|&a| sizes[a] as f64).product::<f64>()).sum()
     }
 
     /// JT-SIZE in MB (001 §2.3; cells × 8 bytes / 2^20, as private-pgm).
@@ -249,9 +231,7 @@ impl JunctionTree {
     pub fn has_running_intersection(&self, d: usize) -> bool {
         let nb = self.neighbours();
         for a in 0..d {
-            let holders: Vec<usize> = (0..self.cliques.len())
-                .filter(|&i| self.cliques[i].contains(&a))
-                .collect();
+            let holders: Vec<usize> = (0..self.cliques.len()).filter(|&i| self.cliques[i].contains(&a)).collect();
             if holders.is_empty() {
                 return false;
             }
@@ -276,11 +256,7 @@ impl JunctionTree {
 }
 
 /// JT-SIZE (MB) of the model for `cliques` plus `extra` (AIM's candidate filter).
-pub fn hypothetical_size_mb(
-    sizes: &[usize],
-    cliques: &[Vec<usize>],
-    extra: Option<&[usize]>,
-) -> f64 {
+pub fn hypothetical_size_mb(sizes: &[usize], cliques: &[Vec<usize>], extra: Option<&[usize]>) -> f64 {
     let mut all = cliques.to_vec();
     if let Some(e) = extra {
         all.push(e.to_vec());

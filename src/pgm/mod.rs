@@ -12,8 +12,8 @@ pub mod sample;
 mod tests;
 
 pub use estimate::{
-    Estimate, EstimateOptions, Measurement, Norm, Query, Weighting, estimate, estimate_total,
-    objective, objective_weighted,
+    Estimate, EstimateOptions, Measurement, Norm, Query, Weighting, estimate, estimate_total, objective,
+    objective_weighted,
 };
 pub use factor::Factor;
 pub use jtree::{JunctionTree, hypothetical_size_mb};

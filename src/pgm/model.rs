@@ -105,27 +105,14 @@ impl GraphicalModel {
     pub fn uniform(sizes: &[usize], cliques: &[Vec<usize>], total: f64) -> Self {
         let jtree = JunctionTree::build(sizes, cliques);
         let potentials = cliques.iter().map(|c| Factor::zeros(c, sizes)).collect();
-        Self {
-            sizes: sizes.to_vec(),
-            potentials,
-            total,
-            jtree,
-        }
+        Self { sizes: sizes.to_vec(), potentials, total, jtree }
     }
 
     /// Log-potentials per junction-tree clique: ψ_C = Σ_{r assigned to C} θ_r.
     pub fn clique_potentials(&self) -> Vec<Factor> {
-        let mut psi: Vec<Factor> = self
-            .jtree
-            .cliques
-            .iter()
-            .map(|c| Factor::zeros(c, &self.sizes))
-            .collect();
+        let mut psi: Vec<Factor> = self.jtree.cliques.iter().map(|c| Factor::zeros(c, &self.sizes)).collect();
         for th in &self.potentials {
-            let i = self
-                .jtree
-                .clique_containing(&th.attrs)
-                .expect("junction tree covers every potential");
+            let i = self.jtree.clique_containing(&th.attrs).expect("junction tree covers every potential");
             psi[i].add_assign_sub(th);
         }
         psi
@@ -134,11 +121,7 @@ impl GraphicalModel {
     /// Calibrated clique marginals.
     pub fn beliefs(&self) -> Beliefs {
         let cliques = belief_propagation(&self.jtree, &self.clique_potentials(), self.total);
-        Beliefs {
-            cliques,
-            jtree: self.jtree.clone(),
-            total: self.total,
-        }
+        Beliefs { cliques, jtree: self.jtree.clone(), total: self.total }
     }
 
     /// The marginal (counts) over `attrs` (any set; sorted ids). Inside a
@@ -155,8 +138,7 @@ impl GraphicalModel {
         if let Some(m) = b.marginal(attrs) {
             return m;
         }
-        let mut cliques: Vec<Vec<usize>> =
-            self.potentials.iter().map(|p| p.attrs.clone()).collect();
+        let mut cliques: Vec<Vec<usize>> = self.potentials.iter().map(|p| p.attrs.clone()).collect();
         cliques.push(attrs.to_vec());
         let extended = GraphicalModel {
             sizes: self.sizes.clone(),
@@ -164,10 +146,7 @@ impl GraphicalModel {
             total: self.total,
             jtree: JunctionTree::build(&self.sizes, &cliques),
         };
-        extended
-            .beliefs()
-            .marginal(attrs)
-            .expect("attrs is inside a clique of the extended tree")
+        extended.beliefs().marginal(attrs).expect("attrs is inside a clique of the extended tree")
     }
 }
 
@@ -245,20 +224,12 @@ impl Beliefs {
                 return out;
             }
             let p = parent[i];
-            let sep: Vec<usize> = jt.cliques[i]
-                .iter()
-                .copied()
-                .filter(|a| jt.cliques[p].contains(a))
-                .collect();
+            let sep: Vec<usize> = jt.cliques[i].iter().copied().filter(|a| jt.cliques[p].contains(a)).collect();
             let mut sep_belief = self.cliques[p].sum_to(&sep);
             sep_belief.values.iter_mut().for_each(|v| *v /= total);
             f.div_assign_sub(&sep_belief);
-            let mut keep: Vec<usize> = f
-                .attrs
-                .iter()
-                .copied()
-                .filter(|a| sep.contains(a) || attrs.contains(a))
-                .collect();
+            let mut keep: Vec<usize> =
+                f.attrs.iter().copied().filter(|a| sep.contains(a) || attrs.contains(a)).collect();
             keep.sort_unstable();
             let m = f.sum_to(&keep);
             msgs[p] = Some(match msgs[p].take() {
@@ -308,20 +279,11 @@ impl ModelFile {
             }
             let f = Factor::zeros(c, &self.sizes);
             if f.len() != v.len() {
-                return Err(format!(
-                    "model: clique {c:?} has {} values, expected {}",
-                    v.len(),
-                    f.len()
-                ));
+                return Err(format!("model: clique {c:?} has {} values, expected {}", v.len(), f.len()));
             }
             potentials.push(Factor { values: v, ..f });
         }
         let jtree = JunctionTree::build(&self.sizes, &self.cliques);
-        Ok(GraphicalModel {
-            sizes: self.sizes,
-            potentials,
-            total: self.total,
-            jtree,
-        })
+        Ok(GraphicalModel { sizes: self.sizes, potentials, total: self.total, jtree })
     }
 }

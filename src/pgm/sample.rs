@@ -9,11 +9,7 @@ use super::model::GraphicalModel;
 
 /// Builds the sampling plan of `model` over `domain` (sizes must match the
 /// domain's cardinalities).
-pub fn sampling_plan(
-    model: &GraphicalModel,
-    domain: &Domain,
-    decode: DecodeMode,
-) -> Result<SamplingPlan, String> {
+pub fn sampling_plan(model: &GraphicalModel, domain: &Domain, decode: DecodeMode) -> Result<SamplingPlan, String> {
     if domain.cardinalities() != model.sizes {
         return Err(format!(
             "model sizes {:?} do not match the domain's cardinalities {:?}",
@@ -56,18 +52,10 @@ pub fn sampling_plan(
                 row.iter_mut().for_each(|v| *v = 1.0 / size as f64);
             }
         }
-        steps.push(SamplingStep {
-            column: col,
-            parents,
-            table,
-        });
+        steps.push(SamplingStep { column: col, parents, table });
         used.push(col);
     }
-    let plan = SamplingPlan {
-        domain: domain.clone(),
-        steps,
-        decode,
-    };
+    let plan = SamplingPlan { domain: domain.clone(), steps, decode };
     plan.validate()?;
     Ok(plan)
 }

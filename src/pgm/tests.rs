@@ -14,25 +14,15 @@ fn brute_joint(sizes: &[usize], potentials: &[Factor], total: f64) -> Factor {
         logp.add_assign_sub(p);
     }
     let z = logp.logsumexp();
-    Factor {
-        values: logp.values.iter().map(|v| (v - z).exp() * total).collect(),
-        ..logp
-    }
+    Factor { values: logp.values.iter().map(|v| (v - z).exp() * total).collect(), ..logp }
 }
 
-fn random_potentials(
-    rng: &mut SmallRng,
-    sizes: &[usize],
-    cliques: &[Vec<usize>],
-    scale: f64,
-) -> Vec<Factor> {
+fn random_potentials(rng: &mut SmallRng, sizes: &[usize], cliques: &[Vec<usize>], scale: f64) -> Vec<Factor> {
     cliques
         .iter()
         .map(|c| {
             let mut f = Factor::zeros(c, sizes);
-            f.values
-                .iter_mut()
-                .for_each(|v| *v = scale * (rng.random::<f64>() - 0.5));
+            f.values.iter_mut().for_each(|v| *v = scale * (rng.random::<f64>() - 0.5));
             f
         })
         .collect()
@@ -61,22 +51,13 @@ fn belief_propagation_matches_the_joint() {
         }
         // Attribute sets outside every clique go through variable elimination
         // (both the re-built tree and the calibrated-subtree elimination).
-        for q in [
-            vec![0, 4],
-            vec![0, 5],
-            vec![0, 2, 5],
-            vec![1, 4],
-            vec![0, 3, 4, 5],
-        ] {
+        for q in [vec![0, 4], vec![0, 5], vec![0, 2, 5], vec![1, 4], vec![0, 3, 4, 5]] {
             let want = joint.sum_to(&q);
             let got = model.marginal_by_extension(&q);
             let fast = beliefs.marginal_any(&q, &sizes);
             for ((x, y), z) in want.values.iter().zip(&got.values).zip(&fast.values) {
                 assert!((x - y).abs() < 1e-9 * 1000.0, "{q:?}: {x} vs {y}");
-                assert!(
-                    (x - z).abs() < 1e-9 * 1000.0,
-                    "{q:?}: {x} vs {z} (subtree elimination)"
-                );
+                assert!((x - z).abs() < 1e-9 * 1000.0, "{q:?}: {x} vs {z} (subtree elimination)");
             }
         }
     }
@@ -89,10 +70,7 @@ fn dense_optimum(sizes: &[usize], ms: &[Measurement], total: f64, iters: usize) 
     let cells: usize = sizes.iter().product();
     let mut p = vec![total / cells as f64; cells];
     // Lipschitz constant of the gradient: Σ_i (cells / cells_i) / σ_i bounds ‖AᵀWA‖.
-    let lip: f64 = ms
-        .iter()
-        .map(|m| cells as f64 / m.values.len() as f64 / m.sigma)
-        .sum();
+    let lip: f64 = ms.iter().map(|m| cells as f64 / m.values.len() as f64 / m.sigma).sum();
     let step = 1.0 / lip;
     let project = |v: &mut Vec<f64>| {
         // Simplex projection (Duchi et al. 2008) scaled to `total`.
@@ -109,11 +87,7 @@ fn dense_optimum(sizes: &[usize], ms: &[Measurement], total: f64, iters: usize) 
         }
         v.iter_mut().for_each(|x| *x = (*x - theta).max(0.0));
     };
-    let joint = |p: &Vec<f64>| Factor {
-        attrs: all.clone(),
-        shape: sizes.to_vec(),
-        values: p.clone(),
-    };
+    let joint = |p: &Vec<f64>| Factor { attrs: all.clone(), shape: sizes.to_vec(), values: p.clone() };
     // FISTA.
     let mut y = p.clone();
     let mut t = 1.0f64;
@@ -122,23 +96,14 @@ fn dense_optimum(sizes: &[usize], ms: &[Measurement], total: f64, iters: usize) 
         let mut grad = vec![0.0; cells];
         for m in ms {
             let marg = f.sum_to(&m.attrs);
-            let g: Vec<f64> = marg
-                .values
-                .iter()
-                .zip(&m.values)
-                .map(|(a, b)| (a - b) / m.sigma)
-                .collect();
+            let g: Vec<f64> = marg.values.iter().zip(&m.values).map(|(a, b)| (a - b) / m.sigma).collect();
             let ss = f.sub_strides(&m.attrs, &marg.shape);
             for_each_pair(&f.shape, &ss, |i, j| grad[i] += g[j]);
         }
         let mut next: Vec<f64> = y.iter().zip(&grad).map(|(a, g)| a - step * g).collect();
         project(&mut next);
         let t2 = (1.0 + (1.0 + 4.0 * t * t).sqrt()) / 2.0;
-        y = next
-            .iter()
-            .zip(&p)
-            .map(|(n, o)| n + (t - 1.0) / t2 * (n - o))
-            .collect();
+        y = next.iter().zip(&p).map(|(n, o)| n + (t - 1.0) / t2 * (n - o)).collect();
         p = next;
         t = t2;
     }
@@ -156,11 +121,7 @@ fn noisy_measurements(
     sets.iter()
         .map(|s| {
             let m = joint.sum_to(s);
-            let vals: Vec<f64> = m
-                .values
-                .iter()
-                .map(|v| v + sigma * 2.0 * (rng.random::<f64>() - 0.5) * 1.7)
-                .collect();
+            let vals: Vec<f64> = m.values.iter().map(|v| v + sigma * 2.0 * (rng.random::<f64>() - 0.5) * 1.7).collect();
             Measurement::new(s, sizes, &vals, sigma)
         })
         .collect()
@@ -175,24 +136,10 @@ fn estimator_matches_dense_optimisation() {
     let joint = brute_joint(&sizes, &pots, 500.0);
     let sets = vec![vec![0, 1], vec![1, 2], vec![2, 3], vec![0], vec![3]];
     let ms = noisy_measurements(&mut rng, &sizes, &joint, &sets, 4.0);
-    let est = estimate(
-        &sizes,
-        &ms,
-        &EstimateOptions {
-            iters: 20_000,
-            total: Some(500.0),
-            ..Default::default()
-        },
-        None,
-    );
+    let est = estimate(&sizes, &ms, &EstimateOptions { iters: 20_000, total: Some(500.0), ..Default::default() }, None);
     let dense = dense_optimum(&sizes, &ms, 500.0, 200_000);
     let rel = (est.loss - dense).abs() / dense;
-    assert!(
-        rel < 1e-6,
-        "pgm objective {} vs dense {} (rel {rel:e})",
-        est.loss,
-        dense
-    );
+    assert!(rel < 1e-6, "pgm objective {} vs dense {} (rel {rel:e})", est.loss, dense);
     // The reported loss is the model's objective.
     let b = est.model.beliefs();
     let check = objective(&ms, Norm::L2, |a| b.marginal(a).unwrap());
@@ -206,19 +153,9 @@ fn noiseless_decomposable_model_recovers_true_marginals() {
     let chain: Vec<Vec<usize>> = (0..4).map(|i| vec![i, i + 1]).collect();
     let pots = random_potentials(&mut rng, &sizes, &chain, 3.0);
     let joint = brute_joint(&sizes, &pots, 10_000.0);
-    let ms: Vec<Measurement> = chain
-        .iter()
-        .map(|c| Measurement::new(c, &sizes, &joint.sum_to(c).values, 1.0))
-        .collect();
-    let est = estimate(
-        &sizes,
-        &ms,
-        &EstimateOptions {
-            iters: 5000,
-            ..Default::default()
-        },
-        None,
-    );
+    let ms: Vec<Measurement> =
+        chain.iter().map(|c| Measurement::new(c, &sizes, &joint.sum_to(c).values, 1.0)).collect();
+    let est = estimate(&sizes, &ms, &EstimateOptions { iters: 5000, ..Default::default() }, None);
     // Unbounded DP: n estimated from the measurements (exact here).
     assert!((est.model.total - 10_000.0).abs() < 1e-6);
     let b = est.model.beliefs();
@@ -244,50 +181,17 @@ fn warm_start_continues_from_previous_model() {
     let pots = random_potentials(&mut rng, &sizes, &[vec![0, 1], vec![1, 2]], 2.0);
     let joint = brute_joint(&sizes, &pots, 1000.0);
     let ms1 = noisy_measurements(&mut rng, &sizes, &joint, &[vec![0, 1]], 1.0);
-    let e1 = estimate(
-        &sizes,
-        &ms1,
-        &EstimateOptions {
-            iters: 2000,
-            total: Some(1000.0),
-            ..Default::default()
-        },
-        None,
-    );
+    let e1 = estimate(&sizes, &ms1, &EstimateOptions { iters: 2000, total: Some(1000.0), ..Default::default() }, None);
     let mut ms2 = ms1.clone();
-    ms2.extend(noisy_measurements(
-        &mut rng,
-        &sizes,
-        &joint,
-        &[vec![1, 2]],
-        1.0,
-    ));
-    let cold = estimate(
-        &sizes,
-        &ms2,
-        &EstimateOptions {
-            iters: 30,
-            total: Some(1000.0),
-            ..Default::default()
-        },
-        None,
-    );
+    ms2.extend(noisy_measurements(&mut rng, &sizes, &joint, &[vec![1, 2]], 1.0));
+    let cold = estimate(&sizes, &ms2, &EstimateOptions { iters: 30, total: Some(1000.0), ..Default::default() }, None);
     let warm = estimate(
         &sizes,
         &ms2,
-        &EstimateOptions {
-            iters: 30,
-            total: Some(1000.0),
-            ..Default::default()
-        },
+        &EstimateOptions { iters: 30, total: Some(1000.0), ..Default::default() },
         Some(&e1.model),
     );
-    assert!(
-        warm.loss < cold.loss,
-        "warm start {} should beat cold start {} after 30 iterations",
-        warm.loss,
-        cold.loss
-    );
+    assert!(warm.loss < cold.loss, "warm start {} should beat cold start {} after 30 iterations", warm.loss, cold.loss);
 }
 
 #[test]
@@ -311,25 +215,14 @@ fn l1_and_observed_only_queries() {
         let est = estimate(
             &sizes,
             &[obs.clone(), full1.clone()],
-            &EstimateOptions {
-                iters: 4000,
-                norm,
-                ..Default::default()
-            },
+            &EstimateOptions { iters: 4000, norm, ..Default::default() },
             None,
         );
-        assert!(
-            (est.model.total - 800.0).abs() < 1e-6,
-            "total from the identity measurement only"
-        );
+        assert!((est.model.total - 800.0).abs() < 1e-6, "total from the identity measurement only");
         let got = est.model.marginal(&[0, 1]);
         // L1 is fitted through a Huber smoothing (δ = σ/10): close, not exact.
         let tol = |v: f64| {
-            if norm == Norm::L2 {
-                0.5
-            } else {
-                0.02 * v + 0.5
-            }
+            if norm == Norm::L2 { 0.5 } else { 0.02 * v + 0.5 }
         };
         for &i in &sel {
             assert!(
@@ -363,9 +256,7 @@ fn synthetic_rows_match_model_marginals() {
             .enumerate()
             .map(|(i, &s)| Column {
                 name: format!("c{i}"),
-                kind: ColumnKind::Integer {
-                    edges: (0..=s as i64).collect(),
-                },
+                kind: ColumnKind::Integer { edges: (0..=s as i64).collect() },
                 nullable: false,
                 null_tokens: vec![],
                 out_of_domain: OutOfDomain::Error,
@@ -385,11 +276,7 @@ fn synthetic_rows_match_model_marginals() {
         let st = strides(&shape);
         let mut obs = vec![0.0; shape.iter().product()];
         for row in 0..n {
-            let idx: usize = q
-                .iter()
-                .zip(&st)
-                .map(|(&a, s)| codes[a][row] as usize * s)
-                .sum();
+            let idx: usize = q.iter().zip(&st).map(|(&a, s)| codes[a][row] as usize * s).sum();
             obs[idx] += 1.0;
         }
         let probs = joint.sum_to(&q).values;

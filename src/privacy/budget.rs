@@ -53,17 +53,13 @@ impl Budget {
     pub fn validate(&self) -> Result<(), String> {
         let ok = match *self {
             Budget::Pure { epsilon } => epsilon > 0.0 && epsilon.is_finite(),
-            Budget::Approx { epsilon, delta } => {
-                epsilon > 0.0 && epsilon.is_finite() && delta > 0.0 && delta < 1.0
-            }
+            Budget::Approx { epsilon, delta } => epsilon > 0.0 && epsilon.is_finite() && delta > 0.0 && delta < 1.0,
             Budget::Zcdp { rho } => rho > 0.0 && rho.is_finite(),
         };
         if ok {
             Ok(())
         } else {
-            Err(format!(
-                "invalid budget {self:?}: ε and ρ must be positive and finite, 0 < δ < 1"
-            ))
+            Err(format!("invalid budget {self:?}: ε and ρ must be positive and finite, 0 < δ < 1"))
         }
     }
 
@@ -118,11 +114,7 @@ pub struct Normalized {
 impl std::ops::Add for Normalized {
     type Output = Normalized;
     fn add(self, o: Normalized) -> Normalized {
-        Normalized {
-            rho: self.rho + o.rho,
-            eps: self.eps + o.eps,
-            delta: self.delta + o.delta,
-        }
+        Normalized { rho: self.rho + o.rho, eps: self.eps + o.eps, delta: self.delta + o.delta }
     }
 }
 
@@ -130,9 +122,7 @@ impl std::ops::Add for Normalized {
 #[derive(Debug, Clone, thiserror::Error, PartialEq)]
 pub enum BudgetError {
     /// The charge would exceed what is left.
-    #[error(
-        "privacy budget exceeded: this charge costs {cost} {unit} but only {remaining} {unit} of {total} remain"
-    )]
+    #[error("privacy budget exceeded: this charge costs {cost} {unit} but only {remaining} {unit} of {total} remain")]
     Exceeded {
         /// Cost of the charge in the budget's unit (marginal, given what is spent).
         cost: f64,
@@ -154,51 +144,25 @@ pub enum BudgetError {
 }
 
 /// Maps a loss into the budget's composition parts.
-pub fn normalize(
-    budget: &Budget,
-    loss: &PrivacyLoss,
-    rdp_delta: Option<f64>,
-) -> Result<Normalized, BudgetError> {
-    let incompatible = || BudgetError::Incompatible {
-        loss: loss.describe(),
-        budget: budget.describe(),
-    };
+pub fn normalize(budget: &Budget, loss: &PrivacyLoss, rdp_delta: Option<f64>) -> Result<Normalized, BudgetError> {
+    let incompatible = || BudgetError::Incompatible { loss: loss.describe(), budget: budget.describe() };
     Ok(match (budget, loss) {
-        (Budget::Pure { .. }, PrivacyLoss::Pure { epsilon }) => Normalized {
-            eps: *epsilon,
-            ..Default::default()
-        },
+        (Budget::Pure { .. }, PrivacyLoss::Pure { epsilon }) => Normalized { eps: *epsilon, ..Default::default() },
         (Budget::Pure { .. }, _) => return Err(incompatible()),
-        (Budget::Zcdp { .. }, PrivacyLoss::Pure { epsilon }) => Normalized {
-            rho: epsilon * epsilon / 2.0,
-            ..Default::default()
-        },
-        (Budget::Zcdp { .. }, PrivacyLoss::Zcdp { rho }) => Normalized {
-            rho: *rho,
-            ..Default::default()
-        },
+        (Budget::Zcdp { .. }, PrivacyLoss::Pure { epsilon }) => {
+            Normalized { rho: epsilon * epsilon / 2.0, ..Default::default() }
+        }
+        (Budget::Zcdp { .. }, PrivacyLoss::Zcdp { rho }) => Normalized { rho: *rho, ..Default::default() },
         (Budget::Zcdp { .. }, _) => return Err(incompatible()),
-        (Budget::Approx { .. }, PrivacyLoss::Pure { epsilon }) => Normalized {
-            eps: *epsilon,
-            ..Default::default()
-        },
-        (Budget::Approx { .. }, PrivacyLoss::Zcdp { rho }) => Normalized {
-            rho: *rho,
-            ..Default::default()
-        },
-        (Budget::Approx { .. }, PrivacyLoss::Approx { epsilon, delta }) => Normalized {
-            rho: 0.0,
-            eps: *epsilon,
-            delta: *delta,
-        },
+        (Budget::Approx { .. }, PrivacyLoss::Pure { epsilon }) => Normalized { eps: *epsilon, ..Default::default() },
+        (Budget::Approx { .. }, PrivacyLoss::Zcdp { rho }) => Normalized { rho: *rho, ..Default::default() },
+        (Budget::Approx { .. }, PrivacyLoss::Approx { epsilon, delta }) => {
+            Normalized { rho: 0.0, eps: *epsilon, delta: *delta }
+        }
         (Budget::Approx { .. }, PrivacyLoss::Rdp { curve }) => {
             let d = rdp_delta.ok_or_else(incompatible)?;
             let (eps, _) = rdp_to_approx(curve, d);
-            Normalized {
-                rho: 0.0,
-                eps,
-                delta: d,
-            }
+            Normalized { rho: 0.0, eps, delta: d }
         }
     })
 }
@@ -235,10 +199,7 @@ pub struct PrivacyFilter {
 impl PrivacyFilter {
     /// A fresh filter.
     pub fn new(budget: Budget) -> Self {
-        Self {
-            budget,
-            spent: Normalized::default(),
-        }
+        Self { budget, spent: Normalized::default() }
     }
 
     /// A filter with some spending already recorded (e.g. from the ledger).
@@ -324,39 +285,20 @@ mod tests {
         assert!((f.spent_amount() - 0.125).abs() < 1e-15);
         f.charge(&PrivacyLoss::Zcdp { rho: 0.375 }).unwrap();
         assert!(f.charge(&PrivacyLoss::Zcdp { rho: 1e-9 }).is_err());
-        assert!(
-            f.charge(&PrivacyLoss::Approx {
-                epsilon: 0.1,
-                delta: 1e-9
-            })
-            .is_err()
-        );
+        assert!(f.charge(&PrivacyLoss::Approx { epsilon: 0.1, delta: 1e-9 }).is_err());
     }
 
     #[test]
     fn approx_budget_mixes_parts() {
-        let b = Budget::Approx {
-            epsilon: 1.0,
-            delta: 1e-6,
-        };
+        let b = Budget::Approx { epsilon: 1.0, delta: 1e-6 };
         let mut f = PrivacyFilter::new(b);
         let rho = cdp_rho(0.5, 1e-6);
         f.charge(&PrivacyLoss::Zcdp { rho }).unwrap();
         assert!((f.spent_amount() - 0.5).abs() < 1e-9);
         f.charge(&PrivacyLoss::Pure { epsilon: 0.3 }).unwrap();
         // 0.2 left in ε, but an extra δ shrinks what the zCDP part may use.
-        assert!(
-            f.charge(&PrivacyLoss::Approx {
-                epsilon: 0.19,
-                delta: 5e-7
-            })
-            .is_err()
-        );
-        f.charge(&PrivacyLoss::Approx {
-            epsilon: 0.1,
-            delta: 1e-12,
-        })
-        .unwrap();
+        assert!(f.charge(&PrivacyLoss::Approx { epsilon: 0.19, delta: 5e-7 }).is_err());
+        f.charge(&PrivacyLoss::Approx { epsilon: 0.1, delta: 1e-12 }).unwrap();
         assert!(f.remaining() < 0.1);
     }
 

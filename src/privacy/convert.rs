@@ -27,8 +27,7 @@ pub fn cdp_delta(rho: f64, eps: f64) -> f64 {
             break;
         }
     }
-    let delta = ((alpha - 1.0) * (alpha * rho - eps) + alpha * (-1.0 / alpha).ln_1p()).exp()
-        / (alpha - 1.0);
+    let delta = ((alpha - 1.0) * (alpha * rho - eps) + alpha * (-1.0 / alpha).ln_1p()).exp() / (alpha - 1.0);
     delta.min(1.0)
 }
 
@@ -80,13 +79,12 @@ pub fn cdp_rho(eps: f64, delta: f64) -> f64 {
 /// 000 Lemma 4.6). Returns (ε, the minimising α).
 pub fn rdp_to_approx(curve: &[(f64, f64)], delta: f64) -> (f64, f64) {
     assert!(delta > 0.0 && delta < 1.0);
-    curve
-        .iter()
-        .filter(|(a, _)| *a > 1.0)
-        .map(|&(a, e)| (e + (1.0 / delta).ln() / (a - 1.0), a))
-        .fold((f64::INFINITY, f64::NAN), |best, x| {
+    curve.iter().filter(|(a, _)| *a > 1.0).map(|&(a, e)| (e + (1.0 / delta).ln() / (a - 1.0), a)).fold(
+        (f64::INFINITY, f64::NAN),
+        |best, x| {
             if x.0 < best.0 { x } else { best }
-        })
+        },
+    )
 }
 
 /// RDP of the sampled Gaussian mechanism at integer order α ≥ 2 (NOTES §1):
@@ -124,31 +122,11 @@ mod tests {
 
     #[test]
     fn reference_values_from_private_pgm() {
-        assert!(
-            rel(cdp_rho(1.0, 1e-9), 0.0149730577) < 1e-6,
-            "{}",
-            cdp_rho(1.0, 1e-9)
-        );
-        assert!(
-            rel(cdp_rho(0.1, 1e-9), 1.77138447e-4) < 1e-6,
-            "{}",
-            cdp_rho(0.1, 1e-9)
-        );
-        assert!(
-            rel(cdp_rho(10.0, 1e-9), 1.0907857044) < 1e-6,
-            "{}",
-            cdp_rho(10.0, 1e-9)
-        );
-        assert!(
-            rel(cdp_rho(1.0, 1e-5), 0.0305565952) < 1e-6,
-            "{}",
-            cdp_rho(1.0, 1e-5)
-        );
-        assert!(
-            rel(cdp_delta(0.5, 3.0), 0.0051431841) < 1e-6,
-            "{}",
-            cdp_delta(0.5, 3.0)
-        );
+        assert!(rel(cdp_rho(1.0, 1e-9), 0.0149730577) < 1e-6, "{}", cdp_rho(1.0, 1e-9));
+        assert!(rel(cdp_rho(0.1, 1e-9), 1.77138447e-4) < 1e-6, "{}", cdp_rho(0.1, 1e-9));
+        assert!(rel(cdp_rho(10.0, 1e-9), 1.0907857044) < 1e-6, "{}", cdp_rho(10.0, 1e-9));
+        assert!(rel(cdp_rho(1.0, 1e-5), 0.0305565952) < 1e-6, "{}", cdp_rho(1.0, 1e-5));
+        assert!(rel(cdp_delta(0.5, 3.0), 0.0051431841) < 1e-6, "{}", cdp_delta(0.5, 3.0));
     }
 
     #[test]

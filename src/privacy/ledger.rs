@@ -224,10 +224,7 @@ fn now() -> String {
 
 impl Ledger {
     fn sql_err(&self, e: rusqlite::Error) -> LedgerError {
-        LedgerError::Sql {
-            path: self.path.display().to_string(),
-            source: e,
-        }
+        LedgerError::Sql { path: self.path.display().to_string(), source: e }
     }
 
     fn configure(conn: &Connection) -> rusqlite::Result<()> {
@@ -245,15 +242,10 @@ impl Ledger {
         if path.exists() {
             return Err(LedgerError::Exists(p));
         }
-        let sql = |e| LedgerError::Sql {
-            path: p.clone(),
-            source: e,
-        };
-        let conn = Connection::open_with_flags(
-            &path,
-            OpenFlags::SQLITE_OPEN_READ_WRITE | OpenFlags::SQLITE_OPEN_CREATE,
-        )
-        .map_err(sql)?;
+        let sql = |e| LedgerError::Sql { path: p.clone(), source: e };
+        let conn =
+            Connection::open_with_flags(&path, OpenFlags::SQLITE_OPEN_READ_WRITE | OpenFlags::SQLITE_OPEN_CREATE)
+                .map_err(sql)?;
         Self::configure(&conn).map_err(sql)?;
         conn.execute_batch(
             "BEGIN;
@@ -298,36 +290,24 @@ impl Ledger {
         if !path.exists() {
             return Err(LedgerError::Missing(p));
         }
-        let corrupt = |reason: String| LedgerError::Corrupt {
-            path: p.clone(),
-            reason,
-        };
+        let corrupt = |reason: String| LedgerError::Corrupt { path: p.clone(), reason };
         let conn = Connection::open_with_flags(&path, OpenFlags::SQLITE_OPEN_READ_WRITE)
             .map_err(|e| corrupt(e.to_string()))?;
         Self::configure(&conn).map_err(|e| corrupt(e.to_string()))?;
-        let check: String = conn
-            .query_row("PRAGMA quick_check", [], |r| r.get(0))
-            .map_err(|e| corrupt(e.to_string()))?;
+        let check: String =
+            conn.query_row("PRAGMA quick_check", [], |r| r.get(0)).map_err(|e| corrupt(e.to_string()))?;
         if check != "ok" {
             return Err(corrupt(format!("integrity check: {check}")));
         }
         let app: Option<String> = conn
-            .query_row(
-                "SELECT value FROM meta WHERE key = 'application'",
-                [],
-                |r| r.get(0),
-            )
+            .query_row("SELECT value FROM meta WHERE key = 'application'", [], |r| r.get(0))
             .optional()
             .map_err(|e| corrupt(e.to_string()))?;
         if app.as_deref() != Some(APPLICATION) {
             return Err(corrupt("no dpflow ledger header".into()));
         }
         let version: Option<String> = conn
-            .query_row(
-                "SELECT value FROM meta WHERE key = 'schema_version'",
-                [],
-                |r| r.get(0),
-            )
+            .query_row("SELECT value FROM meta WHERE key = 'schema_version'", [], |r| r.get(0))
             .optional()
             .map_err(|e| corrupt(e.to_string()))?;
         if version.as_deref() != Some(SCHEMA_VERSION) {
@@ -342,15 +322,8 @@ impl Ledger {
     }
 
     /// Registers a protected dataset with its total budget.
-    pub fn add_dataset(
-        &self,
-        name: &str,
-        privacy_unit: &str,
-        budget: Budget,
-    ) -> Result<(), LedgerError> {
-        budget
-            .validate()
-            .map_err(|m| LedgerError::BadCharge(0, m))?;
+    pub fn add_dataset(&self, name: &str, privacy_unit: &str, budget: Budget) -> Result<(), LedgerError> {
+        budget.validate().map_err(|m| LedgerError::BadCharge(0, m))?;
         let json = serde_json::to_string(&budget).expect("budget serialises");
         let n = self
             .conn
@@ -369,38 +342,24 @@ impl Ledger {
     pub fn datasets(&self) -> Result<Vec<DatasetEntry>, LedgerError> {
         let mut stmt = self
             .conn
-            .prepare(
-                "SELECT name, privacy_unit, budget_json, created_at FROM datasets ORDER BY name",
-            )
+            .prepare("SELECT name, privacy_unit, budget_json, created_at FROM datasets ORDER BY name")
             .map_err(|e| self.sql_err(e))?;
         let rows = stmt
             .query_map([], |r| {
-                Ok((
-                    r.get::<_, String>(0)?,
-                    r.get::<_, String>(1)?,
-                    r.get::<_, String>(2)?,
-                    r.get::<_, String>(3)?,
-                ))
+                Ok((r.get::<_, String>(0)?, r.get::<_, String>(1)?, r.get::<_, String>(2)?, r.get::<_, String>(3)?))
             })
             .map_err(|e| self.sql_err(e))?;
         let mut out = Vec::new();
         for row in rows {
             let (name, unit, bj, created) = row.map_err(|e| self.sql_err(e))?;
-            out.push(DatasetEntry {
-                name,
-                privacy_unit: unit,
-                budget: self.decode(&bj)?,
-                created_at: created,
-            });
+            out.push(DatasetEntry { name, privacy_unit: unit, budget: self.decode(&bj)?, created_at: created });
         }
         Ok(out)
     }
 
     fn decode<T: for<'de> Deserialize<'de>>(&self, s: &str) -> Result<T, LedgerError> {
-        serde_json::from_str(s).map_err(|e| LedgerError::Decode {
-            path: self.path.display().to_string(),
-            reason: e.to_string(),
-        })
+        serde_json::from_str(s)
+            .map_err(|e| LedgerError::Decode { path: self.path.display().to_string(), reason: e.to_string() })
     }
 
     fn dataset_in(conn: &Connection, path: &Path, name: &str) -> Result<DatasetEntry, LedgerError> {
@@ -411,18 +370,13 @@ impl Ledger {
                 |r| Ok((r.get(0)?, r.get(1)?, r.get(2)?)),
             )
             .optional()
-            .map_err(|e| LedgerError::Sql {
-                path: path.display().to_string(),
-                source: e,
-            })?;
+            .map_err(|e| LedgerError::Sql { path: path.display().to_string(), source: e })?;
         match row {
             Some((unit, bj, created)) => Ok(DatasetEntry {
                 name: name.to_string(),
                 privacy_unit: unit,
-                budget: serde_json::from_str(&bj).map_err(|e| LedgerError::Decode {
-                    path: path.display().to_string(),
-                    reason: e.to_string(),
-                })?,
+                budget: serde_json::from_str(&bj)
+                    .map_err(|e| LedgerError::Decode { path: path.display().to_string(), reason: e.to_string() })?,
                 created_at: created,
             }),
             None => {
@@ -433,11 +387,7 @@ impl Ledger {
                 Err(LedgerError::UnknownDataset {
                     dataset: name.to_string(),
                     path: path.display().to_string(),
-                    known: if known.is_empty() {
-                        "none".into()
-                    } else {
-                        known.join(", ")
-                    },
+                    known: if known.is_empty() { "none".into() } else { known.join(", ") },
                 })
             }
         }
@@ -470,15 +420,10 @@ impl Ledger {
                     r.get::<_, f64>(4)?,
                 ))
             })
-            .map_err(|e| LedgerError::Sql {
-                path: path.display().to_string(),
-                source: e,
-            })?;
+            .map_err(|e| LedgerError::Sql { path: path.display().to_string(), source: e })?;
         for row in rows {
-            let (id, status, rho, eps, delta) = row.map_err(|e| LedgerError::Sql {
-                path: path.display().to_string(),
-                source: e,
-            })?;
+            let (id, status, rho, eps, delta) =
+                row.map_err(|e| LedgerError::Sql { path: path.display().to_string(), source: e })?;
             if Some(id) == exclude {
                 continue;
             }
@@ -527,19 +472,10 @@ impl Ledger {
         rdp_delta: Option<f64>,
     ) -> Result<Reservation, LedgerError> {
         let path = self.path.clone();
-        let sql = |e| LedgerError::Sql {
-            path: path.display().to_string(),
-            source: e,
-        };
-        let tx = self
-            .conn
-            .transaction_with_behavior(TransactionBehavior::Immediate)
-            .map_err(sql)?;
+        let sql = |e| LedgerError::Sql { path: path.display().to_string(), source: e };
+        let tx = self.conn.transaction_with_behavior(TransactionBehavior::Immediate).map_err(sql)?;
         let entry = Self::dataset_in(&tx, &path, dataset)?;
-        let budget_err = |source| LedgerError::Budget {
-            dataset: dataset.to_string(),
-            source,
-        };
+        let budget_err = |source| LedgerError::Budget { dataset: dataset.to_string(), source };
         let mut charge = Normalized::default();
         for m in mechanisms {
             charge = charge + normalize(&entry.budget, &m.loss, rdp_delta).map_err(budget_err)?;
@@ -563,11 +499,7 @@ impl Ledger {
                     });
                 }
                 Some(ChargeStatus::Reserved) => {
-                    let same = Normalized {
-                        rho: *rho,
-                        eps: *eps,
-                        delta: *delta,
-                    };
+                    let same = Normalized { rho: *rho, eps: *eps, delta: *delta };
                     if !approx_eq(&same, &charge) {
                         return Err(LedgerError::ConflictingReservation {
                             dataset: dataset.into(),
@@ -575,23 +507,16 @@ impl Ledger {
                             charge_id: *id,
                         });
                     }
-                    let remaining = (entry.budget.amount()
-                        - spent_in_unit(&entry.budget, &(before + same)))
-                    .max(0.0);
+                    let remaining = (entry.budget.amount() - spent_in_unit(&entry.budget, &(before + same))).max(0.0);
                     tx.commit().map_err(sql)?;
-                    return Ok(Reservation {
-                        charge_id: *id,
-                        resumed: true,
-                        remaining,
-                    });
+                    return Ok(Reservation { charge_id: *id, resumed: true, remaining });
                 }
                 _ => {}
             }
         }
         let filter = PrivacyFilter::with_spent(entry.budget, before);
         filter.check_normalized(charge).map_err(budget_err)?;
-        let cost = spent_in_unit(&entry.budget, &(before + charge))
-            - spent_in_unit(&entry.budget, &before);
+        let cost = spent_in_unit(&entry.budget, &(before + charge)) - spent_in_unit(&entry.budget, &before);
         let mjson = serde_json::to_string(mechanisms).expect("mechanisms serialise");
         let id = match existing {
             Some((id, ..)) => {
@@ -613,14 +538,9 @@ impl Ledger {
                 tx.last_insert_rowid()
             }
         };
-        let remaining =
-            (entry.budget.amount() - spent_in_unit(&entry.budget, &(before + charge))).max(0.0);
+        let remaining = (entry.budget.amount() - spent_in_unit(&entry.budget, &(before + charge))).max(0.0);
         tx.commit().map_err(sql)?;
-        Ok(Reservation {
-            charge_id: id,
-            resumed: false,
-            remaining,
-        })
+        Ok(Reservation { charge_id: id, resumed: false, remaining })
     }
 
     fn transition(
@@ -632,19 +552,12 @@ impl Ledger {
     ) -> Result<(), LedgerError> {
         let status: Option<String> = self
             .conn
-            .query_row(
-                "SELECT status FROM charges WHERE id = ?1",
-                params![id],
-                |r| r.get(0),
-            )
+            .query_row("SELECT status FROM charges WHERE id = ?1", params![id], |r| r.get(0))
             .optional()
             .map_err(|e| self.sql_err(e))?;
         let status = status.ok_or_else(|| LedgerError::BadCharge(id, "does not exist".into()))?;
         if !from.iter().any(|s| s.as_str() == status) {
-            return Err(LedgerError::BadCharge(
-                id,
-                format!("is {status}, cannot become {}", to.as_str()),
-            ));
+            return Err(LedgerError::BadCharge(id, format!("is {status}, cannot become {}", to.as_str())));
         }
         self.conn
             .execute(
@@ -657,31 +570,18 @@ impl Ledger {
 
     /// Marks a reservation as spent for good (after outputs are durably written).
     pub fn commit(&self, charge_id: i64) -> Result<(), LedgerError> {
-        self.transition(
-            charge_id,
-            &[ChargeStatus::Reserved],
-            ChargeStatus::Committed,
-            None,
-        )
+        self.transition(charge_id, &[ChargeStatus::Reserved], ChargeStatus::Committed, None)
     }
 
     /// Returns a reservation to the budget after a clean failure (nothing released).
     pub fn release(&self, charge_id: i64, note: &str) -> Result<(), LedgerError> {
-        self.transition(
-            charge_id,
-            &[ChargeStatus::Reserved],
-            ChargeStatus::Released,
-            Some(note),
-        )
+        self.transition(charge_id, &[ChargeStatus::Reserved], ChargeStatus::Released, Some(note))
     }
 
     /// Operator resolution of an open reservation left by a crash.
     pub fn resolve(&self, charge_id: i64, to: ChargeStatus, note: &str) -> Result<(), LedgerError> {
         if to == ChargeStatus::Reserved {
-            return Err(LedgerError::BadCharge(
-                charge_id,
-                "can only be resolved to committed or released".into(),
-            ));
+            return Err(LedgerError::BadCharge(charge_id, "can only be resolved to committed or released".into()));
         }
         self.transition(charge_id, &[ChargeStatus::Reserved], to, Some(note))
     }
@@ -689,22 +589,13 @@ impl Ledger {
     /// A charge by id.
     pub fn charge(&self, id: i64) -> Result<ChargeRow, LedgerError> {
         let rows = self.query_charges("WHERE id = ?1", params![id])?;
-        rows.into_iter()
-            .next()
-            .ok_or_else(|| LedgerError::BadCharge(id, "does not exist".into()))
+        rows.into_iter().next().ok_or_else(|| LedgerError::BadCharge(id, "does not exist".into()))
     }
 
     /// The charge of a release, if any.
-    pub fn charge_for_release(
-        &self,
-        dataset: &str,
-        release_id: &str,
-    ) -> Result<Option<ChargeRow>, LedgerError> {
+    pub fn charge_for_release(&self, dataset: &str, release_id: &str) -> Result<Option<ChargeRow>, LedgerError> {
         Ok(self
-            .query_charges(
-                "WHERE dataset = ?1 AND release_id = ?2",
-                params![dataset, release_id],
-            )?
+            .query_charges("WHERE dataset = ?1 AND release_id = ?2", params![dataset, release_id])?
             .into_iter()
             .next())
     }
@@ -720,11 +611,7 @@ impl Ledger {
         }
     }
 
-    fn query_charges(
-        &self,
-        filter: &str,
-        p: &[&dyn rusqlite::ToSql],
-    ) -> Result<Vec<ChargeRow>, LedgerError> {
+    fn query_charges(&self, filter: &str, p: &[&dyn rusqlite::ToSql]) -> Result<Vec<ChargeRow>, LedgerError> {
         let sql = format!(
             "SELECT id, dataset, release_id, status, mechanisms_json, rho, eps, delta, cost, reserved_at, resolved_at, note
              FROM charges {filter} ORDER BY id"
@@ -738,11 +625,7 @@ impl Ledger {
                     r.get::<_, String>(2)?,
                     r.get::<_, String>(3)?,
                     r.get::<_, String>(4)?,
-                    Normalized {
-                        rho: r.get(5)?,
-                        eps: r.get(6)?,
-                        delta: r.get(7)?,
-                    },
+                    Normalized { rho: r.get(5)?, eps: r.get(6)?, delta: r.get(7)? },
                     r.get::<_, f64>(8)?,
                     r.get::<_, String>(9)?,
                     r.get::<_, Option<String>>(10)?,
@@ -752,18 +635,8 @@ impl Ledger {
             .map_err(|e| self.sql_err(e))?;
         let mut out = Vec::new();
         for row in raw {
-            let (
-                id,
-                dataset,
-                release_id,
-                status,
-                mj,
-                normalized,
-                cost,
-                reserved_at,
-                resolved_at,
-                note,
-            ) = row.map_err(|e| self.sql_err(e))?;
+            let (id, dataset, release_id, status, mj, normalized, cost, reserved_at, resolved_at, note) =
+                row.map_err(|e| self.sql_err(e))?;
             out.push(ChargeRow {
                 id,
                 dataset,

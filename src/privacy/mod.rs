@@ -11,6 +11,4 @@ pub mod ledger;
 
 pub use budget::{Budget, BudgetError, Normalized, PrivacyFilter};
 pub use dpflow_udfs::cost::{MechanismRecord, PrivacyLoss};
-pub use ledger::{
-    BudgetStatus, ChargeRow, ChargeStatus, DatasetEntry, Ledger, LedgerError, Reservation,
-};
+pub use ledger::{BudgetStatus, ChargeRow, ChargeStatus, DatasetEntry, Ledger, LedgerError, Reservation};

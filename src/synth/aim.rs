@@ -28,10 +28,7 @@ pub struct Aim {
 
 impl Default for Aim {
     fn default() -> Self {
-        Self {
-            alpha: 0.9,
-            rounds_per_attribute: 16,
-        }
+        Self { alpha: 0.9, rounds_per_attribute: 16 }
     }
 }
 
@@ -46,11 +43,7 @@ impl Synthesizer for Aim {
     }
 
     fn required_marginals(&self, domain: &Domain, workload: &Workload) -> Vec<Vec<usize>> {
-        let mut req: Vec<Vec<usize>> = workload
-            .downward_closure()
-            .into_iter()
-            .map(|(r, _)| r)
-            .collect();
+        let mut req: Vec<Vec<usize>> = workload.downward_closure().into_iter().map(|(r, _)| r).collect();
         for a in 0..domain.len() {
             if !req.contains(&vec![a]) {
                 req.push(vec![a]);
@@ -80,11 +73,7 @@ impl Synthesizer for Aim {
         for a in 0..d {
             let m = ctx.measure(&[a], sigma0)?;
             rho_used += 1.0 / (2.0 * sigma0 * sigma0);
-            log.push(MeasurementLog {
-                attributes: ctx.names(&[a]),
-                sigma: sigma0,
-                round: 0,
-            });
+            log.push(MeasurementLog { attributes: ctx.names(&[a]), sigma: sigma0, round: 0 });
             measured_for_bounds.push(MeasuredMarginal {
                 attrs: m.attrs.clone(),
                 values: m.values.clone(),
@@ -94,9 +83,7 @@ impl Synthesizer for Aim {
         }
         let iters = ctx.options.iters;
         let mut model: GraphicalModel = ctx.estimate(&measurements, None, iters);
-        (ctx.progress)(&format!(
-            "aim: initialised on {d} one-way marginals (σ₀ = {sigma0:.2})"
-        ));
+        (ctx.progress)(&format!("aim: initialised on {d} one-way marginals (σ₀ = {sigma0:.2})"));
 
         let mut sigma = sigma0;
         let mut epsilon = (8.0 * (1.0 - alpha) * rho / t_max).sqrt();
@@ -117,8 +104,7 @@ impl Synthesizer for Aim {
             rho_used += epsilon * epsilon / 8.0 + 1.0 / (2.0 * sigma * sigma);
             let size_limit = ctx.options.max_model_mb * (rho_used / rho).min(1.0);
             // Candidates: JT-SIZE filter, or already free in the model.
-            let model_cliques: Vec<Vec<usize>> =
-                model.potentials.iter().map(|p| p.attrs.clone()).collect();
+            let model_cliques: Vec<Vec<usize>> = model.potentials.iter().map(|p| p.attrs.clone()).collect();
             let beliefs = model.beliefs();
             let mut cand: Vec<(Vec<usize>, f64, f64, Vec<f64>)> = Vec::new(); // (r, w, score, M_r(p̂))
             for (r, w) in &candidates {
@@ -132,15 +118,10 @@ impl Synthesizer for Aim {
                 }
                 let est = beliefs.marginal_any(r, &ctx.sizes).values;
                 let exact = ctx.answers.get(r)?;
-                let score =
-                    w * (l1(exact, &est) - (2.0 / std::f64::consts::PI).sqrt() * sigma * cells(r));
+                let score = w * (l1(exact, &est) - (2.0 / std::f64::consts::PI).sqrt() * sigma * cells(r));
                 cand.push((r.clone(), *w, score, est));
             }
-            let delta = cand
-                .iter()
-                .map(|c| c.1)
-                .fold(0.0f64, f64::max)
-                .max(f64::MIN_POSITIVE);
+            let delta = cand.iter().map(|c| c.1).fold(0.0f64, f64::max).max(f64::MIN_POSITIVE);
             let scores: Vec<f64> = cand.iter().map(|c| c.2).collect();
             let pick = ctx.select(&format!("aim round {t} selection"), &scores, epsilon, delta)?;
             let (r_t, w_t, _, prev_est) = cand[pick].clone();
@@ -149,16 +130,8 @@ impl Synthesizer for Aim {
             }
             let m = ctx.measure(&r_t, sigma)?;
             let selected_error = l1(&prev_est, &m.values);
-            log.push(MeasurementLog {
-                attributes: ctx.names(&r_t),
-                sigma,
-                round: t,
-            });
-            measured_for_bounds.push(MeasuredMarginal {
-                attrs: r_t.clone(),
-                values: m.values.clone(),
-                sigma,
-            });
+            log.push(MeasurementLog { attributes: ctx.names(&r_t), sigma, round: t });
+            measured_for_bounds.push(MeasuredMarginal { attrs: r_t.clone(), values: m.values.clone(), sigma });
             measurements.push(m);
             rounds.push(RoundInfo {
                 sigma,
@@ -178,28 +151,15 @@ impl Synthesizer for Aim {
                 rho_used.min(rho)
             ));
             // Alg 3 lines 1–7: anneal when little was learned.
-            if !terminate
-                && l1(&new_est, &prev_est)
-                    <= (2.0 / std::f64::consts::PI).sqrt() * sigma * cells(&r_t)
-            {
+            if !terminate && l1(&new_est, &prev_est) <= (2.0 / std::f64::consts::PI).sqrt() * sigma * cells(&r_t) {
                 sigma /= 2.0;
                 epsilon *= 2.0;
-                notes.push(format!(
-                    "round {t}: annealed to σ={sigma:.3}, ε={epsilon:.4}"
-                ));
+                notes.push(format!("round {t}: annealed to σ={sigma:.3}, ε={epsilon:.4}"));
             }
         }
-        let workload: Vec<(Vec<usize>, f64)> = ctx
-            .workload
-            .queries
-            .iter()
-            .map(|q| (q.attrs.clone(), *weight_of.get(&q.attrs).unwrap_or(&0.0)))
-            .collect();
-        let names = |r: &[usize]| {
-            r.iter()
-                .map(|&a| ctx.domain.columns()[a].name.clone())
-                .collect::<Vec<_>>()
-        };
+        let workload: Vec<(Vec<usize>, f64)> =
+            ctx.workload.queries.iter().map(|q| (q.attrs.clone(), *weight_of.get(&q.attrs).unwrap_or(&0.0))).collect();
+        let names = |r: &[usize]| r.iter().map(|&a| ctx.domain.columns()[a].name.clone()).collect::<Vec<_>>();
         let error_bounds = workload_bounds(
             &workload,
             &names,
@@ -213,12 +173,7 @@ impl Synthesizer for Aim {
         Ok(Fitted {
             model,
             compression: None,
-            metadata: FitMetadata {
-                measurements: log,
-                rounds: t,
-                error_bounds,
-                notes,
-            },
+            metadata: FitMetadata { measurements: log, rounds: t, error_bounds, notes },
         })
     }
 }

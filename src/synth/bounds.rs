@@ -84,10 +84,8 @@ pub(crate) fn workload_bounds(
         .map(|(r, w_r)| {
             let n_r: f64 = r.iter().map(|&a| sizes[a] as f64).product();
             let model_r = beliefs.marginal_any(r, sizes);
-            let containing: Vec<&MeasuredMarginal> = measured
-                .iter()
-                .filter(|m| r.iter().all(|a| m.attrs.contains(a)))
-                .collect();
+            let containing: Vec<&MeasuredMarginal> =
+                measured.iter().filter(|m| r.iter().all(|a| m.attrs.contains(a))).collect();
             let (kind, bound, round) = if !containing.is_empty() {
                 // Weighted-average estimator (Thm 1).
                 let mut acc = vec![0.0; n_r as usize];
@@ -120,8 +118,7 @@ pub(crate) fn workload_bounds(
                         * info.sigma
                         * (w_r * n_r - info.selected_weight * info.selected_cells)
                     + em * (info.candidates as f64).ln();
-                let inner =
-                    (b_r + lambda1 * info.sigma * info.selected_cells.sqrt() + lambda2 * em) / w_r;
+                let inner = (b_r + lambda1 * info.sigma * info.selected_cells.sqrt() + lambda2 * em) / w_r;
                 let b = super::l1(&model_r.values, prev) + inner.max(0.0);
                 let _ = &info.selected;
                 ("unsupported", Some(b), Some(*t + 1))

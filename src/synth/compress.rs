@@ -21,12 +21,10 @@ impl Compression {
         let members = one_way
             .iter()
             .map(|m| {
-                let keep: Vec<u32> = (0..m.values.len() as u32)
-                    .filter(|&v| m.values[v as usize] >= 3.0 * m.sigma)
-                    .collect();
-                let rest: Vec<u32> = (0..m.values.len() as u32)
-                    .filter(|&v| m.values[v as usize] < 3.0 * m.sigma)
-                    .collect();
+                let keep: Vec<u32> =
+                    (0..m.values.len() as u32).filter(|&v| m.values[v as usize] >= 3.0 * m.sigma).collect();
+                let rest: Vec<u32> =
+                    (0..m.values.len() as u32).filter(|&v| m.values[v as usize] < 3.0 * m.sigma).collect();
                 let mut groups: Vec<Vec<u32>> = keep.into_iter().map(|v| vec![v]).collect();
                 if !rest.is_empty() {
                     groups.push(rest);
@@ -59,32 +57,20 @@ impl Compression {
     }
 
     /// Sums a domain-coded table (sorted attrs) into the compressed layout.
-    pub fn compress_table(
-        &self,
-        attrs: &[usize],
-        domain_sizes: &[usize],
-        values: &[f64],
-    ) -> Vec<f64> {
+    pub fn compress_table(&self, attrs: &[usize], domain_sizes: &[usize], values: &[f64]) -> Vec<f64> {
         let csizes = self.sizes();
         let src = Factor {
             attrs: attrs.to_vec(),
             shape: attrs.iter().map(|&a| domain_sizes[a]).collect(),
             values: values.to_vec(),
         };
-        let maps: Vec<Vec<usize>> = attrs
-            .iter()
-            .map(|&a| self.forward(a, domain_sizes[a]))
-            .collect();
+        let maps: Vec<Vec<usize>> = attrs.iter().map(|&a| self.forward(a, domain_sizes[a])).collect();
         let dst_shape: Vec<usize> = attrs.iter().map(|&a| csizes[a]).collect();
         let dst_strides = crate::pgm::factor::strides(&dst_shape);
         let mut out = vec![0.0; dst_shape.iter().product()];
         let mut idx = vec![0usize; attrs.len()];
         for &v in &src.values {
-            let j: usize = idx
-                .iter()
-                .enumerate()
-                .map(|(k, &c)| maps[k][c] * dst_strides[k])
-                .sum();
+            let j: usize = idx.iter().enumerate().map(|(k, &c)| maps[k][c] * dst_strides[k]).sum();
             out[j] += v;
             // advance the odometer
             for k in (0..idx.len()).rev() {
@@ -113,17 +99,8 @@ impl Compression {
             values.push(s / k);
             weights.push(1.0 / k);
         }
-        let query = if weights.iter().all(|w| *w == 1.0) {
-            Query::Identity
-        } else {
-            Query::Weighted(weights)
-        };
-        Measurement {
-            attrs: m.attrs.clone(),
-            values,
-            sigma: m.sigma,
-            query,
-        }
+        let query = if weights.iter().all(|w| *w == 1.0) { Query::Identity } else { Query::Weighted(weights) };
+        Measurement { attrs: m.attrs.clone(), values, sigma: m.sigma, query }
     }
 
     /// Expands a sampling plan over compressed codes into one over domain
@@ -140,29 +117,20 @@ impl Compression {
             .steps
             .into_iter()
             .map(|s| {
-                let parent_maps: Vec<Vec<usize>> = s
-                    .parents
-                    .iter()
-                    .map(|&p| self.forward(p, domain_sizes[p]))
-                    .collect();
-                let parent_dsizes: Vec<usize> =
-                    s.parents.iter().map(|&p| domain_sizes[p]).collect();
+                let parent_maps: Vec<Vec<usize>> =
+                    s.parents.iter().map(|&p| self.forward(p, domain_sizes[p])).collect();
+                let parent_dsizes: Vec<usize> = s.parents.iter().map(|&p| domain_sizes[p]).collect();
                 let parent_csizes: Vec<usize> = s.parents.iter().map(|&p| csizes[p]).collect();
                 let cstrides = crate::pgm::factor::strides(&parent_csizes);
                 let combos: usize = parent_dsizes.iter().product();
                 let dsize = domain_sizes[s.column];
                 let csize = csizes[s.column];
                 let fwd = self.forward(s.column, dsize);
-                let group_len: Vec<usize> =
-                    self.members[s.column].iter().map(|g| g.len()).collect();
+                let group_len: Vec<usize> = self.members[s.column].iter().map(|g| g.len()).collect();
                 let mut table = Vec::with_capacity(combos * dsize);
                 let mut idx = vec![0usize; s.parents.len()];
                 for _ in 0..combos {
-                    let crow: usize = idx
-                        .iter()
-                        .enumerate()
-                        .map(|(k, &c)| parent_maps[k][c] * cstrides[k])
-                        .sum();
+                    let crow: usize = idx.iter().enumerate().map(|(k, &c)| parent_maps[k][c] * cstrides[k]).sum();
                     let row = &s.table[crow * csize..(crow + 1) * csize];
                     for v in 0..dsize {
                         let k = fwd[v];
@@ -176,17 +144,9 @@ impl Compression {
                         idx[k] = 0;
                     }
                 }
-                SamplingStep {
-                    column: s.column,
-                    parents: s.parents,
-                    table,
-                }
+                SamplingStep { column: s.column, parents: s.parents, table }
             })
             .collect();
-        SamplingPlan {
-            domain,
-            steps,
-            decode: plan.decode,
-        }
+        SamplingPlan { domain, steps, decode: plan.decode }
     }
 }

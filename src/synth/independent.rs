@@ -29,21 +29,13 @@ impl Synthesizer for Independent {
         let mut log = Vec::with_capacity(d);
         for a in 0..d {
             ms.push(ctx.measure(&[a], sigma)?);
-            log.push(MeasurementLog {
-                attributes: ctx.names(&[a]),
-                sigma,
-                round: 1,
-            });
+            log.push(MeasurementLog { attributes: ctx.names(&[a]), sigma, round: 1 });
         }
         let model = ctx.estimate(&ms, None, ctx.options.iters);
         Ok(Fitted {
             model,
             compression: None,
-            metadata: FitMetadata {
-                measurements: log,
-                rounds: 1,
-                ..Default::default()
-            },
+            metadata: FitMetadata { measurements: log, rounds: 1, ..Default::default() },
         })
     }
 }

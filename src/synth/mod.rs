@@ -68,12 +68,7 @@ pub struct SynthOptions {
 
 impl Default for SynthOptions {
     fn default() -> Self {
-        Self {
-            iters: 1000,
-            max_model_mb: 80.0,
-            confidence: 0.95,
-            rounds: None,
-        }
+        Self { iters: 1000, max_model_mb: 80.0, confidence: 0.95, rounds: None }
     }
 }
 
@@ -130,70 +125,32 @@ pub(crate) struct FitContext<'a> {
 
 impl FitContext<'_> {
     pub(crate) fn names(&self, attrs: &[usize]) -> Vec<String> {
-        attrs
-            .iter()
-            .map(|&a| self.domain.columns()[a].name.clone())
-            .collect()
+        attrs.iter().map(|&a| self.domain.columns()[a].name.clone()).collect()
     }
 
     /// Charges, then measures marginal `attrs` with discrete Gaussian noise σ
     /// (L2 sensitivity 1 under add/remove-one).
     pub(crate) fn measure(&mut self, attrs: &[usize], sigma: f64) -> Result<Measurement> {
-        let record = MechanismRecord::gaussian(
-            format!("marginal({})", self.names(attrs).join(",")),
-            1.0,
-            sigma,
-        );
+        let record = MechanismRecord::gaussian(format!("marginal({})", self.names(attrs).join(",")), 1.0, sigma);
         self.accountant.charge(&[record])?;
         let exact = self.answers.get(attrs)?.to_vec();
         let sampler = NoiseDistribution::Gaussian { sigma }.integer_sampler();
-        let values: Vec<f64> = exact
-            .iter()
-            .map(|&c| (c as i128 + sampler.sample(self.rng)) as f64)
-            .collect();
-        Ok(Measurement {
-            attrs: attrs.to_vec(),
-            values,
-            sigma,
-            query: crate::pgm::Query::Identity,
-        })
+        let values: Vec<f64> = exact.iter().map(|&c| (c as i128 + sampler.sample(self.rng)) as f64).collect();
+        Ok(Measurement { attrs: attrs.to_vec(), values, sigma, query: crate::pgm::Query::Identity })
     }
 
     /// Charges, then adds discrete Gaussian noise σ to exact counts `exact` of a
     /// sensitivity-1 table over `attrs` (e.g. a compressed marginal).
-    pub(crate) fn measure_values(
-        &mut self,
-        attrs: &[usize],
-        exact: &[f64],
-        sigma: f64,
-    ) -> Result<Measurement> {
-        let record = MechanismRecord::gaussian(
-            format!("marginal({})", self.names(attrs).join(",")),
-            1.0,
-            sigma,
-        );
+    pub(crate) fn measure_values(&mut self, attrs: &[usize], exact: &[f64], sigma: f64) -> Result<Measurement> {
+        let record = MechanismRecord::gaussian(format!("marginal({})", self.names(attrs).join(",")), 1.0, sigma);
         self.accountant.charge(&[record])?;
         let sampler = NoiseDistribution::Gaussian { sigma }.integer_sampler();
-        let values: Vec<f64> = exact
-            .iter()
-            .map(|&c| (c as i128 + sampler.sample(self.rng)) as f64)
-            .collect();
-        Ok(Measurement {
-            attrs: attrs.to_vec(),
-            values,
-            sigma,
-            query: crate::pgm::Query::Identity,
-        })
+        let values: Vec<f64> = exact.iter().map(|&c| (c as i128 + sampler.sample(self.rng)) as f64).collect();
+        Ok(Measurement { attrs: attrs.to_vec(), values, sigma, query: crate::pgm::Query::Identity })
     }
 
     /// Charges, then selects with the exponential mechanism (ε²/8-zCDP).
-    pub(crate) fn select(
-        &mut self,
-        what: &str,
-        scores: &[f64],
-        epsilon: f64,
-        sensitivity: f64,
-    ) -> Result<usize> {
+    pub(crate) fn select(&mut self, what: &str, scores: &[f64], epsilon: f64, sensitivity: f64) -> Result<usize> {
         let record = MechanismRecord::exponential(what, sensitivity, epsilon, true)
             .with_params(serde_json::json!({ "epsilon": epsilon, "candidates": scores.len() }));
         self.accountant.charge(&[record])?;
@@ -208,10 +165,7 @@ impl FitContext<'_> {
         warm: Option<&GraphicalModel>,
         iters: usize,
     ) -> GraphicalModel {
-        let opts = EstimateOptions {
-            iters,
-            ..Default::default()
-        };
+        let opts = EstimateOptions { iters, ..Default::default() };
         estimate(&self.sizes, measurements, &opts, warm).model
     }
 }

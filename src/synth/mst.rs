@@ -42,38 +42,21 @@ impl Synthesizer for Mst {
         let mut ones = Vec::with_capacity(d);
         for a in 0..d {
             ones.push(ctx.measure(&[a], sigma1)?);
-            log.push(MeasurementLog {
-                attributes: ctx.names(&[a]),
-                sigma: sigma1,
-                round: 1,
-            });
+            log.push(MeasurementLog { attributes: ctx.names(&[a]), sigma: sigma1, round: 1 });
         }
         // Compression (post-processing of the noisy 1-way counts).
         let compression = Compression::from_one_way(&ones);
         let csizes = compression.sizes();
         let mut notes = Vec::new();
         for (a, g) in compression.members.iter().enumerate() {
-            let merged = g
-                .iter()
-                .filter(|m| m.len() > 1)
-                .map(|m| m.len())
-                .sum::<usize>();
+            let merged = g.iter().filter(|m| m.len() > 1).map(|m| m.len()).sum::<usize>();
             if merged > 0 {
-                notes.push(format!(
-                    "{}: {merged} rare values merged into one code",
-                    ctx.names(&[a])[0]
-                ));
+                notes.push(format!("{}: {merged} rare values merged into one code", ctx.names(&[a])[0]));
             }
         }
-        let c_ones: Vec<Measurement> = ones
-            .iter()
-            .map(|m| compression.compress_one_way(m))
-            .collect();
+        let c_ones: Vec<Measurement> = ones.iter().map(|m| compression.compress_one_way(m)).collect();
         // (2) Selection on the compressed domain.
-        let opts = EstimateOptions {
-            iters: ctx.options.iters.min(2500),
-            ..Default::default()
-        };
+        let opts = EstimateOptions { iters: ctx.options.iters.min(2500), ..Default::default() };
         let indep = estimate(&csizes, &c_ones, &opts, None).model;
         let beliefs = indep.beliefs();
         let pairs = two_way(d);
@@ -93,11 +76,7 @@ impl Synthesizer for Mst {
             r
         }
         let edges_needed = d.saturating_sub(1);
-        let eps_select = if edges_needed > 0 {
-            (8.0 * (rho / 3.0) / edges_needed as f64).sqrt()
-        } else {
-            0.0
-        };
+        let eps_select = if edges_needed > 0 { (8.0 * (rho / 3.0) / edges_needed as f64).sqrt() } else { 0.0 };
         let mut tree = Vec::with_capacity(edges_needed);
         for k in 0..edges_needed {
             let open: Vec<usize> = (0..pairs.len())
@@ -122,28 +101,16 @@ impl Synthesizer for Mst {
             // exactness by measuring the compressed table directly instead.
             let exact = compression.compress_table(e, &ctx.sizes, ctx.answers.get(e)?);
             let m = ctx.measure_values(e, &exact, sigma3)?;
-            log.push(MeasurementLog {
-                attributes: ctx.names(e),
-                sigma: sigma3,
-                round: 3,
-            });
+            log.push(MeasurementLog { attributes: ctx.names(e), sigma: sigma3, round: 3 });
             measurements.push(m);
         }
         (ctx.progress)(&format!("mst: selected {} edges; estimating", tree.len()));
-        let opts = EstimateOptions {
-            iters: ctx.options.iters,
-            ..Default::default()
-        };
+        let opts = EstimateOptions { iters: ctx.options.iters, ..Default::default() };
         let model = estimate(&csizes, &measurements, &opts, None).model;
         Ok(Fitted {
             model,
             compression: (!compression.is_trivial()).then_some(compression),
-            metadata: FitMetadata {
-                measurements: log,
-                rounds: tree.len(),
-                error_bounds: vec![],
-                notes,
-            },
+            metadata: FitMetadata { measurements: log, rounds: tree.len(), error_bounds: vec![], notes },
         })
     }
 }

@@ -35,24 +35,16 @@ impl Synthesizer for MwemPgm {
         let mut model = GraphicalModel::uniform(&ctx.sizes, &all, 1.0);
         let mut measurements: Vec<Measurement> = Vec::new();
         let mut log = Vec::new();
-        let queries: Vec<Vec<usize>> = ctx
-            .workload
-            .queries
-            .iter()
-            .map(|q| q.attrs.clone())
-            .collect();
+        let queries: Vec<Vec<usize>> = ctx.workload.queries.iter().map(|q| q.attrs.clone()).collect();
         for t in 1..=t_rounds {
             let beliefs = model.beliefs();
-            let cliques: Vec<Vec<usize>> =
-                model.potentials.iter().map(|p| p.attrs.clone()).collect();
+            let cliques: Vec<Vec<usize>> = model.potentials.iter().map(|p| p.attrs.clone()).collect();
             let mut cand = Vec::new();
             let mut scores = Vec::new();
             for r in &queries {
                 let mut cl = cliques.clone();
                 cl.push(r.clone());
-                if JunctionTree::build(&ctx.sizes, &cl).size_mb(&ctx.sizes)
-                    > ctx.options.max_model_mb
-                {
+                if JunctionTree::build(&ctx.sizes, &cl).size_mb(&ctx.sizes) > ctx.options.max_model_mb {
                     continue;
                 }
                 let est = beliefs.marginal_any(r, &ctx.sizes).values;
@@ -63,36 +55,18 @@ impl Synthesizer for MwemPgm {
                 scores.push(l1(ctx.answers.get(r)?, &est) - n_r);
                 cand.push(r.clone());
             }
-            anyhow::ensure!(
-                !cand.is_empty(),
-                "mwem: every workload marginal exceeds the model capacity"
-            );
+            anyhow::ensure!(!cand.is_empty(), "mwem: every workload marginal exceeds the model capacity");
             let pick = ctx.select(&format!("mwem round {t} selection"), &scores, epsilon, 1.0)?;
             let r = cand[pick].clone();
             measurements.push(ctx.measure(&r, sigma)?);
-            log.push(MeasurementLog {
-                attributes: ctx.names(&r),
-                sigma,
-                round: t,
-            });
-            model = ctx.estimate(
-                &measurements,
-                Some(&model).filter(|_| t > 1),
-                ctx.options.iters,
-            );
-            (ctx.progress)(&format!(
-                "mwem: round {t}/{t_rounds}: measured ({})",
-                ctx.names(&r).join(",")
-            ));
+            log.push(MeasurementLog { attributes: ctx.names(&r), sigma, round: t });
+            model = ctx.estimate(&measurements, Some(&model).filter(|_| t > 1), ctx.options.iters);
+            (ctx.progress)(&format!("mwem: round {t}/{t_rounds}: measured ({})", ctx.names(&r).join(",")));
         }
         Ok(Fitted {
             model,
             compression: None,
-            metadata: FitMetadata {
-                measurements: log,
-                rounds: t_rounds,
-                ..Default::default()
-            },
+            metadata: FitMetadata { measurements: log, rounds: t_rounds, ..Default::default() },
         })
     }
 }

@@ -67,25 +67,18 @@ impl SavedModel {
     /// Loads and validates a saved model.
     pub fn load(path: &str) -> Result<Self> {
         let bytes = std::fs::read(path).with_context(|| format!("reading model {path}"))?;
-        let mut m: SavedModel = serde_json::from_slice(&bytes)
-            .with_context(|| format!("{path}: not a dpflow model"))?;
+        let mut m: SavedModel =
+            serde_json::from_slice(&bytes).with_context(|| format!("{path}: not a dpflow model"))?;
         if m.format != "dpflow-model-v1" {
             bail!("{path}: unsupported model format {:?}", m.format);
         }
-        m.domain = m
-            .domain
-            .reindex()
-            .map_err(|e| anyhow::anyhow!("{path}: {e}"))?;
+        m.domain = m.domain.reindex().map_err(|e| anyhow::anyhow!("{path}: {e}"))?;
         Ok(m)
     }
 
     /// The sampling plan over the domain's codes.
     pub fn sampling_plan(&self, decode: DecodeMode) -> Result<SamplingPlan> {
-        let model: GraphicalModel = self
-            .model
-            .clone()
-            .into_model()
-            .map_err(anyhow::Error::msg)?;
+        let model: GraphicalModel = self.model.clone().into_model().map_err(anyhow::Error::msg)?;
         plan_for(&model, self.compression.as_ref(), &self.domain, decode)
     }
 
@@ -112,9 +105,7 @@ pub fn plan_for(
                     .enumerate()
                     .map(|(i, &s)| dpflow_udfs::domain::Column {
                         name: format!("c{i}"),
-                        kind: dpflow_udfs::domain::ColumnKind::Integer {
-                            edges: (0..=s as i64).collect(),
-                        },
+                        kind: dpflow_udfs::domain::ColumnKind::Integer { edges: (0..=s as i64).collect() },
                         nullable: false,
                         null_tokens: vec![],
                         out_of_domain: dpflow_udfs::domain::OutOfDomain::Error,
@@ -131,13 +122,7 @@ pub fn plan_for(
 /// A streaming synthetic-data plan for `rows` rows.
 pub fn synthetic_exec(plan: SamplingPlan, rows: u64, seed: u64) -> Result<Arc<dyn ExecutionPlan>> {
     let parts = std::thread::available_parallelism().map_or(2, |n| n.get());
-    Ok(Arc::new(SyntheticExec::try_new(
-        Arc::new(plan),
-        rows,
-        parts,
-        1 << 16,
-        seed,
-    )?))
+    Ok(Arc::new(SyntheticExec::try_new(Arc::new(plan), rows, parts, 1 << 16, seed)?))
 }
 
 /// The inputs of one synthesis run.
@@ -247,30 +232,14 @@ pub(crate) fn fit_with_answers(
 }
 
 /// Computes exact answers for `sets` in one scan.
-pub(crate) async fn exact_answers(
-    ctx: &SessionContext,
-    dataset: &Dataset,
-    sets: &[Vec<usize>],
-) -> Result<Answers> {
+pub(crate) async fn exact_answers(ctx: &SessionContext, dataset: &Dataset, sets: &[Vec<usize>]) -> Result<Answers> {
     let names = dataset.domain().names();
-    let queries: Vec<(Vec<String>, NullMode)> = sets
-        .iter()
-        .map(|s| {
-            (
-                s.iter().map(|&a| names[a].to_string()).collect(),
-                NullMode::Cells,
-            )
-        })
-        .collect();
+    let queries: Vec<(Vec<String>, NullMode)> =
+        sets.iter().map(|s| (s.iter().map(|&a| names[a].to_string()).collect(), NullMode::Cells)).collect();
     let exact = dataset.exact_marginals(ctx, &queries).await?;
-    let mut answers = Answers {
-        sizes: dataset.domain().cardinalities(),
-        map: Default::default(),
-    };
+    let mut answers = Answers { sizes: dataset.domain().cardinalities(), map: Default::default() };
     for (s, m) in sets.iter().zip(exact) {
-        answers
-            .map
-            .insert(s.clone(), m.counts.iter().map(|&c| c as f64).collect());
+        answers.map.insert(s.clone(), m.counts.iter().map(|&c| c as f64).collect());
     }
     Ok(answers)
 }
@@ -282,11 +251,7 @@ fn rho_of(budget: &Budget) -> Result<f64> {
 }
 
 /// Runs a synthesis request end to end.
-pub async fn run_synth(
-    ctx: &SessionContext,
-    req: &SynthRequest,
-    progress: &dyn Fn(&str),
-) -> Result<SynthRecord> {
+pub async fn run_synth(ctx: &SessionContext, req: &SynthRequest, progress: &dyn Fn(&str)) -> Result<SynthRecord> {
     budget_check(&req.budget)?;
     let rho = rho_of(&req.budget)?;
     let mut rng = DpRng::new(req.unsafe_seed)?;
@@ -298,9 +263,10 @@ pub async fn run_synth(
     let mut ledger_state = None;
     if let Some((file, ds)) = &req.ledger {
         let mut ledger = Ledger::open(file)?;
-        let release_id = req.release_id.clone().unwrap_or_else(|| {
-            format!("synth-{}", chrono::Utc::now().format("%Y%m%dT%H%M%S%.3fZ"))
-        });
+        let release_id = req
+            .release_id
+            .clone()
+            .unwrap_or_else(|| format!("synth-{}", chrono::Utc::now().format("%Y%m%dT%H%M%S%.3fZ")));
         let record = MechanismRecord {
             mechanism: synth.name().to_string(),
             target: format!("synthetic data of {}", req.dataset.name),
@@ -310,10 +276,7 @@ pub async fn run_synth(
             params: serde_json::json!({ "workload": req.workload }),
         };
         let r = ledger.reserve(ds, &release_id, &[record], None)?;
-        progress(&format!(
-            "ledger: reserved ρ={rho:.6} as charge #{} ({:.6} left)",
-            r.charge_id, r.remaining
-        ));
+        progress(&format!("ledger: reserved ρ={rho:.6} as charge #{} ({:.6} left)", r.charge_id, r.remaining));
         ledger_state = Some((ledger, r.charge_id));
     }
     let release = |ledger_state: &mut Option<(Ledger, i64)>, why: &str| {
@@ -333,22 +296,11 @@ pub async fn run_synth(
         }
     };
     let t_answers = t0.elapsed().as_secs_f64();
-    progress(&format!(
-        "computed {} exact marginals in {t_answers:.1}s",
-        required.len()
-    ));
+    progress(&format!("computed {} exact marginals in {t_answers:.1}s", required.len()));
 
     let t1 = Instant::now();
-    let (fitted, accountant) = fit_with_answers(
-        synth.as_ref(),
-        &domain,
-        &answers,
-        &workload,
-        rho,
-        &req.options,
-        &mut rng,
-        progress,
-    )?;
+    let (fitted, accountant) =
+        fit_with_answers(synth.as_ref(), &domain, &answers, &workload, rho, &req.options, &mut rng, progress)?;
     drop(answers);
     let t_fit = t1.elapsed().as_secs_f64();
     let rho_spent = accountant.filter().spent_amount();
@@ -356,12 +308,7 @@ pub async fn run_synth(
     let t2 = Instant::now();
     let total = fitted.model.total;
     let rows = req.rows.unwrap_or(total.round().max(1.0) as u64);
-    let plan = plan_for(
-        &fitted.model,
-        fitted.compression.as_ref(),
-        &domain,
-        req.decode,
-    )?;
+    let plan = plan_for(&fitted.model, fitted.compression.as_ref(), &domain, req.decode)?;
     let seed = match req.unsafe_seed {
         Some(s) => s,
         None => {
@@ -381,8 +328,7 @@ pub async fn run_synth(
             compression: fitted.compression.clone(),
             mechanism: synth.name().into(),
         };
-        std::fs::write(mo, serde_json::to_vec(&saved)?)
-            .with_context(|| format!("writing model {mo}"))?;
+        std::fs::write(mo, serde_json::to_vec(&saved)?).with_context(|| format!("writing model {mo}"))?;
         outputs.push(mo.clone());
     }
     let t_gen = t2.elapsed().as_secs_f64();
@@ -405,18 +351,11 @@ pub async fn run_synth(
         mechanisms: accountant.into_records(),
         fit: fitted.metadata,
         outputs,
-        seconds: TimingRecord {
-            answers: t_answers,
-            fit: t_fit,
-            generate: t_gen,
-        },
+        seconds: TimingRecord { answers: t_answers, fit: t_fit, generate: t_gen },
         unsafe_seed: req.unsafe_seed,
         ledger_charge,
     };
-    let record_path = req
-        .record_out
-        .clone()
-        .unwrap_or_else(|| format!("{}.record.json", req.out));
+    let record_path = req.record_out.clone().unwrap_or_else(|| format!("{}.record.json", req.out));
     if !record_path.contains("://") {
         std::fs::write(&record_path, serde_json::to_vec_pretty(&record)?)
             .with_context(|| format!("writing {record_path}"))?;

@@ -10,24 +10,14 @@ use crate::domain::DomainSpec;
 
 /// A small correlated dataset: rows of codes.
 fn data(n: usize, seed: u64) -> (Domain, Vec<Vec<u32>>) {
-    let domain = DomainSpec::parse(r#"{"a": 3, "b": 4, "c": 2, "d": 5}"#, "t.json")
-        .unwrap()
-        .domain;
+    let domain = DomainSpec::parse(r#"{"a": 3, "b": 4, "c": 2, "d": 5}"#, "t.json").unwrap().domain;
     let mut rng = SmallRng::seed_from_u64(seed);
     let rows = (0..n)
         .map(|_| {
             let a = rng.random_range(0..3u32);
-            let b = if rng.random::<f64>() < 0.7 {
-                a
-            } else {
-                rng.random_range(0..4)
-            };
+            let b = if rng.random::<f64>() < 0.7 { a } else { rng.random_range(0..4) };
             let c = u32::from(b >= 2 && rng.random::<f64>() < 0.8);
-            let d = if rng.random::<f64>() < 0.6 {
-                (a + c) % 5
-            } else {
-                rng.random_range(0..5)
-            };
+            let d = if rng.random::<f64>() < 0.6 { (a + c) % 5 } else { rng.random_range(0..5) };
             vec![a, b, c, d]
         })
         .collect();
@@ -36,10 +26,7 @@ fn data(n: usize, seed: u64) -> (Domain, Vec<Vec<u32>>) {
 
 fn answers_for(domain: &Domain, rows: &[Vec<u32>], sets: &[Vec<usize>]) -> Answers {
     let sizes = domain.cardinalities();
-    let mut a = Answers {
-        sizes: sizes.clone(),
-        map: Default::default(),
-    };
+    let mut a = Answers { sizes: sizes.clone(), map: Default::default() };
     for s in sets {
         let shape: Vec<usize> = s.iter().map(|&x| sizes[x]).collect();
         let st = crate::pgm::factor::strides(&shape);
@@ -53,13 +40,7 @@ fn answers_for(domain: &Domain, rows: &[Vec<u32>], sets: &[Vec<usize>]) -> Answe
     a
 }
 
-fn run(
-    mech: Mechanism,
-    rho: f64,
-    seed: u64,
-    n: usize,
-    workload: &str,
-) -> (Fitted, f64, Answers, Domain) {
+fn run(mech: Mechanism, rho: f64, seed: u64, n: usize, workload: &str) -> (Fitted, f64, Answers, Domain) {
     let (domain, rows) = data(n, seed);
     let w = Workload::parse(workload, &domain).unwrap();
     let s = mech.synthesizer();
@@ -70,43 +51,19 @@ fn run(
         }
     }
     let answers = answers_for(&domain, &rows, &req);
-    let opts = SynthOptions {
-        iters: 300,
-        ..Default::default()
-    };
+    let opts = SynthOptions { iters: 300, ..Default::default() };
     let mut rng = DpRng::unsafe_seeded(seed);
-    let (fitted, acct) = fit_with_answers(
-        s.as_ref(),
-        &domain,
-        &answers,
-        &w,
-        rho,
-        &opts,
-        &mut rng,
-        &|_| {},
-    )
-    .unwrap();
+    let (fitted, acct) = fit_with_answers(s.as_ref(), &domain, &answers, &w, rho, &opts, &mut rng, &|_| {}).unwrap();
     (fitted, acct.filter().spent_amount(), answers, domain)
 }
 
 #[test]
 fn every_mechanism_spends_exactly_its_budget() {
-    for mech in [
-        Mechanism::Aim,
-        Mechanism::Mst,
-        Mechanism::Mwem,
-        Mechanism::Independent,
-    ] {
+    for mech in [Mechanism::Aim, Mechanism::Mst, Mechanism::Mwem, Mechanism::Independent] {
         for rho in [0.01, 0.5] {
             let (_, spent, _, _) = run(mech, rho, 1, 2000, "all-2way");
-            assert!(
-                spent <= rho * (1.0 + 1e-12),
-                "{mech:?} overspent: {spent} > {rho}"
-            );
-            assert!(
-                (spent - rho).abs() <= 1e-12 * rho,
-                "{mech:?}: spent {spent} of {rho}"
-            );
+            assert!(spent <= rho * (1.0 + 1e-12), "{mech:?} overspent: {spent} > {rho}");
+            assert!((spent - rho).abs() <= 1e-12 * rho, "{mech:?}: spent {spent} of {rho}");
         }
     }
 }
@@ -123,18 +80,9 @@ fn large_epsilon_converges_to_the_real_marginals() {
             .metadata
             .measurements
             .iter()
-            .map(|m| {
-                m.attributes
-                    .iter()
-                    .map(|x| names.iter().position(|n| n == x).unwrap())
-                    .collect()
-            })
+            .map(|m| m.attributes.iter().map(|x| names.iter().position(|n| n == x).unwrap()).collect())
             .collect();
-        let sets: Vec<Vec<usize>> = if mech == Mechanism::Aim {
-            two_way(4)
-        } else {
-            measured
-        };
+        let sets: Vec<Vec<usize>> = if mech == Mechanism::Aim { two_way(4) } else { measured };
         for s in sets {
             let mut est = b.marginal_any(&s, &fitted.model.sizes).values;
             if let Some(c) = &fitted.compression {
@@ -165,8 +113,5 @@ fn aim_error_bounds_hold_on_at_least_95_percent() {
             }
         }
     }
-    assert!(
-        held as f64 >= 0.95 * total as f64,
-        "bounds held on {held}/{total}"
-    );
+    assert!(held as f64 >= 0.95 * total as f64, "bounds held on {held}/{total}");
 }

@@ -45,10 +45,7 @@ fn combinations(n: usize, k: usize) -> Vec<Vec<usize>> {
 }
 
 fn cells(domain: &Domain, attrs: &[usize]) -> f64 {
-    attrs
-        .iter()
-        .map(|&a| domain.columns()[a].cardinality() as f64)
-        .product()
+    attrs.iter().map(|&a| domain.columns()[a].cardinality() as f64).product()
 }
 
 #[derive(Deserialize)]
@@ -74,21 +71,15 @@ impl Workload {
         let head = parts.next().unwrap_or_default();
         let rest: Vec<&str> = parts.collect();
         let option = |name: &str| -> Option<&str> {
-            rest.iter()
-                .find_map(|r| r.strip_prefix(name).and_then(|v| v.strip_prefix('=')))
+            rest.iter().find_map(|r| r.strip_prefix(name).and_then(|v| v.strip_prefix('=')))
         };
         let queries: Vec<WorkloadQuery> = if let Some(k) = head.strip_prefix("all-") {
-            let k: usize = k
-                .trim_end_matches("way")
-                .parse()
-                .with_context(|| format!("bad workload {spec:?}"))?;
+            let k: usize = k.trim_end_matches("way").parse().with_context(|| format!("bad workload {spec:?}"))?;
             if k == 0 || k > d {
                 bail!("workload {spec:?}: k must be between 1 and the number of columns ({d})");
             }
             let max_cells: f64 = match option("max-cells") {
-                Some(v) => v
-                    .parse()
-                    .with_context(|| format!("bad max-cells in {spec:?}"))?,
+                Some(v) => v.parse().with_context(|| format!("bad max-cells in {spec:?}"))?,
                 None => f64::INFINITY,
             };
             combinations(d, k)
@@ -97,12 +88,8 @@ impl Workload {
                 .map(|attrs| WorkloadQuery { attrs, weight: 1.0 })
                 .collect()
         } else if head == "target" {
-            let col = rest
-                .first()
-                .with_context(|| "target workload needs a column: target:COL")?;
-            let t = domain
-                .position(col)
-                .with_context(|| format!("workload {spec:?}: unknown column {col:?}"))?;
+            let col = rest.first().with_context(|| "target workload needs a column: target:COL")?;
+            let t = domain.position(col).with_context(|| format!("workload {spec:?}: unknown column {col:?}"))?;
             if d < 3 {
                 bail!("target workload needs at least 3 columns");
             }
@@ -112,16 +99,13 @@ impl Workload {
                 .map(|attrs| WorkloadQuery { attrs, weight: 1.0 })
                 .collect()
         } else if head == "skewed" {
-            let seed: u64 = option("seed")
-                .map_or(Ok(0), |s| s.parse())
-                .with_context(|| format!("bad seed in {spec:?}"))?;
+            let seed: u64 =
+                option("seed").map_or(Ok(0), |s| s.parse()).with_context(|| format!("bad seed in {spec:?}"))?;
             skewed(d, seed)
         } else if head == "file" {
             let path = rest.join(":");
-            let text = std::fs::read_to_string(&path)
-                .with_context(|| format!("reading workload file {path}"))?;
-            let entries: Vec<FileEntry> =
-                serde_saphyr::from_str(&text).map_err(|e| anyhow::anyhow!("{path}: {e}"))?;
+            let text = std::fs::read_to_string(&path).with_context(|| format!("reading workload file {path}"))?;
+            let entries: Vec<FileEntry> = serde_saphyr::from_str(&text).map_err(|e| anyhow::anyhow!("{path}: {e}"))?;
             entries
                 .into_iter()
                 .enumerate()
@@ -129,35 +113,23 @@ impl Workload {
                     let mut attrs = e
                         .attrs
                         .iter()
-                        .map(|a| {
-                            domain
-                                .position(a)
-                                .with_context(|| format!("{path}: entry {i}: unknown column {a:?}"))
-                        })
+                        .map(|a| domain.position(a).with_context(|| format!("{path}: entry {i}: unknown column {a:?}")))
                         .collect::<Result<Vec<_>>>()?;
                     attrs.sort_unstable();
                     attrs.dedup();
                     if attrs.is_empty() || !(e.weight >= 0.0 && e.weight.is_finite()) {
                         bail!("{path}: entry {i}: needs attributes and a non-negative weight");
                     }
-                    Ok(WorkloadQuery {
-                        attrs,
-                        weight: e.weight,
-                    })
+                    Ok(WorkloadQuery { attrs, weight: e.weight })
                 })
                 .collect::<Result<_>>()?
         } else {
-            bail!(
-                "unknown workload {spec:?} (use all-Kway[:max-cells=N], target:COL, skewed[:seed=S] or file:PATH)"
-            );
+            bail!("unknown workload {spec:?} (use all-Kway[:max-cells=N], target:COL, skewed[:seed=S] or file:PATH)");
         };
         if queries.is_empty() {
             bail!("workload {spec:?} has no marginals (is max-cells too small?)");
         }
-        Ok(Self {
-            queries,
-            spec: spec.to_string(),
-        })
+        Ok(Self { queries, spec: spec.to_string() })
     }
 
     /// The downward closure W₊ with AIM weights w_r = Σ_s c_s |r ∩ s| (001 Alg 4 line 8).
@@ -166,12 +138,7 @@ impl Workload {
         for q in &self.queries {
             let k = q.attrs.len();
             for mask in 1u32..(1 << k) {
-                set.insert(
-                    (0..k)
-                        .filter(|i| mask & (1 << i) != 0)
-                        .map(|i| q.attrs[i])
-                        .collect(),
-                );
+                set.insert((0..k).filter(|i| mask & (1 << i) != 0).map(|i| q.attrs[i]).collect());
             }
         }
         let mut out: Vec<(Vec<usize>, f64)> = set
@@ -206,10 +173,7 @@ fn skewed(d: usize, seed: u64) -> Vec<WorkloadQuery> {
         w[a] = (-x * x / 2.0).exp();
     }
     let triples = combinations(d, 3);
-    let mut weights: Vec<f64> = triples
-        .iter()
-        .map(|t| t.iter().map(|&a| w[a]).product())
-        .collect();
+    let mut weights: Vec<f64> = triples.iter().map(|t| t.iter().map(|&a| w[a]).product()).collect();
     let take = triples.len().min(256);
     let mut out = Vec::with_capacity(take);
     for _ in 0..take {
@@ -220,10 +184,7 @@ fn skewed(d: usize, seed: u64) -> Vec<WorkloadQuery> {
             u -= weights[k];
             k += 1;
         }
-        out.push(WorkloadQuery {
-            attrs: triples[k].clone(),
-            weight: 1.0,
-        });
+        out.push(WorkloadQuery { attrs: triples[k].clone(), weight: 1.0 });
         weights[k] = 0.0;
     }
     out
@@ -235,22 +196,14 @@ mod tests {
     use crate::domain::DomainSpec;
 
     fn domain() -> Domain {
-        DomainSpec::parse(r#"{"a": 2, "b": 3, "c": 4, "d": 5}"#, "t.json")
-            .unwrap()
-            .domain
+        DomainSpec::parse(r#"{"a": 2, "b": 3, "c": 4, "d": 5}"#, "t.json").unwrap().domain
     }
 
     #[test]
     fn all_kway_target_and_closure() {
         let d = domain();
         assert_eq!(Workload::parse("all-2way", &d).unwrap().queries.len(), 6);
-        assert_eq!(
-            Workload::parse("all-3way:max-cells=30", &d)
-                .unwrap()
-                .queries
-                .len(),
-            2
-        );
+        assert_eq!(Workload::parse("all-3way:max-cells=30", &d).unwrap().queries.len(), 2);
         let t = Workload::parse("target:a", &d).unwrap();
         assert_eq!(t.queries.len(), 3);
         assert!(t.queries.iter().all(|q| q.attrs.contains(&0)));
@@ -259,10 +212,7 @@ mod tests {
         assert_eq!(closure.len(), 4 + 6);
         // w_{a} = Σ over the 3 pairs containing a of |{a} ∩ s| = 3; w_{a,b} = 2 + 1·4 = 6.
         assert_eq!(closure.iter().find(|(r, _)| r == &vec![0]).unwrap().1, 3.0);
-        assert_eq!(
-            closure.iter().find(|(r, _)| r == &vec![0, 1]).unwrap().1,
-            6.0
-        );
+        assert_eq!(closure.iter().find(|(r, _)| r == &vec![0, 1]).unwrap().1, 6.0);
         assert!(Workload::parse("nope", &d).is_err());
         assert!(Workload::parse("target:zzz", &d).is_err());
         let s = Workload::parse("skewed", &d).unwrap();

@@ -14,13 +14,18 @@ use datafusion_proto::logical_plan::LogicalExtensionCodec;
 use datafusion_proto::physical_plan::{PhysicalExtensionCodec, PhysicalProtoConverterExtension};
 use serde::{Deserialize, Serialize};
 
-use crate::domain::{Domain, EncodeExec};
+use crate::domain::{Domain, DomainOutput, EncodeExec};
 use crate::marginal::{MarginalConfig, MarginalExec, MarginalMode, MarginalNode};
+use crate::synth::{SamplingPlan, SyntheticExec};
 
 #[derive(Serialize, Deserialize)]
 #[serde(tag = "node", rename_all = "snake_case")]
 enum LogicalPayload {
     Marginal { config: MarginalConfig },
+}
+
+fn codes() -> DomainOutput {
+    DomainOutput::Codes
 }
 
 #[derive(Serialize, Deserialize)]
@@ -32,6 +37,15 @@ enum PhysicalPayload {
     },
     Encode {
         domain: Domain,
+        #[serde(default = "codes")]
+        output: DomainOutput,
+    },
+    Synthetic {
+        plan: SamplingPlan,
+        rows: u64,
+        partitions: usize,
+        chunk_rows: usize,
+        seed: u64,
     },
 }
 
@@ -44,12 +58,7 @@ fn enc_err(e: serde_json::Error) -> DataFusionError {
 pub struct DpflowCodec;
 
 impl LogicalExtensionCodec for DpflowCodec {
-    fn try_decode(
-        &self,
-        buf: &[u8],
-        inputs: &[LogicalPlan],
-        _ctx: &TaskContext,
-    ) -> Result<Extension> {
+    fn try_decode(&self, buf: &[u8], inputs: &[LogicalPlan], _ctx: &TaskContext) -> Result<Extension> {
         let payload: LogicalPayload = serde_json::from_slice(buf).map_err(enc_err)?;
         match payload {
             LogicalPayload::Marginal { config } => {
@@ -57,25 +66,18 @@ impl LogicalExtensionCodec for DpflowCodec {
                     .first()
                     .cloned()
                     .ok_or_else(|| DataFusionError::Internal("Marginal needs an input".into()))?;
-                Ok(Extension {
-                    node: Arc::new(MarginalNode::try_new(input, config)?),
-                })
+                Ok(Extension { node: Arc::new(MarginalNode::try_new(input, config)?) })
             }
         }
     }
 
     fn try_encode(&self, node: &Extension, buf: &mut Vec<u8>) -> Result<()> {
         if let Some(m) = node.node.as_any().downcast_ref::<MarginalNode>() {
-            let p = LogicalPayload::Marginal {
-                config: m.config.clone(),
-            };
+            let p = LogicalPayload::Marginal { config: m.config.clone() };
             buf.extend(serde_json::to_vec(&p).map_err(enc_err)?);
             return Ok(());
         }
-        Err(DataFusionError::NotImplemented(format!(
-            "dpflow codec cannot encode logical node {}",
-            node.node.name()
-        )))
+        Err(DataFusionError::NotImplemented(format!("dpflow codec cannot encode logical node {}", node.node.name())))
     }
 
     fn try_decode_table_provider(
@@ -85,9 +87,7 @@ impl LogicalExtensionCodec for DpflowCodec {
         _schema: SchemaRef,
         _ctx: &TaskContext,
     ) -> Result<Arc<dyn TableProvider>> {
-        Err(DataFusionError::NotImplemented(format!(
-            "dpflow codec: table provider {table_ref}"
-        )))
+        Err(DataFusionError::NotImplemented(format!("dpflow codec: table provider {table_ref}")))
     }
 
     fn try_encode_table_provider(
@@ -96,9 +96,7 @@ impl LogicalExtensionCodec for DpflowCodec {
         _node: Arc<dyn TableProvider>,
         _buf: &mut Vec<u8>,
     ) -> Result<()> {
-        Err(DataFusionError::NotImplemented(format!(
-            "dpflow codec: table provider {table_ref}"
-        )))
+        Err(DataFusionError::NotImplemented(format!("dpflow codec: table provider {table_ref}")))
     }
 }
 
@@ -111,17 +109,18 @@ impl PhysicalExtensionCodec for DpflowCodec {
         _proto_converter: &dyn PhysicalProtoConverterExtension,
     ) -> Result<Arc<dyn ExecutionPlan>> {
         let payload: PhysicalPayload = serde_json::from_slice(buf).map_err(enc_err)?;
-        let input = inputs
-            .first()
-            .cloned()
-            .ok_or_else(|| DataFusionError::Internal("dpflow operator needs an input".into()))?;
+        let input = || {
+            inputs.first().cloned().ok_or_else(|| DataFusionError::Internal("dpflow operator needs an input".into()))
+        };
         Ok(match payload {
-            PhysicalPayload::Marginal { config, mode } => {
-                Arc::new(MarginalExec::try_new(input, config, mode)?)
-            }
-            PhysicalPayload::Encode { domain } => {
+            PhysicalPayload::Marginal { config, mode } => Arc::new(MarginalExec::try_new(input()?, config, mode)?),
+            PhysicalPayload::Encode { domain, output } => {
                 let domain = domain.reindex().map_err(DataFusionError::Internal)?;
-                Arc::new(EncodeExec::try_new(input, Arc::new(domain))?)
+                Arc::new(EncodeExec::with_output(input()?, Arc::new(domain), output)?)
+            }
+            PhysicalPayload::Synthetic { mut plan, rows, partitions, chunk_rows, seed } => {
+                plan.domain = plan.domain.reindex().map_err(DataFusionError::Internal)?;
+                Arc::new(SyntheticExec::try_new(Arc::new(plan), rows, partitions, chunk_rows, seed)?)
             }
         })
     }
@@ -133,14 +132,12 @@ impl PhysicalExtensionCodec for DpflowCodec {
         _proto_converter: &dyn PhysicalProtoConverterExtension,
     ) -> Result<()> {
         let payload = if let Some(m) = node.downcast_ref::<MarginalExec>() {
-            PhysicalPayload::Marginal {
-                config: m.config().clone(),
-                mode: m.mode(),
-            }
+            PhysicalPayload::Marginal { config: m.config().clone(), mode: m.mode() }
         } else if let Some(e) = node.downcast_ref::<EncodeExec>() {
-            PhysicalPayload::Encode {
-                domain: e.domain().as_ref().clone(),
-            }
+            PhysicalPayload::Encode { domain: e.domain().as_ref().clone(), output: e.output() }
+        } else if let Some(s) = node.downcast_ref::<SyntheticExec>() {
+            let (rows, partitions, chunk_rows, seed) = s.params();
+            PhysicalPayload::Synthetic { plan: s.plan().as_ref().clone(), rows, partitions, chunk_rows, seed }
         } else {
             return Err(DataFusionError::NotImplemented(format!(
                 "dpflow codec cannot encode operator {}",

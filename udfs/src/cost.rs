@@ -86,9 +86,7 @@ impl MechanismRecord {
             target: target.into(),
             sensitivity: Some(sensitivity),
             noise: Some(NoiseDistribution::Gaussian { sigma }),
-            loss: PrivacyLoss::Zcdp {
-                rho: crate::calibrate::gaussian_rho(sensitivity, sigma),
-            },
+            loss: PrivacyLoss::Zcdp { rho: crate::calibrate::gaussian_rho(sensitivity, sigma) },
             params: serde_json::Value::Null,
         }
     }
@@ -100,32 +98,19 @@ impl MechanismRecord {
             target: target.into(),
             sensitivity: Some(sensitivity),
             noise: Some(NoiseDistribution::Laplace { scale }),
-            loss: PrivacyLoss::Pure {
-                epsilon: sensitivity / scale,
-            },
+            loss: PrivacyLoss::Pure { epsilon: sensitivity / scale },
             params: serde_json::Value::Null,
         }
     }
 
     /// A record for an exponential-mechanism selection (ε-DP, ε²/8-zCDP).
-    pub fn exponential(
-        target: impl Into<String>,
-        sensitivity: f64,
-        epsilon: f64,
-        zcdp: bool,
-    ) -> Self {
+    pub fn exponential(target: impl Into<String>, sensitivity: f64, epsilon: f64, zcdp: bool) -> Self {
         Self {
             mechanism: "exponential".into(),
             target: target.into(),
             sensitivity: Some(sensitivity),
             noise: None,
-            loss: if zcdp {
-                PrivacyLoss::Zcdp {
-                    rho: epsilon * epsilon / 8.0,
-                }
-            } else {
-                PrivacyLoss::Pure { epsilon }
-            },
+            loss: if zcdp { PrivacyLoss::Zcdp { rho: epsilon * epsilon / 8.0 } } else { PrivacyLoss::Pure { epsilon } },
             params: serde_json::json!({ "epsilon": epsilon }),
         }
     }

@@ -15,9 +15,7 @@ use datafusion_proto::bytes::{
 };
 use dpflow_udfs::codec::DpflowCodec;
 use dpflow_udfs::domain::{Column, ColumnKind, Domain, EncodedTable, OutOfDomain};
-use dpflow_udfs::marginal::{
-    MarginalNode, MarginalsFunction, NullMode, batch_to_counts, config_for, parse_sets,
-};
+use dpflow_udfs::marginal::{MarginalNode, MarginalsFunction, NullMode, batch_to_counts, config_for, parse_sets};
 use dpflow_udfs::session::dpflow_context;
 
 fn raw_data() -> RecordBatch {
@@ -39,11 +37,7 @@ fn raw_data() -> RecordBatch {
             Field::new("y", DataType::Int64, false),
             Field::new("z", DataType::Utf8, true),
         ])),
-        vec![
-            Arc::new(StringArray::from(x)),
-            Arc::new(Int64Array::from(y)),
-            Arc::new(StringArray::from(z)),
-        ],
+        vec![Arc::new(StringArray::from(x)), Arc::new(Int64Array::from(y)), Arc::new(StringArray::from(z))],
     )
     .unwrap()
 }
@@ -64,9 +58,7 @@ fn domain() -> Arc<Domain> {
             cat("x", &["a", "b", "c"], true),
             Column {
                 name: "y".into(),
-                kind: ColumnKind::Integer {
-                    edges: vec![0, 1, 2, 3, 4, 5],
-                },
+                kind: ColumnKind::Integer { edges: vec![0, 1, 2, 3, 4, 5] },
                 nullable: false,
                 null_tokens: vec![],
                 out_of_domain: OutOfDomain::Error,
@@ -81,11 +73,7 @@ fn setup() -> (SessionContext, Arc<EncodedTable>, Arc<MarginalsFunction>) {
     let ctx = dpflow_context(SessionConfig::new().with_target_partitions(3));
     let batch = raw_data();
     // Three partitions of uneven size.
-    let parts = vec![
-        vec![batch.slice(0, 100)],
-        vec![batch.slice(100, 350)],
-        vec![batch.slice(450, 150)],
-    ];
+    let parts = vec![vec![batch.slice(0, 100)], vec![batch.slice(100, 350)], vec![batch.slice(450, 150)]];
     let raw = Arc::new(MemTable::try_new(batch.schema(), parts).unwrap());
     ctx.register_table("raw", raw.clone()).unwrap();
     let enc = Arc::new(EncodedTable::try_new(raw, domain()).unwrap());
@@ -111,20 +99,14 @@ fn brute(attrs: &[&str], mode: NullMode) -> (Vec<u64>, u64) {
                 let v = a.as_string::<i32>().value(row);
                 values.iter().position(|x| x == v).unwrap() as u32
             }
-            _ => a
-                .as_primitive::<datafusion::arrow::datatypes::Int64Type>()
-                .value(row) as u32,
+            _ => a.as_primitive::<datafusion::arrow::datatypes::Int64Type>().value(row) as u32,
         }
     };
     let sizes: Vec<u32> = attrs
         .iter()
         .map(|a| {
             let c = d.column(a).unwrap();
-            if mode == NullMode::Observed && c.nullable {
-                c.size() as u32
-            } else {
-                c.cardinality() as u32
-            }
+            if mode == NullMode::Observed && c.nullable { c.size() as u32 } else { c.cardinality() as u32 }
         })
         .collect();
     let mut counts = vec![0u64; sizes.iter().product::<u32>() as usize];
@@ -151,23 +133,14 @@ async fn table_function_matches_brute_force_in_both_modes() {
     let (ctx, _, _) = setup();
     for mode in ["cells", "observed"] {
         let batches = ctx
-            .sql(&format!(
-                "SELECT * FROM marginals('raw', '{SETS}', '{mode}') ORDER BY set_index"
-            ))
+            .sql(&format!("SELECT * FROM marginals('raw', '{SETS}', '{mode}') ORDER BY set_index"))
             .await
             .unwrap()
             .collect()
             .await
             .unwrap();
-        let m = if mode == "cells" {
-            NullMode::Cells
-        } else {
-            NullMode::Observed
-        };
-        let got: Vec<_> = batches
-            .iter()
-            .flat_map(|b| batch_to_counts(b).unwrap())
-            .collect();
+        let m = if mode == "cells" { NullMode::Cells } else { NullMode::Observed };
+        let got: Vec<_> = batches.iter().flat_map(|b| batch_to_counts(b).unwrap()).collect();
         let sets = parse_sets(SETS, m).unwrap();
         assert_eq!(got.len(), sets.len());
         for ((_, counts, obs), (attrs, _)) in got.iter().zip(&sets) {
@@ -180,45 +153,23 @@ async fn table_function_matches_brute_force_in_both_modes() {
 #[tokio::test]
 async fn agrees_with_group_by() {
     let (ctx, _, _) = setup();
-    let b = ctx
-        .sql("SELECT * FROM marginals('raw', 'x,y')")
-        .await
-        .unwrap()
-        .collect()
-        .await
-        .unwrap();
+    let b = ctx.sql("SELECT * FROM marginals('raw', 'x,y')").await.unwrap().collect().await.unwrap();
     let (_, counts, _) = batch_to_counts(&b[0]).unwrap().remove(0);
-    let g = ctx
-        .sql("SELECT x, y, count(*) AS n FROM raw GROUP BY x, y")
-        .await
-        .unwrap()
-        .collect()
-        .await
-        .unwrap();
+    let g = ctx.sql("SELECT x, y, count(*) AS n FROM raw GROUP BY x, y").await.unwrap().collect().await.unwrap();
     let mut by_key: HashMap<(Option<String>, i64), u64> = HashMap::new();
     for batch in &g {
         let x = datafusion::arrow::compute::cast(batch.column(0), &DataType::Utf8).unwrap();
         let x = x.as_string::<i32>();
-        let y = batch
-            .column(1)
-            .as_primitive::<datafusion::arrow::datatypes::Int64Type>();
-        let n = batch
-            .column(2)
-            .as_primitive::<datafusion::arrow::datatypes::Int64Type>();
+        let y = batch.column(1).as_primitive::<datafusion::arrow::datatypes::Int64Type>();
+        let n = batch.column(2).as_primitive::<datafusion::arrow::datatypes::Int64Type>();
         for i in 0..batch.num_rows() {
-            by_key.insert(
-                (x.is_valid(i).then(|| x.value(i).to_string()), y.value(i)),
-                n.value(i) as u64,
-            );
+            by_key.insert((x.is_valid(i).then(|| x.value(i).to_string()), y.value(i)), n.value(i) as u64);
         }
     }
     let labels = [Some("a"), Some("b"), Some("c"), None];
     for (xi, xl) in labels.iter().enumerate() {
         for y in 0..5 {
-            let want = by_key
-                .get(&(xl.map(|s| s.to_string()), y))
-                .copied()
-                .unwrap_or(0);
+            let want = by_key.get(&(xl.map(|s| s.to_string()), y)).copied().unwrap_or(0);
             assert_eq!(counts[xi * 5 + y as usize], want, "cell x={xl:?} y={y}");
         }
     }
@@ -227,32 +178,15 @@ async fn agrees_with_group_by() {
 #[tokio::test]
 async fn logical_node_plans_through_extension_planner() {
     let (ctx, enc, _) = setup();
-    let scan = ctx
-        .table("raw_encoded")
-        .await
-        .unwrap()
-        .into_unoptimized_plan();
-    let config = config_for(
-        enc.domain(),
-        &parse_sets("x,y; observed:x,z", NullMode::Cells).unwrap(),
-    )
-    .unwrap();
+    let scan = ctx.table("raw_encoded").await.unwrap().into_unoptimized_plan();
+    let config = config_for(enc.domain(), &parse_sets("x,y; observed:x,z", NullMode::Cells).unwrap()).unwrap();
     let plan = MarginalNode::try_new(scan, config).unwrap().into_plan();
     let plan = LogicalPlanBuilder::from(plan).build().unwrap();
     let df = ctx.execute_logical_plan(plan).await.unwrap();
     let batches = df.collect().await.unwrap();
-    let got: Vec<_> = batches
-        .iter()
-        .flat_map(|b| batch_to_counts(b).unwrap())
-        .collect();
-    assert_eq!(
-        (got[0].1.clone(), got[0].2),
-        brute(&["x", "y"], NullMode::Cells)
-    );
-    assert_eq!(
-        (got[1].1.clone(), got[1].2),
-        brute(&["x", "z"], NullMode::Observed)
-    );
+    let got: Vec<_> = batches.iter().flat_map(|b| batch_to_counts(b).unwrap()).collect();
+    assert_eq!((got[0].1.clone(), got[0].2), brute(&["x", "y"], NullMode::Cells));
+    assert_eq!((got[1].1.clone(), got[1].2), brute(&["x", "z"], NullMode::Observed));
     assert_eq!(got[1].2, 0, "z is all null: no row observed on (x, z)");
 }
 
@@ -265,22 +199,12 @@ async fn empty_input_gives_zero_vectors() {
     let f = Arc::new(MarginalsFunction::new());
     f.register("e", enc);
     ctx.register_udtf("marginals", f);
-    let out = ctx
-        .sql("SELECT * FROM marginals('e', 'x,y')")
-        .await
-        .unwrap()
-        .collect()
-        .await
-        .unwrap();
+    let out = ctx.sql("SELECT * FROM marginals('e', 'x,y')").await.unwrap().collect().await.unwrap();
     let got = batch_to_counts(&out[0]).unwrap();
     assert_eq!(got[0].1, vec![0; 20]);
     assert_eq!(got[0].2, 0);
     // Unknown tables and columns are plan errors.
-    assert!(
-        ctx.sql("SELECT * FROM marginals('nope', 'x')")
-            .await
-            .is_err()
-    );
+    assert!(ctx.sql("SELECT * FROM marginals('nope', 'x')").await.is_err());
     assert!(ctx.sql("SELECT * FROM marginals('e', 'w')").await.is_err());
 }
 
@@ -291,43 +215,25 @@ async fn physical_plan_round_trips_through_proto() {
     let batch = raw_data();
     {
         let file = std::fs::File::create(&path).unwrap();
-        let mut w =
-            datafusion::parquet::arrow::ArrowWriter::try_new(file, batch.schema(), None).unwrap();
+        let mut w = datafusion::parquet::arrow::ArrowWriter::try_new(file, batch.schema(), None).unwrap();
         w.write(&batch).unwrap();
         w.close().unwrap();
     }
     let ctx = dpflow_context(SessionConfig::new().with_target_partitions(2));
-    ctx.register_parquet("raw", path.to_str().unwrap(), ParquetReadOptions::default())
-        .await
-        .unwrap();
+    ctx.register_parquet("raw", path.to_str().unwrap(), ParquetReadOptions::default()).await.unwrap();
     let raw = ctx.table_provider("raw").await.unwrap();
     let enc = Arc::new(EncodedTable::try_new(raw, domain()).unwrap());
     let f = Arc::new(MarginalsFunction::new());
     f.register("raw", enc);
     ctx.register_udtf("marginals", f);
-    let df = ctx
-        .sql("SELECT * FROM marginals('raw', 'x,y; observed:x')")
-        .await
-        .unwrap();
+    let df = ctx.sql("SELECT * FROM marginals('raw', 'x,y; observed:x')").await.unwrap();
     let plan = df.create_physical_plan().await.unwrap();
-    let before = datafusion::physical_plan::collect(plan.clone(), ctx.task_ctx())
-        .await
-        .unwrap();
+    let before = datafusion::physical_plan::collect(plan.clone(), ctx.task_ctx()).await.unwrap();
     let bytes = physical_plan_to_bytes_with_extension_codec(plan, &DpflowCodec).unwrap();
-    let decoded =
-        physical_plan_from_bytes_with_extension_codec(&bytes, &ctx.task_ctx(), &DpflowCodec)
-            .unwrap();
-    let after = datafusion::physical_plan::collect(decoded, ctx.task_ctx())
-        .await
-        .unwrap();
-    let a: Vec<_> = before
-        .iter()
-        .flat_map(|b| batch_to_counts(b).unwrap())
-        .collect();
-    let b: Vec<_> = after
-        .iter()
-        .flat_map(|b| batch_to_counts(b).unwrap())
-        .collect();
+    let decoded = physical_plan_from_bytes_with_extension_codec(&bytes, &ctx.task_ctx(), &DpflowCodec).unwrap();
+    let after = datafusion::physical_plan::collect(decoded, ctx.task_ctx()).await.unwrap();
+    let a: Vec<_> = before.iter().flat_map(|b| batch_to_counts(b).unwrap()).collect();
+    let b: Vec<_> = after.iter().flat_map(|b| batch_to_counts(b).unwrap()).collect();
     assert_eq!(a, b);
     assert_eq!(a[0].1.iter().sum::<u64>(), 600);
 }

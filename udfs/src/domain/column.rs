@@ -122,11 +122,7 @@ impl Column {
             ColumnKind::Categorical { values, .. } => values.get(i).cloned().unwrap_or_default(),
             ColumnKind::Integer { edges } => {
                 let (lo, hi) = (edges[i], edges[i + 1] - 1);
-                if lo == hi {
-                    lo.to_string()
-                } else {
-                    format!("[{lo}, {hi}]")
-                }
+                if lo == hi { lo.to_string() } else { format!("[{lo}, {hi}]") }
             }
             ColumnKind::Float { edges } => {
                 let close = if i + 2 == edges.len() { "]" } else { ")" };
@@ -151,9 +147,7 @@ impl Column {
                 }
                 for (from, to) in aliases {
                     if !seen.contains_key(to.as_str()) {
-                        return Err(format!(
-                            "alias {from:?} maps to {to:?}, which is not a value"
-                        ));
+                        return Err(format!("alias {from:?} maps to {to:?}, which is not a value"));
                     }
                 }
                 if self.out_of_domain == OutOfDomain::Clip {
@@ -219,9 +213,7 @@ impl Column {
     /// The public numeric bounds (lo, hi) of a numeric column.
     pub fn numeric_bounds(&self) -> Option<(f64, f64)> {
         match &self.kind {
-            ColumnKind::Integer { edges } => {
-                Some((edges[0] as f64, (edges[edges.len() - 1] - 1) as f64))
-            }
+            ColumnKind::Integer { edges } => Some((edges[0] as f64, (edges[edges.len() - 1] - 1) as f64)),
             ColumnKind::Float { edges } => Some((edges[0], edges[edges.len() - 1])),
             _ => None,
         }
@@ -241,8 +233,7 @@ impl Domain {
     pub fn new(columns: Vec<Column>) -> Result<Self, String> {
         let mut index = HashMap::new();
         for (i, c) in columns.iter().enumerate() {
-            c.validate()
-                .map_err(|e| format!("column {:?}: {e}", c.name))?;
+            c.validate().map_err(|e| format!("column {:?}: {e}", c.name))?;
             if index.insert(c.name.clone(), i).is_some() {
                 return Err(format!("column {:?} is declared twice", c.name));
             }
@@ -295,11 +286,7 @@ impl Domain {
     pub fn project(&self, names: &[&str]) -> Result<Domain, String> {
         let cols = names
             .iter()
-            .map(|n| {
-                self.column(n)
-                    .cloned()
-                    .ok_or_else(|| format!("unknown column {n:?}"))
-            })
+            .map(|n| self.column(n).cloned().ok_or_else(|| format!("unknown column {n:?}")))
             .collect::<Result<Vec<_>, _>>()?;
         Domain::new(cols)
     }

@@ -6,9 +6,7 @@
 
 use std::sync::Arc;
 
-use datafusion::arrow::array::{
-    ArrayRef, BooleanBuilder, Float64Builder, Int64Builder, RecordBatch, StringBuilder,
-};
+use datafusion::arrow::array::{ArrayRef, BooleanBuilder, Float64Builder, Int64Builder, RecordBatch, StringBuilder};
 use datafusion::arrow::datatypes::{Field, Schema, SchemaRef};
 use rand::Rng;
 use serde::{Deserialize, Serialize};
@@ -54,11 +52,7 @@ impl Column {
             } else if (c as usize) < self.size() {
                 Ok(Some(c as usize))
             } else {
-                Err(DecodeError {
-                    column: self.name.clone(),
-                    code: c,
-                    cardinality: self.cardinality(),
-                })
+                Err(DecodeError { column: self.name.clone(), code: c, cardinality: self.cardinality() })
             }
         };
         Ok(match &self.kind {
@@ -82,9 +76,7 @@ impl Column {
                                 lo
                             } else {
                                 match mode {
-                                    DecodeMode::Uniform => {
-                                        lo + uniform_below_u64(rng, (hi - lo) as u64 + 1) as i64
-                                    }
+                                    DecodeMode::Uniform => lo + uniform_below_u64(rng, (hi - lo) as u64 + 1) as i64,
                                     DecodeMode::Midpoint => lo + (hi - lo) / 2,
                                 }
                             };
@@ -132,11 +124,7 @@ impl Column {
 /// The schema of decoded batches (nullable exactly where the domain is).
 pub fn decoded_schema(domain: &Domain) -> SchemaRef {
     Arc::new(Schema::new(
-        domain
-            .columns()
-            .iter()
-            .map(|c| Field::new(&c.name, c.arrow_type(), c.nullable))
-            .collect::<Vec<_>>(),
+        domain.columns().iter().map(|c| Field::new(&c.name, c.arrow_type(), c.nullable)).collect::<Vec<_>>(),
     ))
 }
 
@@ -147,11 +135,7 @@ pub fn decode_columns<R: Rng + ?Sized>(
     mode: DecodeMode,
     rng: &mut R,
 ) -> Result<RecordBatch, DecodeError> {
-    let arrays = domain
-        .columns()
-        .iter()
-        .zip(codes)
-        .map(|(c, k)| c.decode(k, mode, rng))
-        .collect::<Result<Vec<_>, _>>()?;
+    let arrays =
+        domain.columns().iter().zip(codes).map(|(c, k)| c.decode(k, mode, rng)).collect::<Result<Vec<_>, _>>()?;
     Ok(RecordBatch::try_new(decoded_schema(domain), arrays).expect("decoded schema matches"))
 }

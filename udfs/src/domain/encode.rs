@@ -118,22 +118,13 @@ impl<'a> ColumnEncoder<'a> {
                 let w = edges[1] - edges[0];
                 let n = edges.len() - 1;
                 // Uniform when every edge equals lo + i·w exactly.
-                if edges
-                    .iter()
-                    .enumerate()
-                    .all(|(i, e)| *e == edges[0] + i as f64 * w)
-                    && n > 0
-                {
+                if edges.iter().enumerate().all(|(i, e)| *e == edges[0] + i as f64 * w) && n > 0 {
                     uniform_width = Some(w);
                 }
             }
             ColumnKind::Boolean => {}
         }
-        Self {
-            col,
-            labels,
-            uniform_width,
-        }
+        Self { col, labels, uniform_width }
     }
 
     fn is_null_token(&self, s: &str) -> bool {
@@ -153,9 +144,7 @@ impl<'a> ColumnEncoder<'a> {
             ColumnKind::Integer { .. } => match s.parse::<i64>() {
                 Ok(v) => self.classify_i64(v),
                 Err(_) => match s.parse::<f64>() {
-                    Ok(f) if f.is_finite() && f.fract() == 0.0 && f.abs() < 9.0e15 => {
-                        self.classify_i64(f as i64)
-                    }
+                    Ok(f) if f.is_finite() && f.fract() == 0.0 && f.abs() < 9.0e15 => self.classify_i64(f as i64),
                     _ => Class::Oob(None),
                 },
             },
@@ -254,11 +243,7 @@ impl<'a> ColumnEncoder<'a> {
 }
 
 fn format_f64(v: f64) -> String {
-    if v.fract() == 0.0 && v.abs() < 1e15 {
-        format!("{}", v as i64)
-    } else {
-        format!("{v}")
-    }
+    if v.fract() == 0.0 && v.abs() < 1e15 { format!("{}", v as i64) } else { format!("{v}") }
 }
 
 fn kind_name(kind: &ColumnKind) -> &'static str {
@@ -297,31 +282,15 @@ impl BatchEncoder {
     pub fn new(domain: Arc<Domain>, input_schema: &Schema) -> Result<Self, EncodeError> {
         let mut input_index = Vec::with_capacity(domain.len());
         for c in domain.columns() {
-            let idx = input_schema
-                .index_of(&c.name)
-                .map_err(|_| EncodeError::MissingColumn {
-                    column: c.name.clone(),
-                    available: input_schema
-                        .fields()
-                        .iter()
-                        .map(|f| f.name().as_str())
-                        .collect::<Vec<_>>()
-                        .join(", "),
-                })?;
+            let idx = input_schema.index_of(&c.name).map_err(|_| EncodeError::MissingColumn {
+                column: c.name.clone(),
+                available: input_schema.fields().iter().map(|f| f.name().as_str()).collect::<Vec<_>>().join(", "),
+            })?;
             input_index.push(idx);
         }
         let output_schema = encoded_schema(&domain);
-        let stats = EncodeStats {
-            columns: vec![ColumnStats::default(); domain.len()],
-            ..Default::default()
-        };
-        Ok(Self {
-            domain,
-            input_index,
-            output_schema,
-            stats,
-            enforce: true,
-        })
+        let stats = EncodeStats { columns: vec![ColumnStats::default(); domain.len()], ..Default::default() };
+        Ok(Self { domain, input_index, output_schema, stats, enforce: true })
     }
 
     /// Count out-of-domain values without applying the policy (for the
@@ -349,16 +318,101 @@ impl BatchEncoder {
 
     /// Encodes one batch.
     pub fn encode(&mut self, batch: &RecordBatch) -> Result<RecordBatch, EncodeError> {
+        let (codes, _, keep) = self.classify_batch(batch)?;
+        let outputs: Vec<ArrayRef> = codes.into_iter().map(|c| Arc::new(UInt32Array::from(c)) as ArrayRef).collect();
+        let encoded = RecordBatch::try_new(self.output_schema.clone(), outputs).expect("encoded schema matches");
+        let out = match keep {
+            Some(mask) => {
+                filter_record_batch(&encoded, &BooleanArray::from(mask)).expect("filter of equal-length mask")
+            }
+            None => encoded,
+        };
+        self.stats.rows_out += out.num_rows() as u64;
+        Ok(out)
+    }
+
+    /// Normalises one batch to typed values through the domain: categorical
+    /// labels (aliases resolved, text trimmed), integers as Int64, reals as
+    /// Float64, booleans; null tokens become nulls and out-of-domain values
+    /// follow the column's policy (clip clamps the raw value to the bounds).
+    pub fn typed(&mut self, batch: &RecordBatch) -> Result<RecordBatch, EncodeError> {
+        let (codes, clipped, keep) = self.classify_batch(batch)?;
+        let domain = self.domain.clone();
+        let mut outputs: Vec<ArrayRef> = Vec::with_capacity(domain.len());
+        for (ci, col) in domain.columns().iter().enumerate() {
+            let null = col.null_code();
+            let array = batch.column(self.input_index[ci]);
+            let is_null = |i: usize| Some(codes[ci][i]) == null;
+            let out: ArrayRef = match &col.kind {
+                ColumnKind::Categorical { values, .. } => Arc::new(
+                    (0..codes[ci].len())
+                        .map(|i| (!is_null(i)).then(|| values[codes[ci][i] as usize].as_str()))
+                        .collect::<datafusion::arrow::array::StringArray>(),
+                ),
+                ColumnKind::Boolean => Arc::new(
+                    (0..codes[ci].len()).map(|i| (!is_null(i)).then(|| codes[ci][i] == 1)).collect::<BooleanArray>(),
+                ),
+                ColumnKind::Integer { edges } => {
+                    let (lo, hi) = (edges[0], edges[edges.len() - 1] - 1);
+                    let raw = raw_numbers(array.as_ref(), col)?;
+                    Arc::new(
+                        (0..codes[ci].len())
+                            .map(|i| {
+                                if is_null(i) {
+                                    return None;
+                                }
+                                let v = raw[i].unwrap_or(f64::NAN);
+                                let v = if clipped[ci][i] { v.clamp(lo as f64, hi as f64) } else { v };
+                                Some(v.round() as i64)
+                            })
+                            .collect::<datafusion::arrow::array::Int64Array>(),
+                    )
+                }
+                ColumnKind::Float { edges } => {
+                    let (lo, hi) = (edges[0], edges[edges.len() - 1]);
+                    let raw = raw_numbers(array.as_ref(), col)?;
+                    Arc::new(
+                        (0..codes[ci].len())
+                            .map(|i| {
+                                if is_null(i) {
+                                    return None;
+                                }
+                                let v = raw[i].unwrap_or(f64::NAN);
+                                Some(if clipped[ci][i] { v.clamp(lo, hi) } else { v })
+                            })
+                            .collect::<datafusion::arrow::array::Float64Array>(),
+                    )
+                }
+            };
+            outputs.push(out);
+        }
+        let typed = RecordBatch::try_new(decoded_schema_for(&domain), outputs).expect("typed schema matches");
+        let out = match keep {
+            Some(mask) => filter_record_batch(&typed, &BooleanArray::from(mask)).expect("filter of equal-length mask"),
+            None => typed,
+        };
+        self.stats.rows_out += out.num_rows() as u64;
+        Ok(out)
+    }
+
+    /// Codes per column, per-row "was clipped" flags, and the rows to keep.
+    #[allow(clippy::type_complexity)]
+    fn classify_batch(
+        &mut self,
+        batch: &RecordBatch,
+    ) -> Result<(Vec<Vec<u32>>, Vec<Vec<bool>>, Option<Vec<bool>>), EncodeError> {
         let n = batch.num_rows();
         let row0 = self.stats.rows_in;
         let mut keep: Option<Vec<bool>> = None;
-        let mut outputs: Vec<ArrayRef> = Vec::with_capacity(self.domain.len());
+        let mut all_codes = Vec::with_capacity(self.domain.len());
+        let mut all_clipped = Vec::with_capacity(self.domain.len());
         let domain = self.domain.clone();
         for (ci, col) in domain.columns().iter().enumerate() {
             let array = batch.column(self.input_index[ci]);
             let enc = ColumnEncoder::new(col);
             let classes = classify_array(&enc, array.as_ref())?;
             let mut codes = Vec::with_capacity(n);
+            let mut clipped_rows = vec![false; n];
             let st = &mut self.stats.columns[ci];
             for (i, class) in classes.into_iter().enumerate() {
                 let code = match class {
@@ -403,6 +457,7 @@ impl BatchEncoder {
                                 OutOfDomain::Clip => match clipped {
                                     Some(c) => {
                                         st.clipped += 1;
+                                        clipped_rows[i] = true;
                                         c
                                     }
                                     None => {
@@ -416,8 +471,7 @@ impl BatchEncoder {
                                 },
                                 OutOfDomain::Null => {
                                     st.nulled += 1;
-                                    col.null_code()
-                                        .expect("validated: null policy needs nullable")
+                                    col.null_code().expect("validated: null policy needs nullable")
                                 }
                                 OutOfDomain::DropRow => {
                                     st.dropped += 1;
@@ -430,38 +484,57 @@ impl BatchEncoder {
                 };
                 codes.push(code);
             }
-            outputs.push(Arc::new(UInt32Array::from(codes)));
+            all_codes.push(codes);
+            all_clipped.push(clipped_rows);
         }
         self.stats.rows_in += n as u64;
-        let encoded = RecordBatch::try_new(self.output_schema.clone(), outputs)
-            .expect("encoded schema matches");
-        let out = match keep {
-            Some(mask) => filter_record_batch(&encoded, &BooleanArray::from(mask))
-                .expect("filter of equal-length mask"),
-            None => encoded,
-        };
-        self.stats.rows_out += out.num_rows() as u64;
-        Ok(out)
+        Ok((all_codes, all_clipped, keep))
     }
+}
+
+/// Raw numeric values of a column (text parsed after trimming; unparseable → None).
+fn raw_numbers(array: &dyn Array, col: &Column) -> Result<Vec<Option<f64>>, EncodeError> {
+    let n = array.len();
+    let dt = array.data_type();
+    let parse = |s: &str| s.trim().parse::<f64>().ok();
+    Ok(match dt {
+        DataType::Utf8 => {
+            let a = array.as_string::<i32>();
+            (0..n).map(|i| if a.is_null(i) { None } else { parse(a.value(i)) }).collect()
+        }
+        DataType::LargeUtf8 => {
+            let a = array.as_string::<i64>();
+            (0..n).map(|i| if a.is_null(i) { None } else { parse(a.value(i)) }).collect()
+        }
+        DataType::Utf8View => {
+            let a = array.as_string_view();
+            (0..n).map(|i| if a.is_null(i) { None } else { parse(a.value(i)) }).collect()
+        }
+        DataType::Dictionary(_, _) => {
+            let a = cast(array, &DataType::Utf8).map_err(|_| bad_type(col, dt))?;
+            return raw_numbers(a.as_ref(), col);
+        }
+        _ => {
+            let a = cast(array, &DataType::Float64).map_err(|_| bad_type(col, dt))?;
+            let a = a.as_primitive::<Float64Type>();
+            (0..n).map(|i| (!a.is_null(i)).then(|| a.value(i))).collect()
+        }
+    })
+}
+
+fn decoded_schema_for(domain: &Domain) -> SchemaRef {
+    super::decode::decoded_schema(domain)
 }
 
 /// The schema of encoded batches: one non-null UInt32 per domain column.
 pub fn encoded_schema(domain: &Domain) -> SchemaRef {
     Arc::new(Schema::new(
-        domain
-            .columns()
-            .iter()
-            .map(|c| Field::new(&c.name, DataType::UInt32, false))
-            .collect::<Vec<_>>(),
+        domain.columns().iter().map(|c| Field::new(&c.name, DataType::UInt32, false)).collect::<Vec<_>>(),
     ))
 }
 
 fn bad_type(col: &Column, dt: &DataType) -> EncodeError {
-    EncodeError::BadType {
-        column: col.name.clone(),
-        data_type: dt.to_string(),
-        kind: kind_name(&col.kind).into(),
-    }
+    EncodeError::BadType { column: col.name.clone(), data_type: dt.to_string(), kind: kind_name(&col.kind).into() }
 }
 
 fn classify_array(enc: &ColumnEncoder<'_>, array: &dyn Array) -> Result<Vec<Class>, EncodeError> {
@@ -527,17 +600,11 @@ fn classify_array(enc: &ColumnEncoder<'_>, array: &dyn Array) -> Result<Vec<Clas
                 });
             }
         }
-        dt if dt.is_floating()
-            || matches!(dt, DataType::Decimal128(_, _) | DataType::Decimal256(_, _)) =>
-        {
+        dt if dt.is_floating() || matches!(dt, DataType::Decimal128(_, _) | DataType::Decimal256(_, _)) => {
             let a = cast(array, &DataType::Float64).map_err(|_| bad_type(col, dt))?;
             let a = a.as_primitive::<Float64Type>();
             for i in 0..n {
-                out.push(if array.is_null(i) {
-                    Class::Null
-                } else {
-                    enc.classify_f64(a.value(i))
-                });
+                out.push(if array.is_null(i) { Class::Null } else { enc.classify_f64(a.value(i)) });
             }
         }
         DataType::Null => out.resize(n, Class::Null),

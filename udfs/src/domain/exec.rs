@@ -10,53 +10,71 @@ use datafusion::execution::{SendableRecordBatchStream, TaskContext};
 use datafusion::physical_expr::{EquivalenceProperties, PhysicalExpr};
 use datafusion::physical_plan::execution_plan::{Boundedness, EmissionType};
 use datafusion::physical_plan::stream::RecordBatchStreamAdapter;
-use datafusion::physical_plan::{
-    DisplayAs, DisplayFormatType, ExecutionPlan, ExecutionPlanProperties, PlanProperties,
-};
+use datafusion::physical_plan::{DisplayAs, DisplayFormatType, ExecutionPlan, ExecutionPlanProperties, PlanProperties};
 use futures::StreamExt;
 
 use super::{BatchEncoder, Domain, encoded_schema};
 
-/// Physical operator encoding its input against a domain.
+/// What [`EncodeExec`] outputs.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+pub enum DomainOutput {
+    /// Dense UInt32 codes.
+    Codes,
+    /// Typed, normalised values (labels, Int64, Float64, Boolean; nulls and policies applied).
+    Typed,
+}
+
+/// Physical operator reading its input through a domain.
 #[derive(Debug)]
 pub struct EncodeExec {
     input: Arc<dyn ExecutionPlan>,
     domain: Arc<Domain>,
+    output: DomainOutput,
     properties: Arc<PlanProperties>,
 }
 
 impl EncodeExec {
     /// Creates the operator; every domain column must be in the input.
     pub fn try_new(input: Arc<dyn ExecutionPlan>, domain: Arc<Domain>) -> Result<Self> {
+        Self::with_output(input, domain, DomainOutput::Codes)
+    }
+
+    /// An operator producing typed, normalised values instead of codes.
+    pub fn typed(input: Arc<dyn ExecutionPlan>, domain: Arc<Domain>) -> Result<Self> {
+        Self::with_output(input, domain, DomainOutput::Typed)
+    }
+
+    /// An operator with the given output.
+    pub fn with_output(input: Arc<dyn ExecutionPlan>, domain: Arc<Domain>, output: DomainOutput) -> Result<Self> {
         // Fail at plan time if columns are missing.
-        BatchEncoder::new(domain.clone(), &input.schema())
-            .map_err(|e| DataFusionError::Plan(e.to_string()))?;
+        BatchEncoder::new(domain.clone(), &input.schema()).map_err(|e| DataFusionError::Plan(e.to_string()))?;
+        let schema = match output {
+            DomainOutput::Codes => encoded_schema(&domain),
+            DomainOutput::Typed => super::decoded_schema(&domain),
+        };
         let properties = Arc::new(PlanProperties::new(
-            EquivalenceProperties::new(encoded_schema(&domain)),
+            EquivalenceProperties::new(schema),
             input.output_partitioning().clone(),
             EmissionType::Incremental,
             Boundedness::Bounded,
         ));
-        Ok(Self {
-            input,
-            domain,
-            properties,
-        })
+        Ok(Self { input, domain, output, properties })
     }
 
     /// The domain.
     pub fn domain(&self) -> &Arc<Domain> {
         &self.domain
     }
+
+    /// What it outputs.
+    pub fn output(&self) -> DomainOutput {
+        self.output
+    }
 }
 
 impl DisplayAs for EncodeExec {
     fn fmt_as(&self, _t: DisplayFormatType, f: &mut fmt::Formatter) -> fmt::Result {
-        write!(
-            f,
-            "EncodeExec: columns=[{}]",
-            self.domain.names().join(", ")
-        )
+        write!(f, "EncodeExec: columns=[{}]", self.domain.names().join(", "))
     }
 }
 
@@ -84,33 +102,26 @@ impl ExecutionPlan for EncodeExec {
         vec![true]
     }
 
-    fn with_new_children(
-        self: Arc<Self>,
-        mut children: Vec<Arc<dyn ExecutionPlan>>,
-    ) -> Result<Arc<dyn ExecutionPlan>> {
+    fn with_new_children(self: Arc<Self>, mut children: Vec<Arc<dyn ExecutionPlan>>) -> Result<Arc<dyn ExecutionPlan>> {
         if children.len() != 1 {
             return Err(DataFusionError::Internal("EncodeExec has one child".into()));
         }
-        Ok(Arc::new(EncodeExec::try_new(
-            children.swap_remove(0),
-            self.domain.clone(),
-        )?))
+        Ok(Arc::new(EncodeExec::try_new(children.swap_remove(0), self.domain.clone())?))
     }
 
-    fn execute(
-        &self,
-        partition: usize,
-        context: Arc<TaskContext>,
-    ) -> Result<SendableRecordBatchStream> {
+    fn execute(&self, partition: usize, context: Arc<TaskContext>) -> Result<SendableRecordBatchStream> {
         let input = self.input.execute(partition, context)?;
         let mut encoder = BatchEncoder::new(self.domain.clone(), &self.input.schema())
             .map_err(|e| DataFusionError::Execution(e.to_string()))?;
-        let schema = encoder.output_schema();
+        let schema = self.schema();
+        let output = self.output;
         let stream = input.map(move |batch| {
             let batch = batch?;
-            encoder
-                .encode(&batch)
-                .map_err(|e| DataFusionError::Execution(e.to_string()))
+            match output {
+                DomainOutput::Codes => encoder.encode(&batch),
+                DomainOutput::Typed => encoder.typed(&batch),
+            }
+            .map_err(|e| DataFusionError::Execution(e.to_string()))
         });
         Ok(Box::pin(RecordBatchStreamAdapter::new(schema, stream)))
     }

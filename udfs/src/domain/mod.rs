@@ -14,5 +14,5 @@ mod tests;
 pub use column::{Column, ColumnKind, Domain, OutOfDomain};
 pub use decode::{DecodeError, DecodeMode, decode_columns, decoded_schema};
 pub use encode::{BatchEncoder, ColumnStats, EncodeError, EncodeStats, encoded_schema};
-pub use exec::EncodeExec;
+pub use exec::{DomainOutput, EncodeExec};
 pub use table::EncodedTable;

@@ -33,13 +33,7 @@ fn int_col(edges: Vec<i64>, nullable: bool, policy: OutOfDomain) -> Column {
 }
 
 fn float_col(edges: Vec<f64>, nullable: bool, policy: OutOfDomain) -> Column {
-    Column {
-        name: "f".into(),
-        kind: ColumnKind::Float { edges },
-        nullable,
-        null_tokens: vec![],
-        out_of_domain: policy,
-    }
+    Column { name: "f".into(), kind: ColumnKind::Float { edges }, nullable, null_tokens: vec![], out_of_domain: policy }
 }
 
 fn bool_col(nullable: bool) -> Column {
@@ -53,22 +47,12 @@ fn bool_col(nullable: bool) -> Column {
 }
 
 fn batch(cols: Vec<(&str, Arc<dyn Array>)>) -> RecordBatch {
-    let fields: Vec<Field> = cols
-        .iter()
-        .map(|(n, a)| Field::new(*n, a.data_type().clone(), true))
-        .collect();
-    RecordBatch::try_new(
-        Arc::new(Schema::new(fields)),
-        cols.into_iter().map(|(_, a)| a).collect(),
-    )
-    .unwrap()
+    let fields: Vec<Field> = cols.iter().map(|(n, a)| Field::new(*n, a.data_type().clone(), true)).collect();
+    RecordBatch::try_new(Arc::new(Schema::new(fields)), cols.into_iter().map(|(_, a)| a).collect()).unwrap()
 }
 
 fn codes(b: &RecordBatch, i: usize) -> Vec<u32> {
-    b.column(i)
-        .as_primitive::<datafusion::arrow::datatypes::UInt32Type>()
-        .values()
-        .to_vec()
+    b.column(i).as_primitive::<datafusion::arrow::datatypes::UInt32Type>().values().to_vec()
 }
 
 #[test]
@@ -83,37 +67,10 @@ fn round_trip_with_nulls_for_every_kind() {
         .unwrap(),
     );
     let input = batch(vec![
-        (
-            "c",
-            Arc::new(StringArray::from(vec![
-                Some("a"),
-                None,
-                Some("c"),
-                Some(" b. "),
-            ])),
-        ),
-        (
-            "i",
-            Arc::new(Int64Array::from(vec![Some(0), Some(4), None, Some(2)])),
-        ),
-        (
-            "f",
-            Arc::new(Float64Array::from(vec![
-                Some(0.25),
-                None,
-                Some(1.0),
-                Some(0.5),
-            ])),
-        ),
-        (
-            "b",
-            Arc::new(BooleanArray::from(vec![
-                Some(true),
-                Some(false),
-                None,
-                Some(true),
-            ])),
-        ),
+        ("c", Arc::new(StringArray::from(vec![Some("a"), None, Some("c"), Some(" b. ")]))),
+        ("i", Arc::new(Int64Array::from(vec![Some(0), Some(4), None, Some(2)]))),
+        ("f", Arc::new(Float64Array::from(vec![Some(0.25), None, Some(1.0), Some(0.5)]))),
+        ("b", Arc::new(BooleanArray::from(vec![Some(true), Some(false), None, Some(true)]))),
     ]);
     let mut enc = BatchEncoder::new(domain.clone(), &input.schema()).unwrap();
     let out = enc.encode(&input).unwrap();
@@ -121,14 +78,7 @@ fn round_trip_with_nulls_for_every_kind() {
     assert_eq!(codes(&out, 1), vec![0, 4, 5, 2]);
     assert_eq!(codes(&out, 2), vec![0, 2, 1, 1]);
     assert_eq!(codes(&out, 3), vec![1, 0, 2, 1]);
-    assert_eq!(
-        enc.stats()
-            .columns
-            .iter()
-            .map(|c| c.nulls)
-            .collect::<Vec<_>>(),
-        vec![1, 1, 1, 1]
-    );
+    assert_eq!(enc.stats().columns.iter().map(|c| c.nulls).collect::<Vec<_>>(), vec![1, 1, 1, 1]);
 
     let mut rng = DpRng::unsafe_seeded(1);
     let cols: Vec<Vec<u32>> = (0..4).map(|i| codes(&out, i)).collect();
@@ -136,26 +86,15 @@ fn round_trip_with_nulls_for_every_kind() {
     let dec = decode_columns(&domain, &refs, DecodeMode::Midpoint, &mut rng).unwrap();
     let c = dec.column(0).as_string::<i32>();
     assert_eq!(
-        (0..4)
-            .map(|i| c.is_valid(i).then(|| c.value(i)))
-            .collect::<Vec<_>>(),
+        (0..4).map(|i| c.is_valid(i).then(|| c.value(i))).collect::<Vec<_>>(),
         vec![Some("a"), None, Some("c"), Some("b")]
     );
     let i = dec.column(1).as_primitive::<Int64Type>();
-    assert_eq!(
-        i.iter().collect::<Vec<_>>(),
-        vec![Some(0), Some(4), None, Some(2)]
-    );
+    assert_eq!(i.iter().collect::<Vec<_>>(), vec![Some(0), Some(4), None, Some(2)]);
     let f = dec.column(2).as_primitive::<Float64Type>();
-    assert_eq!(
-        f.iter().collect::<Vec<_>>(),
-        vec![Some(0.25), None, Some(0.75), Some(0.75)]
-    );
+    assert_eq!(f.iter().collect::<Vec<_>>(), vec![Some(0.25), None, Some(0.75), Some(0.75)]);
     let b = dec.column(3).as_boolean();
-    assert_eq!(
-        b.iter().collect::<Vec<_>>(),
-        vec![Some(true), Some(false), None, Some(true)]
-    );
+    assert_eq!(b.iter().collect::<Vec<_>>(), vec![Some(true), Some(false), None, Some(true)]);
     // Nulls stay nulls, values stay values: re-encoding gives the same codes.
     let mut enc2 = BatchEncoder::new(domain.clone(), &dec.schema()).unwrap();
     let again = enc2.encode(&dec).unwrap();
@@ -168,23 +107,14 @@ fn round_trip_with_nulls_for_every_kind() {
 fn uniform_decode_stays_in_bin() {
     let col = int_col(vec![10, 20, 30], false, OutOfDomain::Error);
     let mut rng = DpRng::unsafe_seeded(2);
-    let a = col
-        .decode(&vec![1u32; 1000], DecodeMode::Uniform, &mut rng)
-        .unwrap();
+    let a = col.decode(&vec![1u32; 1000], DecodeMode::Uniform, &mut rng).unwrap();
     let a = a.as_primitive::<Int64Type>();
     let vals: Vec<i64> = a.values().to_vec();
     assert!(vals.iter().all(|v| (20..=29).contains(v)));
     assert!(vals.contains(&20) && vals.contains(&29));
     let f = float_col(vec![0.0, 1.0, 3.0], false, OutOfDomain::Error);
-    let a = f
-        .decode(&vec![1u32; 1000], DecodeMode::Uniform, &mut rng)
-        .unwrap();
-    assert!(
-        a.as_primitive::<Float64Type>()
-            .values()
-            .iter()
-            .all(|v| (1.0..=3.0).contains(v))
-    );
+    let a = f.decode(&vec![1u32; 1000], DecodeMode::Uniform, &mut rng).unwrap();
+    assert!(a.as_primitive::<Float64Type>().values().iter().all(|v| (1.0..=3.0).contains(v)));
     // A code outside the domain is an error, not a value.
     assert!(col.decode(&[2], DecodeMode::Uniform, &mut rng).is_err());
 }
@@ -192,18 +122,12 @@ fn uniform_decode_stays_in_bin() {
 #[test]
 fn null_tokens_in_text_input() {
     let domain = Arc::new(
-        Domain::new(vec![
-            cat_col(true, OutOfDomain::Error),
-            int_col(vec![0, 1, 2, 3], true, OutOfDomain::Error),
-        ])
-        .unwrap(),
+        Domain::new(vec![cat_col(true, OutOfDomain::Error), int_col(vec![0, 1, 2, 3], true, OutOfDomain::Error)])
+            .unwrap(),
     );
     let input = batch(vec![
         ("c", Arc::new(StringArray::from(vec![" ?", "a", "", " c"]))),
-        (
-            "i",
-            Arc::new(StringArray::from(vec!["1", " NA ", "2", "0"])),
-        ),
+        ("i", Arc::new(StringArray::from(vec!["1", " NA ", "2", "0"]))),
     ]);
     let mut enc = BatchEncoder::new(domain, &input.schema()).unwrap();
     let out = enc.encode(&input).unwrap();
@@ -220,20 +144,12 @@ fn out_of_domain_policies() {
     let data = input(vec![Some(-5), Some(1), Some(99), None]);
 
     // error (default): names the column, row and value.
-    let d =
-        Arc::new(Domain::new(vec![int_col(vec![0, 1, 2, 3], true, OutOfDomain::Error)]).unwrap());
-    let err = BatchEncoder::new(d, &data.schema())
-        .unwrap()
-        .encode(&data)
-        .unwrap_err();
-    assert_eq!(
-        err.to_string(),
-        "column \"i\", row 0: \"-5\" is outside the public domain"
-    );
+    let d = Arc::new(Domain::new(vec![int_col(vec![0, 1, 2, 3], true, OutOfDomain::Error)]).unwrap());
+    let err = BatchEncoder::new(d, &data.schema()).unwrap().encode(&data).unwrap_err();
+    assert_eq!(err.to_string(), "column \"i\", row 0: \"-5\" is outside the public domain");
 
     // clip: clamps to the bounds, counted as out-of-domain and clipped, not null.
-    let d =
-        Arc::new(Domain::new(vec![int_col(vec![0, 1, 2, 3], true, OutOfDomain::Clip)]).unwrap());
+    let d = Arc::new(Domain::new(vec![int_col(vec![0, 1, 2, 3], true, OutOfDomain::Clip)]).unwrap());
     let mut e = BatchEncoder::new(d, &data.schema()).unwrap();
     let out = e.encode(&data).unwrap();
     assert_eq!(codes(&out, 0), vec![0, 1, 2, 3]);
@@ -241,8 +157,7 @@ fn out_of_domain_policies() {
     assert_eq!((s.nulls, s.out_of_domain, s.clipped), (1, 2, 2));
 
     // null: replaced by the null code, counted apart from true nulls.
-    let d =
-        Arc::new(Domain::new(vec![int_col(vec![0, 1, 2, 3], true, OutOfDomain::Null)]).unwrap());
+    let d = Arc::new(Domain::new(vec![int_col(vec![0, 1, 2, 3], true, OutOfDomain::Null)]).unwrap());
     let mut e = BatchEncoder::new(d, &data.schema()).unwrap();
     let out = e.encode(&data).unwrap();
     assert_eq!(codes(&out, 0), vec![3, 1, 3, 3]);
@@ -253,18 +168,12 @@ fn out_of_domain_policies() {
     let d = Arc::new(
         Domain::new(vec![
             int_col(vec![0, 1, 2, 3], true, OutOfDomain::DropRow),
-            Column {
-                name: "j".into(),
-                ..int_col(vec![0, 10, 20, 100], false, OutOfDomain::Error)
-            },
+            Column { name: "j".into(), ..int_col(vec![0, 10, 20, 100], false, OutOfDomain::Error) },
         ])
         .unwrap(),
     );
     let data2 = batch(vec![
-        (
-            "i",
-            Arc::new(Int64Array::from(vec![Some(-5), Some(1), Some(99), None])),
-        ),
+        ("i", Arc::new(Int64Array::from(vec![Some(-5), Some(1), Some(99), None]))),
         ("j", Arc::new(Int64Array::from(vec![1, 15, 25, 99]))),
     ]);
     let mut e = BatchEncoder::new(d, &data2.schema()).unwrap();
@@ -275,26 +184,14 @@ fn out_of_domain_policies() {
     assert_eq!(e.stats().columns[0].dropped, 2);
 
     // A null in a non-nullable column is never turned into a value.
-    let d =
-        Arc::new(Domain::new(vec![int_col(vec![0, 1, 2, 3], false, OutOfDomain::Clip)]).unwrap());
-    let err = BatchEncoder::new(d, &data.schema())
-        .unwrap()
-        .encode(&input(vec![Some(1), None]))
-        .unwrap_err();
-    assert!(
-        err.to_string()
-            .contains("row 1: NULL is null but the column is not nullable"),
-        "{err}"
-    );
+    let d = Arc::new(Domain::new(vec![int_col(vec![0, 1, 2, 3], false, OutOfDomain::Clip)]).unwrap());
+    let err = BatchEncoder::new(d, &data.schema()).unwrap().encode(&input(vec![Some(1), None])).unwrap_err();
+    assert!(err.to_string().contains("row 1: NULL is null but the column is not nullable"), "{err}");
 
     // Text that is not a number cannot be clipped.
-    let d =
-        Arc::new(Domain::new(vec![int_col(vec![0, 1, 2, 3], false, OutOfDomain::Clip)]).unwrap());
+    let d = Arc::new(Domain::new(vec![int_col(vec![0, 1, 2, 3], false, OutOfDomain::Clip)]).unwrap());
     let t = batch(vec![("i", Arc::new(StringArray::from(vec!["1", "x"])))]);
-    let err = BatchEncoder::new(d, &t.schema())
-        .unwrap()
-        .encode(&t)
-        .unwrap_err();
+    let err = BatchEncoder::new(d, &t.schema()).unwrap().encode(&t).unwrap_err();
     assert!(err.to_string().contains("cannot be clipped"), "{err}");
 }
 
@@ -303,13 +200,7 @@ fn invalid_columns_are_rejected() {
     assert!(Domain::new(vec![cat_col(false, OutOfDomain::Clip)]).is_err());
     assert!(Domain::new(vec![int_col(vec![0, 1, 2], false, OutOfDomain::Null)]).is_err());
     assert!(Domain::new(vec![int_col(vec![3, 2], false, OutOfDomain::Error)]).is_err());
-    assert!(
-        Domain::new(vec![
-            cat_col(false, OutOfDomain::Error),
-            cat_col(true, OutOfDomain::Error)
-        ])
-        .is_err()
-    );
+    assert!(Domain::new(vec![cat_col(false, OutOfDomain::Error), cat_col(true, OutOfDomain::Error)]).is_err());
 }
 
 #[test]
@@ -317,35 +208,16 @@ fn missing_input_column_is_named() {
     let d = Arc::new(Domain::new(vec![bool_col(false)]).unwrap());
     let s = Schema::new(vec![Field::new("x", DataType::Boolean, true)]);
     let err = BatchEncoder::new(d, &s).err().unwrap();
-    assert_eq!(
-        err.to_string(),
-        "column \"b\" of the domain is not in the input (input columns: x)"
-    );
+    assert_eq!(err.to_string(), "column \"b\" of the domain is not in the input (input columns: x)");
 }
 
 #[test]
 fn binned_float_edges_and_uniform_width() {
     let d = Arc::new(
-        Domain::new(vec![float_col(
-            vec![0.0, 0.1, 0.2, 0.30000000000000004],
-            false,
-            OutOfDomain::Error,
-        )])
-        .unwrap(),
+        Domain::new(vec![float_col(vec![0.0, 0.1, 0.2, 0.30000000000000004], false, OutOfDomain::Error)]).unwrap(),
     );
-    let b = batch(vec![(
-        "f",
-        Arc::new(Float64Array::from(vec![
-            0.0,
-            0.1,
-            0.15,
-            0.30000000000000004,
-        ])),
-    )]);
-    let out = BatchEncoder::new(d, &b.schema())
-        .unwrap()
-        .encode(&b)
-        .unwrap();
+    let b = batch(vec![("f", Arc::new(Float64Array::from(vec![0.0, 0.1, 0.15, 0.30000000000000004])))]);
+    let out = BatchEncoder::new(d, &b.schema()).unwrap().encode(&b).unwrap();
     assert_eq!(codes(&out, 0), vec![0, 1, 1, 2]);
     let _ = UInt32Array::from(vec![0u32]);
 }

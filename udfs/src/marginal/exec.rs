@@ -6,9 +6,7 @@
 use std::fmt;
 use std::sync::{Arc, LazyLock};
 
-use datafusion::arrow::array::{
-    ArrayRef, AsArray, ListArray, RecordBatch, StringArray, UInt32Array, UInt64Array,
-};
+use datafusion::arrow::array::{ArrayRef, AsArray, ListArray, RecordBatch, StringArray, UInt32Array, UInt64Array};
 use datafusion::arrow::buffer::OffsetBuffer;
 use datafusion::arrow::datatypes::{DataType, Field, Schema, SchemaRef, UInt32Type, UInt64Type};
 use datafusion::common::tree_node::TreeNodeRecursion;
@@ -18,8 +16,7 @@ use datafusion::physical_expr::{Distribution, EquivalenceProperties, PhysicalExp
 use datafusion::physical_plan::execution_plan::{Boundedness, EmissionType};
 use datafusion::physical_plan::stream::RecordBatchStreamAdapter;
 use datafusion::physical_plan::{
-    DisplayAs, DisplayFormatType, ExecutionPlan, ExecutionPlanProperties, Partitioning,
-    PlanProperties,
+    DisplayAs, DisplayFormatType, ExecutionPlan, ExecutionPlanProperties, Partitioning, PlanProperties,
 };
 use futures::StreamExt;
 use serde::{Deserialize, Serialize};
@@ -41,11 +38,7 @@ static OUTPUT_SCHEMA: LazyLock<SchemaRef> = LazyLock::new(|| {
         Field::new("attributes", DataType::Utf8, false),
         Field::new("null_mode", DataType::Utf8, false),
         Field::new("observed_rows", DataType::UInt64, false),
-        Field::new(
-            "counts",
-            DataType::List(Arc::new(Field::new_list_field(DataType::UInt64, false))),
-            false,
-        ),
+        Field::new("counts", DataType::List(Arc::new(Field::new_list_field(DataType::UInt64, false))), false),
     ]))
 });
 
@@ -66,21 +59,14 @@ pub struct MarginalExec {
 
 impl MarginalExec {
     /// Creates the operator; `Final` needs a single-partition input in the output schema.
-    pub fn try_new(
-        input: Arc<dyn ExecutionPlan>,
-        config: MarginalConfig,
-        mode: MarginalMode,
-    ) -> Result<Self> {
+    pub fn try_new(input: Arc<dyn ExecutionPlan>, config: MarginalConfig, mode: MarginalMode) -> Result<Self> {
         config.validate()?;
         if mode == MarginalMode::Partial {
             let schema = input.schema();
             for c in &config.columns {
-                let f = schema.field_with_name(&c.name).map_err(|_| {
-                    DataFusionError::Plan(format!(
-                        "marginal input has no encoded column {:?}",
-                        c.name
-                    ))
-                })?;
+                let f = schema
+                    .field_with_name(&c.name)
+                    .map_err(|_| DataFusionError::Plan(format!("marginal input has no encoded column {:?}", c.name)))?;
                 if f.data_type() != &DataType::UInt32 {
                     return Err(DataFusionError::Plan(format!(
                         "marginal input column {:?} must be UInt32 codes, found {}",
@@ -100,12 +86,7 @@ impl MarginalExec {
             EmissionType::Final,
             Boundedness::Bounded,
         ));
-        Ok(Self {
-            input,
-            config,
-            mode,
-            properties,
-        })
+        Ok(Self { input, config, mode, properties })
     }
 
     /// The configuration.
@@ -138,28 +119,18 @@ impl DisplayAs for MarginalExec {
                 )
             })
             .collect();
-        write!(
-            f,
-            "MarginalExec: mode={:?}, marginals=[{}]",
-            self.mode,
-            sets.join(", ")
-        )
+        write!(f, "MarginalExec: mode={:?}, marginals=[{}]", self.mode, sets.join(", "))
     }
 }
 
 /// Builds the output batch from finished counts.
-pub fn counts_to_batch(
-    config: &MarginalConfig,
-    results: Vec<(Vec<u64>, u64)>,
-) -> Result<RecordBatch> {
+pub fn counts_to_batch(config: &MarginalConfig, results: Vec<(Vec<u64>, u64)>) -> Result<RecordBatch> {
     let n = results.len();
     let mut offsets = Vec::with_capacity(n + 1);
     offsets.push(0i32);
     let total: usize = results.iter().map(|r| r.0.len()).sum();
     if total > i32::MAX as usize {
-        return Err(DataFusionError::Execution(
-            "too many marginal cells for one batch".into(),
-        ));
+        return Err(DataFusionError::Execution("too many marginal cells for one batch".into()));
     }
     let mut values = Vec::with_capacity(total);
     let mut observed = Vec::with_capacity(n);
@@ -176,12 +147,8 @@ pub fn counts_to_batch(
     )?;
     let columns: Vec<ArrayRef> = vec![
         Arc::new(UInt32Array::from_iter_values(0..n as u32)),
-        Arc::new(StringArray::from_iter_values(
-            (0..n).map(|i| config.set_label(i)),
-        )),
-        Arc::new(StringArray::from_iter_values(
-            config.sets.iter().map(|s| s.mode.as_str()),
-        )),
+        Arc::new(StringArray::from_iter_values((0..n).map(|i| config.set_label(i)))),
+        Arc::new(StringArray::from_iter_values(config.sets.iter().map(|s| s.mode.as_str()))),
         Arc::new(UInt64Array::from(observed)),
         Arc::new(list),
     ];
@@ -222,20 +189,11 @@ impl ExecutionPlan for MarginalExec {
         Ok(TreeNodeRecursion::Continue)
     }
 
-    fn with_new_children(
-        self: Arc<Self>,
-        mut children: Vec<Arc<dyn ExecutionPlan>>,
-    ) -> Result<Arc<dyn ExecutionPlan>> {
+    fn with_new_children(self: Arc<Self>, mut children: Vec<Arc<dyn ExecutionPlan>>) -> Result<Arc<dyn ExecutionPlan>> {
         if children.len() != 1 {
-            return Err(DataFusionError::Internal(
-                "MarginalExec has one child".into(),
-            ));
+            return Err(DataFusionError::Internal("MarginalExec has one child".into()));
         }
-        Ok(Arc::new(MarginalExec::try_new(
-            children.swap_remove(0),
-            self.config.clone(),
-            self.mode,
-        )?))
+        Ok(Arc::new(MarginalExec::try_new(children.swap_remove(0), self.config.clone(), self.mode)?))
     }
 
     fn required_input_distribution(&self) -> Vec<Distribution> {
@@ -249,11 +207,7 @@ impl ExecutionPlan for MarginalExec {
         vec![self.mode == MarginalMode::Partial]
     }
 
-    fn execute(
-        &self,
-        partition: usize,
-        context: Arc<TaskContext>,
-    ) -> Result<SendableRecordBatchStream> {
+    fn execute(&self, partition: usize, context: Arc<TaskContext>) -> Result<SendableRecordBatchStream> {
         let mut input = self.input.execute(partition, context)?;
         let config = self.config.clone();
         let mode = self.mode;
@@ -283,9 +237,6 @@ impl ExecutionPlan for MarginalExec {
                 }
             }
         };
-        Ok(Box::pin(RecordBatchStreamAdapter::new(
-            marginal_output_schema(),
-            futures::stream::once(fut),
-        )))
+        Ok(Box::pin(RecordBatchStreamAdapter::new(marginal_output_schema(), futures::stream::once(fut))))
     }
 }

@@ -80,22 +80,14 @@ impl MarginalConfig {
 
     /// Comma-separated attribute names of set `i`.
     pub fn set_label(&self, i: usize) -> String {
-        self.sets[i]
-            .attrs
-            .iter()
-            .map(|&a| self.columns[a].name.as_str())
-            .collect::<Vec<_>>()
-            .join(",")
+        self.sets[i].attrs.iter().map(|&a| self.columns[a].name.as_str()).collect::<Vec<_>>().join(",")
     }
 
     /// Checks positions, null codes and sizes.
     pub fn validate(&self) -> Result<()> {
         for c in &self.columns {
             if c.cardinality == 0 {
-                return Err(DataFusionError::Plan(format!(
-                    "column {} has an empty domain",
-                    c.name
-                )));
+                return Err(DataFusionError::Plan(format!("column {} has an empty domain", c.name)));
             }
             if let Some(n) = c.null_code {
                 if n + 1 != c.cardinality {
@@ -110,9 +102,7 @@ impl MarginalConfig {
             let mut seen = std::collections::HashSet::new();
             for &a in &s.attrs {
                 if a >= self.columns.len() {
-                    return Err(DataFusionError::Plan(format!(
-                        "marginal {i}: column position {a} out of range"
-                    )));
+                    return Err(DataFusionError::Plan(format!("marginal {i}: column position {a} out of range")));
                 }
                 if !seen.insert(a) {
                     return Err(DataFusionError::Plan(format!(
@@ -121,11 +111,7 @@ impl MarginalConfig {
                     )));
                 }
             }
-            let cells: f64 = s
-                .attrs
-                .iter()
-                .map(|&a| self.columns[a].cardinality as f64)
-                .product();
+            let cells: f64 = s.attrs.iter().map(|&a| self.columns[a].cardinality as f64).product();
             if cells > MAX_CELLS as f64 {
                 return Err(DataFusionError::Plan(format!(
                     "marginal ({}) has {cells} cells, more than the limit {MAX_CELLS}",
@@ -175,11 +161,7 @@ impl MarginalAccumulator {
                     .iter()
                     .map(|&a| {
                         let c = &config.columns[a];
-                        if observed && c.null_code.is_some() {
-                            c.cardinality as u64 - 1
-                        } else {
-                            c.cardinality as u64
-                        }
+                        if observed && c.null_code.is_some() { c.cardinality as u64 - 1 } else { c.cardinality as u64 }
                     })
                     .collect();
                 let mut strides = vec![1u64; sizes.len()];
@@ -190,30 +172,14 @@ impl MarginalAccumulator {
                 SetCounts {
                     cols: s.attrs.clone(),
                     strides,
-                    nulls: s
-                        .attrs
-                        .iter()
-                        .map(|&a| {
-                            if observed {
-                                config.columns[a].null_code
-                            } else {
-                                None
-                            }
-                        })
-                        .collect(),
+                    nulls: s.attrs.iter().map(|&a| if observed { config.columns[a].null_code } else { None }).collect(),
                     counts: vec![0; cells as usize + 1],
                     cells,
                     observed: 0,
                 }
             })
             .collect();
-        Ok(Self {
-            config,
-            input_pos,
-            sets,
-            rows: 0,
-            scratch: Vec::new(),
-        })
+        Ok(Self { config, input_pos, sets, rows: 0, scratch: Vec::new() })
     }
 
     /// The configuration.
@@ -239,11 +205,7 @@ impl MarginalAccumulator {
                 let a = batch.column(p);
                 a.as_primitive_opt::<UInt32Type>()
                     .map(|a| a.values().as_ref())
-                    .ok_or_else(|| {
-                        DataFusionError::Execution(format!(
-                            "marginal input column {p} is not UInt32 codes"
-                        ))
-                    })
+                    .ok_or_else(|| DataFusionError::Execution(format!("marginal input column {p} is not UInt32 codes")))
             })
             .collect::<Result<_>>()?;
         // Codes must be inside the domain (never trust the input).
@@ -264,30 +226,20 @@ impl MarginalAccumulator {
             let first = cols[set.cols[0]];
             let s0 = set.strides[0];
             match set.nulls[0] {
-                None => idx
-                    .iter_mut()
-                    .zip(first)
-                    .for_each(|(x, &c)| *x = c as u64 * s0),
-                Some(nc) => idx
-                    .iter_mut()
-                    .zip(first)
-                    .for_each(|(x, &c)| *x = if c == nc { u64::MAX } else { c as u64 * s0 }),
+                None => idx.iter_mut().zip(first).for_each(|(x, &c)| *x = c as u64 * s0),
+                Some(nc) => {
+                    idx.iter_mut().zip(first).for_each(|(x, &c)| *x = if c == nc { u64::MAX } else { c as u64 * s0 })
+                }
             }
             for k in 1..set.cols.len() {
                 let col = cols[set.cols[k]];
                 let s = set.strides[k];
                 match set.nulls[k] {
-                    None => idx
+                    None => idx.iter_mut().zip(col).for_each(|(x, &c)| *x = x.saturating_add(c as u64 * s)),
+                    Some(nc) => idx
                         .iter_mut()
                         .zip(col)
-                        .for_each(|(x, &c)| *x = x.saturating_add(c as u64 * s)),
-                    Some(nc) => idx.iter_mut().zip(col).for_each(|(x, &c)| {
-                        *x = if c == nc {
-                            u64::MAX
-                        } else {
-                            x.saturating_add(c as u64 * s)
-                        }
-                    }),
+                        .for_each(|(x, &c)| *x = if c == nc { u64::MAX } else { x.saturating_add(c as u64 * s) }),
                 }
             }
             let counts = &mut set.counts;

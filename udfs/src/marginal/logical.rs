@@ -9,9 +9,7 @@ use async_trait::async_trait;
 use datafusion::catalog::Session;
 use datafusion::common::{DFSchema, DFSchemaRef, DataFusionError, Result};
 use datafusion::logical_expr::physical_planning_context::PhysicalPlanningContext;
-use datafusion::logical_expr::{
-    Expr, Extension, LogicalPlan, UserDefinedLogicalNode, UserDefinedLogicalNodeCore,
-};
+use datafusion::logical_expr::{Expr, Extension, LogicalPlan, UserDefinedLogicalNode, UserDefinedLogicalNodeCore};
 use datafusion::physical_plan::ExecutionPlan;
 use datafusion::physical_plan::coalesce_partitions::CoalescePartitionsExec;
 use datafusion::physical_planner::{ExtensionPlanner, PhysicalPlanner};
@@ -44,28 +42,15 @@ impl MarginalNode {
             input
                 .schema()
                 .field_with_unqualified_name(&c.name)
-                .map_err(|_| {
-                    DataFusionError::Plan(format!(
-                        "marginal input has no encoded column {:?}",
-                        c.name
-                    ))
-                })?;
+                .map_err(|_| DataFusionError::Plan(format!("marginal input has no encoded column {:?}", c.name)))?;
         }
-        let schema = Arc::new(DFSchema::try_from(
-            marginal_output_schema().as_ref().clone(),
-        )?);
-        Ok(Self {
-            input,
-            config,
-            schema,
-        })
+        let schema = Arc::new(DFSchema::try_from(marginal_output_schema().as_ref().clone())?);
+        Ok(Self { input, config, schema })
     }
 
     /// Wraps into a logical plan.
     pub fn into_plan(self) -> LogicalPlan {
-        LogicalPlan::Extension(Extension {
-            node: Arc::new(self),
-        })
+        LogicalPlan::Extension(Extension { node: Arc::new(self) })
     }
 }
 
@@ -87,17 +72,12 @@ impl UserDefinedLogicalNodeCore for MarginalNode {
     }
 
     fn fmt_for_explain(&self, f: &mut fmt::Formatter) -> fmt::Result {
-        let sets: Vec<String> = (0..self.config.sets.len())
-            .map(|i| format!("({})", self.config.set_label(i)))
-            .collect();
+        let sets: Vec<String> =
+            (0..self.config.sets.len()).map(|i| format!("({})", self.config.set_label(i))).collect();
         write!(f, "Marginal: [{}]", sets.join(", "))
     }
 
-    fn with_exprs_and_inputs(
-        &self,
-        _exprs: Vec<Expr>,
-        mut inputs: Vec<LogicalPlan>,
-    ) -> Result<Self> {
+    fn with_exprs_and_inputs(&self, _exprs: Vec<Expr>, mut inputs: Vec<LogicalPlan>) -> Result<Self> {
         if inputs.len() != 1 {
             return Err(DataFusionError::Internal("Marginal has one input".into()));
         }
@@ -107,12 +87,8 @@ impl UserDefinedLogicalNodeCore for MarginalNode {
     fn necessary_children_exprs(&self, _output_columns: &[usize]) -> Option<Vec<Vec<usize>>> {
         // Only the encoded columns the marginals use are needed from the input.
         let schema = self.input.schema();
-        let mut cols: Vec<usize> = self
-            .config
-            .columns
-            .iter()
-            .filter_map(|c| schema.index_of_column_by_name(None, &c.name))
-            .collect();
+        let mut cols: Vec<usize> =
+            self.config.columns.iter().filter_map(|c| schema.index_of_column_by_name(None, &c.name)).collect();
         cols.sort_unstable();
         cols.dedup();
         Some(vec![cols])
@@ -124,21 +100,10 @@ impl UserDefinedLogicalNodeCore for MarginalNode {
 pub struct MarginalPlanner;
 
 /// Builds the two-phase physical plan for a marginal config over `input`.
-pub fn plan_marginals(
-    input: Arc<dyn ExecutionPlan>,
-    config: MarginalConfig,
-) -> Result<Arc<dyn ExecutionPlan>> {
-    let partial = Arc::new(MarginalExec::try_new(
-        input,
-        config.clone(),
-        MarginalMode::Partial,
-    )?);
+pub fn plan_marginals(input: Arc<dyn ExecutionPlan>, config: MarginalConfig) -> Result<Arc<dyn ExecutionPlan>> {
+    let partial = Arc::new(MarginalExec::try_new(input, config.clone(), MarginalMode::Partial)?);
     let coalesced = Arc::new(CoalescePartitionsExec::new(partial));
-    Ok(Arc::new(MarginalExec::try_new(
-        coalesced,
-        config,
-        MarginalMode::Final,
-    )?))
+    Ok(Arc::new(MarginalExec::try_new(coalesced, config, MarginalMode::Final)?))
 }
 
 #[async_trait]
@@ -155,9 +120,6 @@ impl ExtensionPlanner for MarginalPlanner {
         let Some(m) = node.as_any().downcast_ref::<MarginalNode>() else {
             return Ok(None);
         };
-        Ok(Some(plan_marginals(
-            physical_inputs[0].clone(),
-            m.config.clone(),
-        )?))
+        Ok(Some(plan_marginals(physical_inputs[0].clone(), m.config.clone())?))
     }
 }

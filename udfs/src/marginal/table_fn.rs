@@ -20,9 +20,7 @@ use datafusion::physical_plan::ExecutionPlan;
 use datafusion::physical_plan::projection::ProjectionExec;
 use parking_lot::RwLock;
 
-use super::{
-    EncodedColumn, MarginalConfig, MarginalSet, NullMode, marginal_output_schema, plan_marginals,
-};
+use super::{EncodedColumn, MarginalConfig, MarginalSet, NullMode, marginal_output_schema, plan_marginals};
 use crate::domain::{Domain, EncodedTable};
 
 /// Parses `"a,b; c"` (optionally `"observed:a,b"` per set) into attribute-name sets.
@@ -37,15 +35,9 @@ pub fn parse_sets(spec: &str, default_mode: NullMode) -> Result<Vec<(Vec<String>
             Some((m, rest)) => (parse_mode(m.trim())?, rest),
             None => (default_mode, part),
         };
-        let attrs: Vec<String> = attrs
-            .split(',')
-            .map(|a| a.trim().to_string())
-            .filter(|a| !a.is_empty())
-            .collect();
+        let attrs: Vec<String> = attrs.split(',').map(|a| a.trim().to_string()).filter(|a| !a.is_empty()).collect();
         if attrs.is_empty() {
-            return Err(DataFusionError::Plan(format!(
-                "empty attribute set in {spec:?}"
-            )));
+            return Err(DataFusionError::Plan(format!("empty attribute set in {spec:?}")));
         }
         out.push((attrs, mode));
     }
@@ -59,9 +51,7 @@ fn parse_mode(m: &str) -> Result<NullMode> {
     match m {
         "cells" | "null_as_cell" => Ok(NullMode::Cells),
         "observed" | "observed_only" => Ok(NullMode::Observed),
-        other => Err(DataFusionError::Plan(format!(
-            "unknown null mode {other:?} (use cells or observed)"
-        ))),
+        other => Err(DataFusionError::Plan(format!("unknown null mode {other:?} (use cells or observed)"))),
     }
 }
 
@@ -85,26 +75,16 @@ pub fn config_for(domain: &Domain, sets: &[(Vec<String>, NullMode)]) -> Result<M
             });
             idx.push(p);
         }
-        out_sets.push(MarginalSet {
-            attrs: idx,
-            mode: *mode,
-        });
+        out_sets.push(MarginalSet { attrs: idx, mode: *mode });
     }
     let columns = used
         .iter()
         .map(|n| {
             let c = domain.column(n).expect("checked");
-            EncodedColumn {
-                name: n.clone(),
-                cardinality: c.cardinality() as u32,
-                null_code: c.null_code(),
-            }
+            EncodedColumn { name: n.clone(), cardinality: c.cardinality() as u32, null_code: c.null_code() }
         })
         .collect();
-    let config = MarginalConfig {
-        columns,
-        sets: out_sets,
-    };
+    let config = MarginalConfig { columns, sets: out_sets };
     config.validate()?;
     Ok(config)
 }
@@ -130,14 +110,10 @@ impl MarginalsFunction {
 fn literal_string(e: &Expr, what: &str) -> Result<String> {
     match e {
         Expr::Literal(
-            ScalarValue::Utf8(Some(s))
-            | ScalarValue::LargeUtf8(Some(s))
-            | ScalarValue::Utf8View(Some(s)),
+            ScalarValue::Utf8(Some(s)) | ScalarValue::LargeUtf8(Some(s)) | ScalarValue::Utf8View(Some(s)),
             _,
         ) => Ok(s.clone()),
-        other => Err(DataFusionError::Plan(format!(
-            "marginals(): {what} must be a string literal, got {other}"
-        ))),
+        other => Err(DataFusionError::Plan(format!("marginals(): {what} must be a string literal, got {other}"))),
     }
 }
 
@@ -155,16 +131,12 @@ impl TableFunctionImpl for MarginalsFunction {
             Some(e) => parse_mode(&literal_string(e, "the null mode")?)?,
             None => NullMode::Cells,
         };
-        let table = self.tables.read().get(&name).cloned().ok_or_else(|| {
-            DataFusionError::Plan(format!(
-                "marginals(): no encoded table {name:?} is registered"
-            ))
-        })?;
+        let table =
+            self.tables.read().get(&name).cloned().ok_or_else(|| {
+                DataFusionError::Plan(format!("marginals(): no encoded table {name:?} is registered"))
+            })?;
         let config = config_for(table.domain(), &parse_sets(&sets, mode)?)?;
-        Ok(Arc::new(MarginalsTable {
-            source: table,
-            config,
-        }))
+        Ok(Arc::new(MarginalsTable { source: table, config }))
     }
 }
 
@@ -193,12 +165,8 @@ impl TableProvider for MarginalsTable {
         _limit: Option<usize>,
     ) -> Result<Arc<dyn ExecutionPlan>> {
         let schema = self.source.schema();
-        let cols: Vec<usize> = self
-            .config
-            .columns
-            .iter()
-            .map(|c| schema.index_of(&c.name))
-            .collect::<std::result::Result<_, _>>()?;
+        let cols: Vec<usize> =
+            self.config.columns.iter().map(|c| schema.index_of(&c.name)).collect::<std::result::Result<_, _>>()?;
         let input = self.source.scan(state, Some(&cols), &[], None).await?;
         let plan = plan_marginals(input, self.config.clone())?;
         project(plan, projection)
@@ -206,20 +174,14 @@ impl TableProvider for MarginalsTable {
 }
 
 /// Applies a scan projection to a plan.
-pub fn project(
-    plan: Arc<dyn ExecutionPlan>,
-    projection: Option<&Vec<usize>>,
-) -> Result<Arc<dyn ExecutionPlan>> {
+pub fn project(plan: Arc<dyn ExecutionPlan>, projection: Option<&Vec<usize>>) -> Result<Arc<dyn ExecutionPlan>> {
     let Some(p) = projection else { return Ok(plan) };
     let schema = plan.schema();
     let exprs: Vec<(Arc<dyn PhysicalExpr>, String)> = p
         .iter()
         .map(|&i| {
             let name = schema.field(i).name().clone();
-            (
-                Arc::new(Column::new(&name, i)) as Arc<dyn PhysicalExpr>,
-                name,
-            )
+            (Arc::new(Column::new(&name, i)) as Arc<dyn PhysicalExpr>, name)
         })
         .collect();
     Ok(Arc::new(ProjectionExec::try_new(exprs, plan)?))

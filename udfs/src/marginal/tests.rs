@@ -7,47 +7,22 @@ use super::*;
 
 fn cols() -> Vec<EncodedColumn> {
     vec![
-        EncodedColumn {
-            name: "a".into(),
-            cardinality: 3,
-            null_code: Some(2),
-        },
-        EncodedColumn {
-            name: "b".into(),
-            cardinality: 2,
-            null_code: None,
-        },
-        EncodedColumn {
-            name: "c".into(),
-            cardinality: 4,
-            null_code: Some(3),
-        },
+        EncodedColumn { name: "a".into(), cardinality: 3, null_code: Some(2) },
+        EncodedColumn { name: "b".into(), cardinality: 2, null_code: None },
+        EncodedColumn { name: "c".into(), cardinality: 4, null_code: Some(3) },
     ]
 }
 
 fn batch(rows: &[[u32; 3]]) -> RecordBatch {
     let schema = Arc::new(Schema::new(
-        ["a", "b", "c"]
-            .iter()
-            .map(|n| Field::new(*n, DataType::UInt32, false))
-            .collect::<Vec<_>>(),
+        ["a", "b", "c"].iter().map(|n| Field::new(*n, DataType::UInt32, false)).collect::<Vec<_>>(),
     ));
-    let arrays = (0..3)
-        .map(|j| {
-            Arc::new(UInt32Array::from(
-                rows.iter().map(|r| r[j]).collect::<Vec<_>>(),
-            )) as _
-        })
-        .collect();
+    let arrays =
+        (0..3).map(|j| Arc::new(UInt32Array::from(rows.iter().map(|r| r[j]).collect::<Vec<_>>())) as _).collect();
     RecordBatch::try_new(schema, arrays).unwrap()
 }
 
-fn brute(
-    rows: &[[u32; 3]],
-    cols: &[EncodedColumn],
-    attrs: &[usize],
-    mode: NullMode,
-) -> (Vec<u64>, u64) {
+fn brute(rows: &[[u32; 3]], cols: &[EncodedColumn], attrs: &[usize], mode: NullMode) -> (Vec<u64>, u64) {
     let sizes: Vec<u32> = attrs
         .iter()
         .map(|&a| match (mode, cols[a].null_code) {
@@ -80,25 +55,11 @@ fn matches_brute_force_for_all_sets_and_modes() {
         x = x.wrapping_mul(1103515245).wrapping_add(12345);
         rows.push([(x >> 8) % 3, (x >> 12) % 2, (x >> 16) % 4]);
     }
-    let sets: Vec<Vec<usize>> = vec![
-        vec![0],
-        vec![1],
-        vec![2],
-        vec![0, 1],
-        vec![2, 0],
-        vec![0, 1, 2],
-        vec![2, 1, 0],
-    ];
+    let sets: Vec<Vec<usize>> = vec![vec![0], vec![1], vec![2], vec![0, 1], vec![2, 0], vec![0, 1, 2], vec![2, 1, 0]];
     for mode in [NullMode::Cells, NullMode::Observed] {
         let config = MarginalConfig {
             columns: cols(),
-            sets: sets
-                .iter()
-                .map(|s| MarginalSet {
-                    attrs: s.clone(),
-                    mode,
-                })
-                .collect(),
+            sets: sets.iter().map(|s| MarginalSet { attrs: s.clone(), mode }).collect(),
         };
         let mut acc = MarginalAccumulator::new(config.clone(), vec![0, 1, 2]).unwrap();
         // Split into uneven batches.
@@ -107,11 +68,7 @@ fn matches_brute_force_for_all_sets_and_modes() {
         acc.update(&batch(&rows[334..])).unwrap();
         let got = acc.finish();
         for (i, s) in sets.iter().enumerate() {
-            assert_eq!(
-                got[i],
-                brute(&rows, &cols(), s, mode),
-                "set {s:?} mode {mode:?}"
-            );
+            assert_eq!(got[i], brute(&rows, &cols(), s, mode), "set {s:?} mode {mode:?}");
         }
     }
 }
@@ -122,14 +79,8 @@ fn all_null_and_empty_inputs() {
     let config = MarginalConfig {
         columns: cols(),
         sets: vec![
-            MarginalSet {
-                attrs: vec![0, 2],
-                mode: NullMode::Observed,
-            },
-            MarginalSet {
-                attrs: vec![0, 2],
-                mode: NullMode::Cells,
-            },
+            MarginalSet { attrs: vec![0, 2], mode: NullMode::Observed },
+            MarginalSet { attrs: vec![0, 2], mode: NullMode::Cells },
         ],
     };
     let mut acc = MarginalAccumulator::new(config.clone(), vec![0, 1, 2]).unwrap();
@@ -146,29 +97,11 @@ fn all_null_and_empty_inputs() {
 
 #[test]
 fn bad_codes_and_configs_are_errors() {
-    let config = MarginalConfig {
-        columns: cols(),
-        sets: vec![MarginalSet {
-            attrs: vec![0],
-            mode: NullMode::Cells,
-        }],
-    };
+    let config = MarginalConfig { columns: cols(), sets: vec![MarginalSet { attrs: vec![0], mode: NullMode::Cells }] };
     let mut acc = MarginalAccumulator::new(config, vec![0, 1, 2]).unwrap();
     assert!(acc.update(&batch(&[[5, 0, 0]])).is_err());
-    let bad = MarginalConfig {
-        columns: cols(),
-        sets: vec![MarginalSet {
-            attrs: vec![0, 0],
-            mode: NullMode::Cells,
-        }],
-    };
+    let bad = MarginalConfig { columns: cols(), sets: vec![MarginalSet { attrs: vec![0, 0], mode: NullMode::Cells }] };
     assert!(bad.validate().is_err());
-    let bad = MarginalConfig {
-        columns: cols(),
-        sets: vec![MarginalSet {
-            attrs: vec![7],
-            mode: NullMode::Cells,
-        }],
-    };
+    let bad = MarginalConfig { columns: cols(), sets: vec![MarginalSet { attrs: vec![7], mode: NullMode::Cells }] };
     assert!(bad.validate().is_err());
 }

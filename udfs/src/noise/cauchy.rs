@@ -163,10 +163,7 @@ mod tests {
         for shape in [0.25, 0.75, 3.0] {
             let n = 50_000;
             let m: f64 = (0..n).map(|_| sample_gamma(&mut rng, shape)).sum::<f64>() / n as f64;
-            assert!(
-                (m - shape).abs() < 5.0 * (shape / n as f64).sqrt(),
-                "{shape}: {m}"
-            );
+            assert!((m - shape).abs() < 5.0 * (shape / n as f64).sqrt(), "{shape}: {m}");
         }
     }
 

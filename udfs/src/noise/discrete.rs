@@ -7,8 +7,7 @@ use num_traits::{One, Signed, Zero};
 use rand::Rng;
 
 use super::exact::{
-    URational, bernoulli_exp_neg, bigint_to_i128_saturating, f64_to_urational, fair_bit,
-    uniform_below,
+    URational, bernoulli_exp_neg, bigint_to_i128_saturating, f64_to_urational, fair_bit, uniform_below,
 };
 
 /// Discrete Laplace with scale `b = t/s`: P(Y = y) ∝ exp(−|y|/b) on ℤ.
@@ -143,9 +142,7 @@ mod tests {
     }
 
     fn dgauss_pmf(sigma2: f64) -> impl Fn(i64) -> f64 {
-        let norm: f64 = (-2000..=2000)
-            .map(|y: i64| (-(y * y) as f64 / (2.0 * sigma2)).exp())
-            .sum();
+        let norm: f64 = (-2000..=2000).map(|y: i64| (-(y * y) as f64 / (2.0 * sigma2)).exp()).sum();
         move |y: i64| (-(y * y) as f64 / (2.0 * sigma2)).exp() / norm
     }
 
@@ -199,25 +196,17 @@ mod large_tests {
             let mut rng = DpRng::unsafe_seeded(1000 + i as u64);
             let draws: Vec<i64> = (0..1_000_000).map(|_| d.sample(&mut rng) as i64).collect();
             let r = (-1.0 / scale).exp();
-            let (stat, dof, p) = chi_square_test_integer(
-                &draws,
-                |y| (1.0 - r) / (1.0 + r) * r.powi(y.unsigned_abs() as i32),
-                1e-4,
-            );
+            let (stat, dof, p) =
+                chi_square_test_integer(&draws, |y| (1.0 - r) / (1.0 + r) * r.powi(y.unsigned_abs() as i32), 1e-4);
             println!("discrete Laplace scale {scale}: chi2 {stat:.1} on {dof} dof, p = {p:.3}");
         }
         for (i, sigma2) in [0.05, 0.7, 2.0, 12.345, 400.0].into_iter().enumerate() {
             let d = DiscreteGaussian::new(f64_to_urational(sigma2).unwrap()).unwrap();
             let mut rng = DpRng::unsafe_seeded(2000 + i as u64);
             let draws: Vec<i64> = (0..1_000_000).map(|_| d.sample(&mut rng) as i64).collect();
-            let norm: f64 = (-4000..=4000)
-                .map(|y: i64| (-(y * y) as f64 / (2.0 * sigma2)).exp())
-                .sum();
-            let (stat, dof, p) = chi_square_test_integer(
-                &draws,
-                |y| (-(y * y) as f64 / (2.0 * sigma2)).exp() / norm,
-                1e-4,
-            );
+            let norm: f64 = (-4000..=4000).map(|y: i64| (-(y * y) as f64 / (2.0 * sigma2)).exp()).sum();
+            let (stat, dof, p) =
+                chi_square_test_integer(&draws, |y| (-(y * y) as f64 / (2.0 * sigma2)).exp() / norm, 1e-4);
             println!("discrete Gaussian σ²={sigma2}: chi2 {stat:.1} on {dof} dof, p = {p:.3}");
         }
     }

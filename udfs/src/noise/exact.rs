@@ -130,11 +130,7 @@ pub fn f64_to_rational(x: f64) -> Option<Ratio<BigInt>> {
 /// Converts a signed big integer to `i128`, saturating (values that large have
 /// probability below 2^-100 for any realistic noise scale).
 pub fn bigint_to_i128_saturating(v: &BigInt) -> i128 {
-    v.to_i128().unwrap_or(if v.sign() == Sign::Minus {
-        i128::MIN
-    } else {
-        i128::MAX
-    })
+    v.to_i128().unwrap_or(if v.sign() == Sign::Minus { i128::MIN } else { i128::MAX })
 }
 
 #[cfg(test)]
@@ -166,15 +162,10 @@ mod tests {
         for (num, den) in [(0u32, 1u32), (1, 2), (1, 1), (3, 2), (7, 3)] {
             let p = (-(num as f64) / den as f64).exp();
             let n = 100_000;
-            let hits = (0..n)
-                .filter(|_| bernoulli_exp_neg(&mut rng, &BigUint::from(num), &BigUint::from(den)))
-                .count() as f64;
+            let hits =
+                (0..n).filter(|_| bernoulli_exp_neg(&mut rng, &BigUint::from(num), &BigUint::from(den))).count() as f64;
             let se = (p * (1.0 - p) / n as f64).sqrt().max(1e-9);
-            assert!(
-                (hits / n as f64 - p).abs() < 5.0 * se + 1e-12,
-                "γ={num}/{den}: {} vs {p}",
-                hits / n as f64
-            );
+            assert!((hits / n as f64 - p).abs() < 5.0 * se + 1e-12, "γ={num}/{den}: {} vs {p}", hits / n as f64);
         }
     }
 

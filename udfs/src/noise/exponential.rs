@@ -52,10 +52,7 @@ impl ExponentialMechanism {
         if !(epsilon > 0.0 && epsilon.is_finite() && sensitivity > 0.0 && sensitivity.is_finite()) {
             return Err(ExpMechError::BadParameters);
         }
-        Ok(Self {
-            epsilon,
-            sensitivity,
-        })
+        Ok(Self { epsilon, sensitivity })
     }
 
     /// zCDP cost ε²/8 (Cesar & Rogers 2021).
@@ -64,11 +61,7 @@ impl ExponentialMechanism {
     }
 
     /// Selects an index with probability ∝ exp(ε·q_r/(2Δ)).
-    pub fn select<R: Rng + ?Sized>(
-        &self,
-        rng: &mut R,
-        scores: &[f64],
-    ) -> Result<usize, ExpMechError> {
+    pub fn select<R: Rng + ?Sized>(&self, rng: &mut R, scores: &[f64]) -> Result<usize, ExpMechError> {
         self.select_weighted(rng, scores, None)
     }
 
@@ -180,9 +173,7 @@ mod tests {
         let mut rng = DpRng::unsafe_seeded(43);
         let mut counts = vec![0.0; 3];
         for _ in 0..60_000 {
-            counts[mech
-                .select_weighted(&mut rng, &scores, Some(&weights))
-                .unwrap()] += 1.0;
+            counts[mech.select_weighted(&mut rng, &scores, Some(&weights)).unwrap()] += 1.0;
         }
         chi_square_test_counts(&counts, &probs, 1e-4);
     }
@@ -192,18 +183,11 @@ mod tests {
         let mut rng = DpRng::unsafe_seeded(1);
         let m = ExponentialMechanism::new(1.0, 1.0).unwrap();
         assert_eq!(m.select(&mut rng, &[]), Err(ExpMechError::Empty));
-        assert!(matches!(
-            m.select(&mut rng, &[1.0, f64::NAN]),
-            Err(ExpMechError::NonFiniteScore { index: 1, .. })
-        ));
+        assert!(matches!(m.select(&mut rng, &[1.0, f64::NAN]), Err(ExpMechError::NonFiniteScore { index: 1, .. })));
         assert!(ExponentialMechanism::new(0.0, 1.0).is_err());
         // Zero-weight candidates are never chosen.
         for _ in 0..100 {
-            assert_eq!(
-                m.select_weighted(&mut rng, &[100.0, 0.0], Some(&[0, 1]))
-                    .unwrap(),
-                1
-            );
+            assert_eq!(m.select_weighted(&mut rng, &[100.0, 0.0], Some(&[0, 1])).unwrap(), 1);
         }
     }
 }

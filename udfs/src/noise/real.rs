@@ -50,20 +50,14 @@ impl NoiseDistribution {
         match *self {
             // P(|L| > t) = exp(−t/b).
             NoiseDistribution::Laplace { scale } => -scale * alpha.ln(),
-            NoiseDistribution::Gaussian { sigma } => {
-                sigma * crate::calibrate::normal_quantile(1.0 - alpha / 2.0)
-            }
+            NoiseDistribution::Gaussian { sigma } => sigma * crate::calibrate::normal_quantile(1.0 - alpha / 2.0),
         }
     }
 
     fn scaled(&self, factor: f64) -> Self {
         match *self {
-            NoiseDistribution::Laplace { scale } => NoiseDistribution::Laplace {
-                scale: scale * factor,
-            },
-            NoiseDistribution::Gaussian { sigma } => NoiseDistribution::Gaussian {
-                sigma: sigma * factor,
-            },
+            NoiseDistribution::Laplace { scale } => NoiseDistribution::Laplace { scale: scale * factor },
+            NoiseDistribution::Gaussian { sigma } => NoiseDistribution::Gaussian { sigma: sigma * factor },
         }
     }
 
@@ -75,12 +69,12 @@ impl NoiseDistribution {
     /// A reusable exact integer sampler (avoids re-deriving rationals per draw).
     pub fn integer_sampler(&self) -> IntegerSampler {
         match *self {
-            NoiseDistribution::Laplace { scale } => IntegerSampler::Laplace(
-                DiscreteLaplace::from_f64(scale).expect("positive finite Laplace scale"),
-            ),
-            NoiseDistribution::Gaussian { sigma } => IntegerSampler::Gaussian(
-                DiscreteGaussian::from_sigma(sigma).expect("positive finite sigma"),
-            ),
+            NoiseDistribution::Laplace { scale } => {
+                IntegerSampler::Laplace(DiscreteLaplace::from_f64(scale).expect("positive finite Laplace scale"))
+            }
+            NoiseDistribution::Gaussian { sigma } => {
+                IntegerSampler::Gaussian(DiscreteGaussian::from_sigma(sigma).expect("positive finite sigma"))
+            }
         }
     }
 }
@@ -123,16 +117,8 @@ pub fn grid_exponent(noise: &NoiseDistribution, sensitivity: f64) -> i32 {
 /// Releases a real-valued answer `value` with L1 (Laplace) or L2 (Gaussian)
 /// sensitivity `sensitivity` and noise `noise`, floating-point safely (module
 /// docs). Returns the released value, an exact multiple of 2^k.
-pub fn noisy_real<R: Rng + ?Sized>(
-    rng: &mut R,
-    value: f64,
-    sensitivity: f64,
-    noise: &NoiseDistribution,
-) -> f64 {
-    assert!(
-        sensitivity > 0.0 && sensitivity.is_finite(),
-        "sensitivity must be positive"
-    );
+pub fn noisy_real<R: Rng + ?Sized>(rng: &mut R, value: f64, sensitivity: f64, noise: &NoiseDistribution) -> f64 {
+    assert!(sensitivity > 0.0 && sensitivity.is_finite(), "sensitivity must be positive");
     let k = grid_exponent(noise, sensitivity);
     let g = Ratio::from_integer(BigInt::one()) * pow2(k);
     let x = match f64_to_rational(value) {

@@ -37,22 +37,14 @@ impl DpRng {
     /// ChaCha20 keyed with 256 bits from the operating system.
     pub fn from_os() -> Result<Self, getrandom_error::Error> {
         let mut key = [0u8; 32];
-        rand::rngs::SysRng
-            .try_fill_bytes(&mut key)
-            .map_err(|e| getrandom_error::Error(e.to_string()))?;
-        Ok(Self {
-            inner: ChaCha20Rng::from_seed(key),
-            seed: None,
-        })
+        rand::rngs::SysRng.try_fill_bytes(&mut key).map_err(|e| getrandom_error::Error(e.to_string()))?;
+        Ok(Self { inner: ChaCha20Rng::from_seed(key), seed: None })
     }
 
     /// A deterministic RNG for tests and reproducible benchmarks. **Not private**:
     /// anyone who knows the seed can subtract the noise.
     pub fn unsafe_seeded(seed: u64) -> Self {
-        Self {
-            inner: ChaCha20Rng::seed_from_u64(seed),
-            seed: Some(seed),
-        }
+        Self { inner: ChaCha20Rng::seed_from_u64(seed), seed: Some(seed) }
     }
 
     /// Secure RNG unless `unsafe_seed` is given.
@@ -86,10 +78,7 @@ impl DpRng {
     pub fn fork(&mut self) -> Self {
         let mut key = [0u8; 32];
         self.inner.fill_bytes_infallible(&mut key);
-        Self {
-            inner: ChaCha20Rng::from_seed(key),
-            seed: self.seed,
-        }
+        Self { inner: ChaCha20Rng::from_seed(key), seed: self.seed }
     }
 }
 

@@ -7,21 +7,14 @@ use std::collections::BTreeMap;
 /// Chi-square goodness-of-fit of integer draws against a pmf; panics (test
 /// failure) if the p-value is below `alpha`. Cells with expected count < 5 are
 /// pooled into the two tails. Returns (statistic, degrees of freedom, p-value).
-pub fn chi_square_test_integer(
-    draws: &[i64],
-    pmf: impl Fn(i64) -> f64,
-    alpha: f64,
-) -> (f64, usize, f64) {
+pub fn chi_square_test_integer(draws: &[i64], pmf: impl Fn(i64) -> f64, alpha: f64) -> (f64, usize, f64) {
     let n = draws.len() as f64;
     let mut counts: BTreeMap<i64, f64> = BTreeMap::new();
     for &d in draws {
         *counts.entry(d).or_default() += 1.0;
     }
     // Central cells with expected count >= 5, found by walking out from the mode.
-    let mode = draws
-        .iter()
-        .copied()
-        .fold(0i64, |m, d| if pmf(d) > pmf(m) { d } else { m });
+    let mode = draws.iter().copied().fold(0i64, |m, d| if pmf(d) > pmf(m) { d } else { m });
     let mut lo = mode;
     while n * pmf(lo - 1) >= 5.0 {
         lo -= 1;
@@ -104,9 +97,6 @@ pub fn ks_test(draws: &mut [f64], cdf: impl Fn(f64) -> f64, alpha: f64) -> f64 {
     }
     // Asymptotic critical value: sqrt(-ln(alpha/2)/2) / sqrt(n).
     let crit = (-(alpha / 2.0).ln() / 2.0).sqrt() / n.sqrt();
-    assert!(
-        d <= crit,
-        "KS test failed: D = {d:.5} > critical {crit:.5} (alpha {alpha})"
-    );
+    assert!(d <= crit, "KS test failed: D = {d:.5} > critical {crit:.5} (alpha {alpha})");
     d
 }

@@ -10,9 +10,7 @@ use datafusion::execution::{SendableRecordBatchStream, TaskContext};
 use datafusion::physical_expr::{EquivalenceProperties, PhysicalExpr};
 use datafusion::physical_plan::execution_plan::{Boundedness, EmissionType};
 use datafusion::physical_plan::stream::RecordBatchStreamAdapter;
-use datafusion::physical_plan::{
-    DisplayAs, DisplayFormatType, ExecutionPlan, Partitioning, PlanProperties,
-};
+use datafusion::physical_plan::{DisplayAs, DisplayFormatType, ExecutionPlan, Partitioning, PlanProperties};
 
 use super::plan::SamplingPlan;
 use crate::domain::decoded_schema;
@@ -40,9 +38,7 @@ impl SyntheticExec {
     ) -> Result<Self> {
         plan.validate().map_err(DataFusionError::Plan)?;
         if chunk_rows == 0 || partitions == 0 {
-            return Err(DataFusionError::Plan(
-                "chunk size and partitions must be positive".into(),
-            ));
+            return Err(DataFusionError::Plan("chunk size and partitions must be positive".into()));
         }
         let properties = Arc::new(PlanProperties::new(
             EquivalenceProperties::new(decoded_schema(&plan.domain)),
@@ -50,13 +46,7 @@ impl SyntheticExec {
             EmissionType::Incremental,
             Boundedness::Bounded,
         ));
-        Ok(Self {
-            plan,
-            rows,
-            chunk_rows,
-            seed,
-            properties,
-        })
+        Ok(Self { plan, rows, chunk_rows, seed, properties })
     }
 
     /// The sampling plan.
@@ -66,12 +56,7 @@ impl SyntheticExec {
 
     /// (rows, partitions, chunk rows, seed).
     pub fn params(&self) -> (u64, usize, usize, u64) {
-        (
-            self.rows,
-            self.properties.partitioning.partition_count(),
-            self.chunk_rows,
-            self.seed,
-        )
+        (self.rows, self.properties.partitioning.partition_count(), self.chunk_rows, self.seed)
     }
 
     /// Rows of partition `p`.
@@ -88,12 +73,7 @@ impl SyntheticExec {
 
 impl DisplayAs for SyntheticExec {
     fn fmt_as(&self, _t: DisplayFormatType, f: &mut fmt::Formatter) -> fmt::Result {
-        write!(
-            f,
-            "SyntheticExec: rows={}, columns={}",
-            self.rows,
-            self.plan.domain.len()
-        )
+        write!(f, "SyntheticExec: rows={}, columns={}", self.rows, self.plan.domain.len())
     }
 }
 
@@ -125,23 +105,14 @@ impl ExecutionPlan for SyntheticExec {
         Ok(TreeNodeRecursion::Continue)
     }
 
-    fn with_new_children(
-        self: Arc<Self>,
-        children: Vec<Arc<dyn ExecutionPlan>>,
-    ) -> Result<Arc<dyn ExecutionPlan>> {
+    fn with_new_children(self: Arc<Self>, children: Vec<Arc<dyn ExecutionPlan>>) -> Result<Arc<dyn ExecutionPlan>> {
         if !children.is_empty() {
-            return Err(DataFusionError::Internal(
-                "SyntheticExec has no children".into(),
-            ));
+            return Err(DataFusionError::Internal("SyntheticExec has no children".into()));
         }
         Ok(self)
     }
 
-    fn execute(
-        &self,
-        partition: usize,
-        _context: Arc<TaskContext>,
-    ) -> Result<SendableRecordBatchStream> {
+    fn execute(&self, partition: usize, _context: Arc<TaskContext>) -> Result<SendableRecordBatchStream> {
         let (start, len) = self.partition_rows(partition);
         let chunk = self.chunk_rows as u64;
         let plan = self.plan.clone();

@@ -57,11 +57,7 @@ pub fn randomized_round<R: Rng + ?Sized>(rng: &mut R, p: &[f64], g: u64, out: &m
     let mut frac = Vec::with_capacity(p.len());
     let mut assigned = 0u64;
     for &pi in p {
-        let x = if total > 0.0 {
-            g as f64 * pi / norm
-        } else {
-            g as f64 / p.len() as f64
-        };
+        let x = if total > 0.0 { g as f64 * pi / norm } else { g as f64 / p.len() as f64 };
         let f = x.floor();
         out.push(f as u64);
         assigned += f as u64;
@@ -95,10 +91,7 @@ pub fn randomized_round<R: Rng + ?Sized>(rng: &mut R, p: &[f64], g: u64, out: &m
     }
     // Floating-point slack can leave one short: give it to the largest unchosen fraction.
     while n_chosen < extra {
-        let k = (0..p.len())
-            .filter(|&k| !chosen[k])
-            .max_by(|&a, &b| frac[a].total_cmp(&frac[b]))
-            .unwrap_or(0);
+        let k = (0..p.len()).filter(|&k| !chosen[k]).max_by(|&a, &b| frac[a].total_cmp(&frac[b])).unwrap_or(0);
         chosen[k] = true;
         n_chosen += 1;
     }
@@ -123,26 +116,17 @@ impl SamplingPlan {
         let mut seen = vec![false; cards.len()];
         for s in &self.steps {
             if s.column >= cards.len() || seen[s.column] {
-                return Err(format!(
-                    "sampling plan: column {} missing or repeated",
-                    s.column
-                ));
+                return Err(format!("sampling plan: column {} missing or repeated", s.column));
             }
             for &p in &s.parents {
                 if p >= cards.len() || !seen[p] {
-                    return Err(format!(
-                        "sampling plan: parent {p} of column {} not generated before it",
-                        s.column
-                    ));
+                    return Err(format!("sampling plan: parent {p} of column {} not generated before it", s.column));
                 }
             }
             seen[s.column] = true;
             let combos: usize = s.parents.iter().map(|&p| cards[p]).product();
             if s.table.len() != combos * cards[s.column] {
-                return Err(format!(
-                    "sampling plan: table of column {} has the wrong size",
-                    s.column
-                ));
+                return Err(format!("sampling plan: table of column {} has the wrong size", s.column));
             }
         }
         if seen.iter().any(|s| !s) {
@@ -163,11 +147,8 @@ impl SamplingPlan {
             let mut col = vec![0u32; rows];
             if step.parents.is_empty() {
                 randomized_round(rng, &step.table, rows as u64, &mut counts);
-                let mut vals: Vec<u32> = counts
-                    .iter()
-                    .enumerate()
-                    .flat_map(|(v, &c)| std::iter::repeat_n(v as u32, c as usize))
-                    .collect();
+                let mut vals: Vec<u32> =
+                    counts.iter().enumerate().flat_map(|(v, &c)| std::iter::repeat_n(v as u32, c as usize)).collect();
                 shuffle(rng, &mut vals);
                 col = vals;
             } else {
@@ -199,18 +180,10 @@ impl SamplingPlan {
                     if lo == hi {
                         continue;
                     }
-                    randomized_round(
-                        rng,
-                        &step.table[k * size..(k + 1) * size],
-                        (hi - lo) as u64,
-                        &mut counts,
-                    );
+                    randomized_round(rng, &step.table[k * size..(k + 1) * size], (hi - lo) as u64, &mut counts);
                     vals.clear();
                     vals.extend(
-                        counts
-                            .iter()
-                            .enumerate()
-                            .flat_map(|(v, &c)| std::iter::repeat_n(v as u32, c as usize)),
+                        counts.iter().enumerate().flat_map(|(v, &c)| std::iter::repeat_n(v as u32, c as usize)),
                     );
                     shuffle(rng, &mut vals);
                     for (slot, &v) in perm[lo..hi].iter().zip(&vals) {
@@ -223,18 +196,11 @@ impl SamplingPlan {
         // Final shuffle of rows.
         let mut order: Vec<usize> = (0..rows).collect();
         shuffle(rng, &mut order);
-        codes
-            .into_iter()
-            .map(|c| order.iter().map(|&i| c[i]).collect())
-            .collect()
+        codes.into_iter().map(|c| order.iter().map(|&i| c[i]).collect()).collect()
     }
 
     /// Generates and decodes `rows` rows.
-    pub fn sample_batch<R: Rng + ?Sized>(
-        &self,
-        rows: usize,
-        rng: &mut R,
-    ) -> Result<RecordBatch, DecodeError> {
+    pub fn sample_batch<R: Rng + ?Sized>(&self, rows: usize, rng: &mut R) -> Result<RecordBatch, DecodeError> {
         let codes = self.sample_codes(rows, rng);
         let refs: Vec<&[u32]> = codes.iter().map(|c| c.as_slice()).collect();
         decode_columns(&self.domain, &refs, self.decode, rng)
@@ -257,9 +223,7 @@ mod tests {
             assert_eq!(out.iter().sum::<u64>(), 7);
             for k in 0..3 {
                 // floor(7p) ≤ out ≤ ceil(7p)
-                assert!(
-                    out[k] as f64 >= (7.0 * p[k]).floor() && out[k] as f64 <= (7.0 * p[k]).ceil()
-                );
+                assert!(out[k] as f64 >= (7.0 * p[k]).floor() && out[k] as f64 <= (7.0 * p[k]).ceil());
                 sums[k] += out[k] as f64;
             }
         }
