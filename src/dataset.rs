@@ -62,15 +62,24 @@ impl Dataset {
 
     /// Physical plan producing encoded codes for `columns` (all domain columns if empty).
     pub(crate) async fn encoded_plan(&self, ctx: &SessionContext, columns: &[&str]) -> Result<Arc<dyn ExecutionPlan>> {
-        let names: Vec<&str> = if columns.is_empty() { self.domain().names() } else { columns.to_vec() };
-        let sub = Arc::new(self.domain().project(&names).map_err(anyhow::Error::msg)?);
+        // Encode every domain column (so drop-row/error policies select the same
+        // rows whatever is counted), then keep the requested ones.
+        let all = self.domain().names();
         let df = self
             .raw(ctx)
             .await?
-            .select_columns(&names)
-            .with_context(|| format!("{}: the data does not have the domain's columns {names:?}", self.location))?;
+            .select_columns(&all)
+            .with_context(|| format!("{}: the data does not have the domain's columns {all:?}", self.location))?;
         let plan = df.create_physical_plan().await?;
-        Ok(Arc::new(EncodeExec::try_new(plan, sub)?))
+        let encoded: Arc<dyn ExecutionPlan> = Arc::new(EncodeExec::try_new(plan, Arc::new(self.domain().clone()))?);
+        if columns.is_empty() {
+            return Ok(encoded);
+        }
+        let idx: Vec<usize> = columns
+            .iter()
+            .map(|c| self.domain().position(c).with_context(|| format!("unknown column {c:?}")))
+            .collect::<Result<_>>()?;
+        Ok(dpflow_udfs::marginal::project(encoded, Some(&idx))?)
     }
 
     /// Exact marginals of attribute sets, in one scan.

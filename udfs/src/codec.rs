@@ -39,6 +39,8 @@ enum PhysicalPayload {
         domain: Domain,
         #[serde(default = "codes")]
         output: DomainOutput,
+        #[serde(default)]
+        passthrough: Vec<String>,
     },
     Synthetic {
         plan: SamplingPlan,
@@ -114,9 +116,9 @@ impl PhysicalExtensionCodec for DpflowCodec {
         };
         Ok(match payload {
             PhysicalPayload::Marginal { config, mode } => Arc::new(MarginalExec::try_new(input()?, config, mode)?),
-            PhysicalPayload::Encode { domain, output } => {
+            PhysicalPayload::Encode { domain, output, passthrough } => {
                 let domain = domain.reindex().map_err(DataFusionError::Internal)?;
-                Arc::new(EncodeExec::with_output(input()?, Arc::new(domain), output)?)
+                Arc::new(EncodeExec::with_passthrough(input()?, Arc::new(domain), output, passthrough)?)
             }
             PhysicalPayload::Synthetic { mut plan, rows, partitions, chunk_rows, seed } => {
                 plan.domain = plan.domain.reindex().map_err(DataFusionError::Internal)?;
@@ -134,7 +136,11 @@ impl PhysicalExtensionCodec for DpflowCodec {
         let payload = if let Some(m) = node.downcast_ref::<MarginalExec>() {
             PhysicalPayload::Marginal { config: m.config().clone(), mode: m.mode() }
         } else if let Some(e) = node.downcast_ref::<EncodeExec>() {
-            PhysicalPayload::Encode { domain: e.domain().as_ref().clone(), output: e.output() }
+            PhysicalPayload::Encode {
+                domain: e.domain().as_ref().clone(),
+                output: e.output(),
+                passthrough: e.passthrough().to_vec(),
+            }
         } else if let Some(s) = node.downcast_ref::<SyntheticExec>() {
             let (rows, partitions, chunk_rows, seed) = s.params();
             PhysicalPayload::Synthetic { plan: s.plan().as_ref().clone(), rows, partitions, chunk_rows, seed }

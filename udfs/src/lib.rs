@@ -12,6 +12,7 @@ pub mod calibrate;
 pub mod codec;
 pub mod cost;
 pub mod domain;
+pub mod dp;
 pub mod marginal;
 pub mod noise;
 pub mod session;

@@ -275,6 +275,8 @@ pub struct BatchEncoder {
     stats: EncodeStats,
     /// Whether out-of-domain values abort (false = count only, for `inspect`).
     enforce: bool,
+    /// Input columns copied unchanged after the domain columns in typed output.
+    passthrough: Vec<usize>,
 }
 
 impl BatchEncoder {
@@ -290,7 +292,32 @@ impl BatchEncoder {
         }
         let output_schema = encoded_schema(&domain);
         let stats = EncodeStats { columns: vec![ColumnStats::default(); domain.len()], ..Default::default() };
-        Ok(Self { domain, input_index, output_schema, stats, enforce: true })
+        Ok(Self { domain, input_index, output_schema, stats, enforce: true, passthrough: vec![] })
+    }
+
+    /// Copies the named input columns unchanged after the domain columns in
+    /// [`BatchEncoder::typed`] output (e.g. a privacy-unit identifier).
+    pub fn with_passthrough(mut self, input_schema: &Schema, names: &[String]) -> Result<Self, EncodeError> {
+        self.passthrough = names
+            .iter()
+            .map(|n| {
+                input_schema.index_of(n).map_err(|_| EncodeError::MissingColumn {
+                    column: n.clone(),
+                    available: input_schema.fields().iter().map(|f| f.name().as_str()).collect::<Vec<_>>().join(", "),
+                })
+            })
+            .collect::<Result<_, _>>()?;
+        Ok(self)
+    }
+
+    /// Schema of [`BatchEncoder::typed`] output for inputs with `input_schema`.
+    pub fn typed_schema(&self, input_schema: &Schema) -> SchemaRef {
+        let mut fields: Vec<Field> =
+            super::decode::decoded_schema(&self.domain).fields().iter().map(|f| f.as_ref().clone()).collect();
+        for &p in &self.passthrough {
+            fields.push(input_schema.field(p).clone());
+        }
+        Arc::new(Schema::new(fields))
     }
 
     /// Count out-of-domain values without applying the policy (for the
@@ -386,7 +413,11 @@ impl BatchEncoder {
             };
             outputs.push(out);
         }
-        let typed = RecordBatch::try_new(decoded_schema_for(&domain), outputs).expect("typed schema matches");
+        for &p in &self.passthrough {
+            outputs.push(batch.column(p).clone());
+        }
+        let typed =
+            RecordBatch::try_new(self.typed_schema(batch.schema().as_ref()), outputs).expect("typed schema matches");
         let out = match keep {
             Some(mask) => filter_record_batch(&typed, &BooleanArray::from(mask)).expect("filter of equal-length mask"),
             None => typed,
@@ -520,10 +551,6 @@ fn raw_numbers(array: &dyn Array, col: &Column) -> Result<Vec<Option<f64>>, Enco
             (0..n).map(|i| (!a.is_null(i)).then(|| a.value(i))).collect()
         }
     })
-}
-
-fn decoded_schema_for(domain: &Domain) -> SchemaRef {
-    super::decode::decoded_schema(domain)
 }
 
 /// The schema of encoded batches: one non-null UInt32 per domain column.

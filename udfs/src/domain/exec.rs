@@ -30,6 +30,7 @@ pub struct EncodeExec {
     input: Arc<dyn ExecutionPlan>,
     domain: Arc<Domain>,
     output: DomainOutput,
+    passthrough: Vec<String>,
     properties: Arc<PlanProperties>,
 }
 
@@ -46,11 +47,28 @@ impl EncodeExec {
 
     /// An operator with the given output.
     pub fn with_output(input: Arc<dyn ExecutionPlan>, domain: Arc<Domain>, output: DomainOutput) -> Result<Self> {
+        Self::with_passthrough(input, domain, output, vec![])
+    }
+
+    /// Typed output plus input columns copied unchanged (e.g. a privacy unit).
+    pub fn with_passthrough(
+        input: Arc<dyn ExecutionPlan>,
+        domain: Arc<Domain>,
+        output: DomainOutput,
+        passthrough: Vec<String>,
+    ) -> Result<Self> {
         // Fail at plan time if columns are missing.
-        BatchEncoder::new(domain.clone(), &input.schema()).map_err(|e| DataFusionError::Plan(e.to_string()))?;
+        let plan_err = |e: super::EncodeError| DataFusionError::Plan(e.to_string());
+        let enc = BatchEncoder::new(domain.clone(), &input.schema())
+            .map_err(plan_err)?
+            .with_passthrough(&input.schema(), &passthrough)
+            .map_err(plan_err)?;
+        if output == DomainOutput::Codes && !passthrough.is_empty() {
+            return Err(DataFusionError::Plan("passthrough columns need typed output".into()));
+        }
         let schema = match output {
             DomainOutput::Codes => encoded_schema(&domain),
-            DomainOutput::Typed => super::decoded_schema(&domain),
+            DomainOutput::Typed => enc.typed_schema(&input.schema()),
         };
         let properties = Arc::new(PlanProperties::new(
             EquivalenceProperties::new(schema),
@@ -58,7 +76,12 @@ impl EncodeExec {
             EmissionType::Incremental,
             Boundedness::Bounded,
         ));
-        Ok(Self { input, domain, output, properties })
+        Ok(Self { input, domain, output, passthrough, properties })
+    }
+
+    /// Columns copied unchanged.
+    pub fn passthrough(&self) -> &[String] {
+        &self.passthrough
     }
 
     /// The domain.
@@ -112,6 +135,7 @@ impl ExecutionPlan for EncodeExec {
     fn execute(&self, partition: usize, context: Arc<TaskContext>) -> Result<SendableRecordBatchStream> {
         let input = self.input.execute(partition, context)?;
         let mut encoder = BatchEncoder::new(self.domain.clone(), &self.input.schema())
+            .and_then(|e| e.with_passthrough(&self.input.schema(), &self.passthrough))
             .map_err(|e| DataFusionError::Execution(e.to_string()))?;
         let schema = self.schema();
         let output = self.output;

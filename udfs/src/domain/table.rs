@@ -21,6 +21,7 @@ pub struct EncodedTable {
     domain: Arc<Domain>,
     schema: SchemaRef,
     output: DomainOutput,
+    passthrough: Vec<String>,
 }
 
 impl EncodedTable {
@@ -31,15 +32,24 @@ impl EncodedTable {
             raw.index_of(&c.name)
                 .map_err(|_| DataFusionError::Plan(format!("domain column {:?} is not in the table", c.name)))?;
         }
-        Ok(Self { schema: encoded_schema(&domain), inner, domain, output: DomainOutput::Codes })
+        Ok(Self { schema: encoded_schema(&domain), inner, domain, output: DomainOutput::Codes, passthrough: vec![] })
     }
 
     /// Like [`EncodedTable::try_new`] but presenting typed, normalised values
     /// (labels, Int64, Float64, Boolean; null tokens and policies applied).
     pub fn typed(inner: Arc<dyn TableProvider>, domain: Arc<Domain>) -> Result<Self> {
+        Self::typed_with(inner, domain, vec![])
+    }
+
+    /// Typed values plus raw `passthrough` columns (e.g. the privacy unit).
+    pub fn typed_with(inner: Arc<dyn TableProvider>, domain: Arc<Domain>, passthrough: Vec<String>) -> Result<Self> {
         let mut t = Self::try_new(inner, domain)?;
-        t.schema = super::decoded_schema(&t.domain);
+        let enc = super::BatchEncoder::new(t.domain.clone(), &t.inner.schema())
+            .and_then(|e| e.with_passthrough(&t.inner.schema(), &passthrough))
+            .map_err(|e| DataFusionError::Plan(e.to_string()))?;
+        t.schema = enc.typed_schema(&t.inner.schema());
         t.output = DomainOutput::Typed;
+        t.passthrough = passthrough;
         Ok(t)
     }
 
@@ -66,19 +76,24 @@ impl TableProvider for EncodedTable {
         _filters: &[Expr],
         _limit: Option<usize>,
     ) -> Result<Arc<dyn ExecutionPlan>> {
-        // Encode only the projected domain columns; no filter or limit pushdown
-        // (both would change which rows are counted).
-        let wanted: Vec<usize> = match projection {
-            Some(p) => p.clone(),
-            None => (0..self.domain.len()).collect(),
-        };
-        let names: Vec<&str> = wanted.iter().map(|&i| self.domain.columns()[i].name.as_str()).collect();
-        let sub = Arc::new(self.domain.project(&names).map_err(DataFusionError::Plan)?);
+        // Every domain column is read, so that drop-row and error policies give
+        // the same rows whatever is projected; no filter or limit pushdown (both
+        // would change which rows are counted).
         let raw = self.inner.schema();
-        let raw_proj: Vec<usize> = names.iter().map(|n| raw.index_of(n)).collect::<std::result::Result<_, _>>()?;
-        let scan = self.inner.scan(state, Some(&raw_proj), &[], None).await?;
-        let encoded: Arc<dyn ExecutionPlan> = Arc::new(EncodeExec::with_output(scan, sub, self.output)?);
-        // EncodeExec emits the sub-domain's columns in projection order already.
+        let mut raw_cols: Vec<usize> =
+            self.domain.names().iter().map(|n| raw.index_of(n)).collect::<std::result::Result<_, _>>()?;
+        for p in &self.passthrough {
+            raw_cols.push(raw.index_of(p)?);
+        }
+        let scan = self.inner.scan(state, Some(&raw_cols), &[], None).await?;
+        let encoded: Arc<dyn ExecutionPlan> =
+            Arc::new(EncodeExec::with_passthrough(scan, self.domain.clone(), self.output, self.passthrough.clone())?);
+        let encoded = crate::marginal::project(encoded, projection)?;
         Ok(encoded)
+    }
+
+    fn statistics(&self) -> Option<datafusion::common::Statistics> {
+        // Never expose statistics of private data (no answers from file metadata).
+        None
     }
 }

@@ -1,0 +1,208 @@
+//! The DP SQL catalog: protected and public tables, privacy units,
+//! contribution bounds, the ledger, and the default per-query budget.
+
+use std::collections::BTreeMap;
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+
+use anyhow::{Context, Result, bail};
+use serde::Deserialize;
+
+use crate::dataset::Dataset;
+use crate::domain::DomainSpec;
+use crate::io::InputFormat;
+use crate::privacy::Budget;
+
+/// The privacy unit of a protected table.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum PrivacyUnit {
+    /// One row is one person.
+    Row,
+    /// The named column identifies the person.
+    Column(String),
+}
+
+/// A registered table.
+#[derive(Debug, Clone)]
+pub struct TableEntry {
+    /// SQL name.
+    pub name: String,
+    /// Data and domain.
+    pub dataset: Dataset,
+    /// Public tables can be read and joined freely.
+    pub public: bool,
+    /// Privacy unit (protected tables).
+    pub unit: PrivacyUnit,
+    /// Max rows per unit per group (L∞).
+    pub max_rows_per_unit: u64,
+    /// Max groups a unit may contribute to (L0).
+    pub max_groups_per_unit: u64,
+    /// Ledger dataset charged.
+    pub ledger_dataset: String,
+}
+
+/// The catalog.
+#[derive(Debug, Clone)]
+pub struct Catalog {
+    /// The file it came from.
+    pub path: PathBuf,
+    /// Tables by name.
+    pub tables: BTreeMap<String, TableEntry>,
+    /// Ledger file.
+    pub ledger: Option<PathBuf>,
+    /// Create the ledger with these budgets if it is missing (demo catalogs only).
+    pub create_ledger: Option<BTreeMap<String, Budget>>,
+    /// Default budget of one query.
+    pub query_budget: Option<Budget>,
+    /// Default confidence level of intervals.
+    pub confidence: f64,
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct RawCatalog {
+    #[serde(default)]
+    ledger: Option<String>,
+    #[serde(default)]
+    create_ledger_if_missing: Option<BTreeMap<String, RawBudget>>,
+    #[serde(default)]
+    query_budget: Option<RawBudget>,
+    #[serde(default = "default_confidence")]
+    confidence: f64,
+    tables: BTreeMap<String, RawTable>,
+}
+
+fn default_confidence() -> f64 {
+    0.95
+}
+
+/// A budget in YAML: `{epsilon}`, `{epsilon, delta}` or `{rho}`.
+#[derive(Deserialize, Clone, Copy)]
+#[serde(deny_unknown_fields)]
+pub struct RawBudget {
+    #[serde(default)]
+    epsilon: Option<f64>,
+    #[serde(default)]
+    delta: Option<f64>,
+    #[serde(default)]
+    rho: Option<f64>,
+}
+
+impl RawBudget {
+    /// The budget, or an error naming `what`.
+    pub fn budget(&self, what: &str) -> Result<Budget> {
+        let b = match (self.epsilon, self.delta, self.rho) {
+            (None, None, Some(rho)) => Budget::Zcdp { rho },
+            (Some(epsilon), Some(delta), None) => Budget::Approx { epsilon, delta },
+            (Some(epsilon), None, None) => Budget::Pure { epsilon },
+            _ => bail!("{what}: give {{epsilon}}, {{epsilon, delta}} or {{rho}}"),
+        };
+        b.validate().map_err(|e| anyhow::anyhow!("{what}: {e}"))?;
+        Ok(b)
+    }
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct RawTable {
+    location: String,
+    domain: String,
+    #[serde(default)]
+    format: Option<InputFormat>,
+    #[serde(default)]
+    public: bool,
+    #[serde(default)]
+    privacy_unit: Option<RawUnit>,
+    #[serde(default = "one")]
+    max_rows_per_unit: u64,
+    #[serde(default = "one")]
+    max_groups_per_unit: u64,
+    #[serde(default)]
+    ledger_dataset: Option<String>,
+}
+
+fn one() -> u64 {
+    1
+}
+
+#[derive(Deserialize)]
+#[serde(untagged)]
+enum RawUnit {
+    Row(String),
+    Column { column: String },
+}
+
+fn resolve(base: &Path, p: &str) -> String {
+    if p.contains("://") || Path::new(p).is_absolute() {
+        p.to_string()
+    } else {
+        base.join(p).display().to_string()
+    }
+}
+
+impl Catalog {
+    /// Loads a catalog; relative paths are relative to the catalog file.
+    pub fn load(path: impl AsRef<Path>) -> Result<Self> {
+        let path = path.as_ref();
+        let text = std::fs::read_to_string(path).with_context(|| format!("reading catalog {}", path.display()))?;
+        let raw: RawCatalog = serde_saphyr::from_str(&text).map_err(|e| anyhow::anyhow!("{}: {e}", path.display()))?;
+        let base = path.parent().unwrap_or(Path::new("."));
+        let mut tables = BTreeMap::new();
+        for (name, t) in raw.tables {
+            let what = format!("{}: tables.{name}", path.display());
+            let domain_path = resolve(base, &t.domain);
+            let spec = DomainSpec::load(&domain_path)?;
+            let unit = match t.privacy_unit {
+                None => PrivacyUnit::Row,
+                Some(RawUnit::Row(s)) if s == "row" => PrivacyUnit::Row,
+                Some(RawUnit::Row(s)) => bail!("{what}.privacy_unit: {s:?} is not `row` or {{column: NAME}}"),
+                Some(RawUnit::Column { column }) => {
+                    if spec.domain.column(&column).is_some() {
+                        bail!("{what}.privacy_unit: the unit column {column:?} must not be a domain attribute (it identifies people)");
+                    }
+                    PrivacyUnit::Column(column)
+                }
+            };
+            if t.max_rows_per_unit == 0 || t.max_groups_per_unit == 0 {
+                bail!("{what}: contribution bounds must be at least 1");
+            }
+            let dataset = Dataset {
+                name: name.clone(),
+                location: resolve(base, &t.location),
+                format: t.format,
+                spec: Arc::new(spec),
+            };
+            tables.insert(
+                name.clone(),
+                TableEntry {
+                    ledger_dataset: t.ledger_dataset.unwrap_or_else(|| name.clone()),
+                    name,
+                    dataset,
+                    public: t.public,
+                    unit,
+                    max_rows_per_unit: t.max_rows_per_unit,
+                    max_groups_per_unit: t.max_groups_per_unit,
+                },
+            );
+        }
+        let create_ledger = match raw.create_ledger_if_missing {
+            None => None,
+            Some(m) => Some(
+                m.into_iter()
+                    .map(|(k, v)| Ok((k.clone(), v.budget(&format!("create_ledger_if_missing.{k}"))?)))
+                    .collect::<Result<BTreeMap<_, _>>>()?,
+            ),
+        };
+        if !(raw.confidence > 0.0 && raw.confidence < 1.0) {
+            bail!("{}: confidence must be in (0, 1)", path.display());
+        }
+        Ok(Self {
+            path: path.to_path_buf(),
+            tables,
+            ledger: raw.ledger.map(|l| PathBuf::from(resolve(base, &l))),
+            create_ledger,
+            query_budget: raw.query_budget.map(|b| b.budget("query_budget")).transpose()?,
+            confidence: raw.confidence,
+        })
+    }
+}

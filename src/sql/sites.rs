@@ -1,0 +1,159 @@
+//! SQL preprocessing: every `dp_*` call site gets an id and its budget share.
+//!
+//! `dp_count(*, epsilon => 0.1)` becomes `dp_count(1, '__dp_site_0')` and the
+//! share (ε = 0.1) is kept on the side. The id lets the engine (a) charge
+//! each call site once at plan time and (b) refuse plans in which one call
+//! site appears twice (a CTE or view referenced twice would otherwise be
+//! evaluated — and noised — twice).
+
+use std::ops::ControlFlow;
+
+use anyhow::{Result, bail};
+use datafusion::sql::sqlparser::ast::{
+    Expr, FunctionArg, FunctionArgExpr, FunctionArguments, Statement, Value, visit_expressions_mut,
+};
+use datafusion::sql::sqlparser::dialect::GenericDialect;
+use datafusion::sql::sqlparser::parser::Parser;
+
+use dpflow_udfs::dp::DP_AGGREGATES;
+
+/// A budget share given at a call site.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub enum SiteBudget {
+    /// Pure ε (Laplace noise).
+    Epsilon(f64),
+    /// ρ-zCDP (Gaussian noise).
+    Rho(f64),
+}
+
+/// One DP aggregate call in the query text.
+#[derive(Debug, Clone, PartialEq)]
+pub struct CallSite {
+    /// Id (order of appearance).
+    pub id: usize,
+    /// Function name.
+    pub function: String,
+    /// Explicit share, if any.
+    pub budget: Option<SiteBudget>,
+}
+
+/// A query ready for planning.
+#[derive(Debug, Clone)]
+pub struct Prepared {
+    /// Rewritten SQL.
+    pub sql: String,
+    /// Call sites.
+    pub sites: Vec<CallSite>,
+    /// The query was `EXPLAIN ...`.
+    pub explain: bool,
+}
+
+/// The literal that tags call site `id`.
+pub fn site_tag(id: usize) -> String {
+    format!("__dp_site_{id}")
+}
+
+/// Parses one statement and tags its DP calls.
+pub fn prepare(sql: &str) -> Result<Prepared> {
+    let mut stmts = Parser::parse_sql(&GenericDialect {}, sql).map_err(|e| anyhow::anyhow!("SQL syntax error: {e}"))?;
+    if stmts.len() != 1 {
+        bail!("give exactly one SQL statement (got {})", stmts.len());
+    }
+    let mut stmt = stmts.remove(0);
+    let mut explain = false;
+    if let Statement::Explain { statement, .. } = stmt {
+        explain = true;
+        stmt = *statement;
+    }
+    if !matches!(stmt, Statement::Query(_)) {
+        bail!("only SELECT queries are allowed (no DDL, DML or configuration statements)");
+    }
+    let mut sites = Vec::new();
+    let mut error: Option<anyhow::Error> = None;
+    let _ = visit_expressions_mut(&mut stmt, |e: &mut Expr| {
+        if let Expr::Function(f) = e {
+            let name = f.name.to_string().to_ascii_lowercase();
+            if !DP_AGGREGATES.contains(&name.as_str()) {
+                return ControlFlow::<()>::Continue(());
+            }
+            let FunctionArguments::List(list) = &mut f.args else {
+                error = Some(anyhow::anyhow!("{name} needs an argument list"));
+                return ControlFlow::Break(());
+            };
+            let mut positional = Vec::new();
+            let mut budget = None;
+            for a in std::mem::take(&mut list.args) {
+                match a {
+                    FunctionArg::Named { name: n, arg, .. } => {
+                        let key = n.value.to_ascii_lowercase();
+                        let value = match &arg {
+                            FunctionArgExpr::Expr(Expr::Value(v)) => match &v.value {
+                                Value::Number(s, _) => s.parse::<f64>().ok(),
+                                _ => None,
+                            },
+                            _ => None,
+                        };
+                        let Some(value) = value.filter(|v| *v > 0.0 && v.is_finite()) else {
+                            error = Some(anyhow::anyhow!("{name}: {key} => must be a positive number literal"));
+                            return ControlFlow::Break(());
+                        };
+                        if budget.is_some() {
+                            error = Some(anyhow::anyhow!("{name}: give one budget share (epsilon => or rho =>)"));
+                            return ControlFlow::Break(());
+                        }
+                        budget = Some(match key.as_str() {
+                            "epsilon" | "eps" => SiteBudget::Epsilon(value),
+                            "rho" => SiteBudget::Rho(value),
+                            other => {
+                                error = Some(anyhow::anyhow!("{name}: unknown named argument {other:?} (use epsilon => or rho =>)"));
+                                return ControlFlow::Break(());
+                            }
+                        });
+                    }
+                    FunctionArg::Unnamed(FunctionArgExpr::Wildcard) if name == "dp_count" => {
+                        positional.push(FunctionArg::Unnamed(FunctionArgExpr::Expr(Expr::value(Value::Number(
+                            "1".into(),
+                            false,
+                        )))));
+                    }
+                    FunctionArg::Unnamed(arg @ FunctionArgExpr::Expr(_)) => positional.push(FunctionArg::Unnamed(arg)),
+                    other => {
+                        error = Some(anyhow::anyhow!("{name}: unsupported argument {other}"));
+                        return ControlFlow::Break(());
+                    }
+                }
+            }
+            let id = sites.len();
+            positional.push(FunctionArg::Unnamed(FunctionArgExpr::Expr(Expr::value(Value::SingleQuotedString(
+                site_tag(id),
+            )))));
+            list.args = positional;
+            sites.push(CallSite { id, function: name, budget });
+        }
+        ControlFlow::Continue(())
+    });
+    if let Some(e) = error {
+        return Err(e);
+    }
+    Ok(Prepared { sql: stmt.to_string(), sites, explain })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn tags_sites_and_extracts_budgets() {
+        let p = prepare("SELECT sex, dp_count(*, epsilon => 0.5), dp_sum(age, 0, 100) FROM adult GROUP BY sex").unwrap();
+        assert_eq!(p.sites.len(), 2);
+        assert_eq!(p.sites[0].budget, Some(SiteBudget::Epsilon(0.5)));
+        assert_eq!(p.sites[1].budget, None);
+        assert!(p.sql.contains("dp_count(1, '__dp_site_0')"), "{}", p.sql);
+        assert!(p.sql.contains("dp_sum(age, 0, 100, '__dp_site_1')"), "{}", p.sql);
+        assert!(prepare("EXPLAIN SELECT dp_count(*) FROM adult").unwrap().explain);
+        assert!(prepare("DROP TABLE adult").is_err());
+        assert!(prepare("SELECT 1; SELECT 2").is_err());
+        assert!(prepare("SELECT dp_count(*, delta => 1) FROM adult").is_err());
+        assert!(prepare("SELECT dp_count(*, rho => -1) FROM adult").is_err());
+    }
+}
