@@ -17,6 +17,7 @@ pub mod io;
 pub mod measure;
 pub mod pgm;
 pub mod privacy;
+pub mod sql;
 pub mod synth;
 
 pub use dpflow_udfs as udfs;

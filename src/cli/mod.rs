@@ -4,6 +4,7 @@ mod bench;
 mod bench_data;
 pub mod budget;
 pub mod inspect;
+mod sql;
 mod synth;
 
 use anyhow::Result;
@@ -38,6 +39,8 @@ pub enum Command {
     Sample(synth::SampleArgs),
     /// Compare synthetic with real data: workload error and 1/2/3-way TVD (curator-only).
     Eval(synth::EvalArgs),
+    /// DP SQL over a catalog of protected tables (one query, or an interactive session).
+    Sql(sql::SqlArgs),
 }
 
 /// Runs a parsed command line.
@@ -50,6 +53,7 @@ pub async fn run(cli: Cli) -> Result<i32> {
         Command::Synth(a) => synth::run(a).await,
         Command::Sample(a) => synth::sample(a).await,
         Command::Eval(a) => synth::eval(a).await,
+        Command::Sql(a) => sql::run(a).await,
     }
 }
 

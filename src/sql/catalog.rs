@@ -133,11 +133,7 @@ enum RawUnit {
 }
 
 fn resolve(base: &Path, p: &str) -> String {
-    if p.contains("://") || Path::new(p).is_absolute() {
-        p.to_string()
-    } else {
-        base.join(p).display().to_string()
-    }
+    if p.contains("://") || Path::new(p).is_absolute() { p.to_string() } else { base.join(p).display().to_string() }
 }
 
 impl Catalog {
@@ -158,7 +154,9 @@ impl Catalog {
                 Some(RawUnit::Row(s)) => bail!("{what}.privacy_unit: {s:?} is not `row` or {{column: NAME}}"),
                 Some(RawUnit::Column { column }) => {
                     if spec.domain.column(&column).is_some() {
-                        bail!("{what}.privacy_unit: the unit column {column:?} must not be a domain attribute (it identifies people)");
+                        bail!(
+                            "{what}.privacy_unit: the unit column {column:?} must not be a domain attribute (it identifies people)"
+                        );
                     }
                     PrivacyUnit::Column(column)
                 }

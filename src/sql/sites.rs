@@ -68,7 +68,10 @@ pub fn prepare(sql: &str) -> Result<Prepared> {
     if !matches!(stmt, Statement::Query(_)) {
         bail!("only SELECT queries are allowed (no DDL, DML or configuration statements)");
     }
-    let mut sites = Vec::new();
+    let mut sites: Vec<CallSite> = Vec::new();
+    // Identical call text shares one site (e.g. `dp_count(*)` and
+    // `dp_ci_low(dp_count(*))`): DataFusion computes it once.
+    let mut by_text: std::collections::HashMap<String, usize> = Default::default();
     let mut error: Option<anyhow::Error> = None;
     let _ = visit_expressions_mut(&mut stmt, |e: &mut Expr| {
         if let Expr::Function(f) = e {
@@ -105,7 +108,9 @@ pub fn prepare(sql: &str) -> Result<Prepared> {
                             "epsilon" | "eps" => SiteBudget::Epsilon(value),
                             "rho" => SiteBudget::Rho(value),
                             other => {
-                                error = Some(anyhow::anyhow!("{name}: unknown named argument {other:?} (use epsilon => or rho =>)"));
+                                error = Some(anyhow::anyhow!(
+                                    "{name}: unknown named argument {other:?} (use epsilon => or rho =>)"
+                                ));
                                 return ControlFlow::Break(());
                             }
                         });
@@ -123,12 +128,23 @@ pub fn prepare(sql: &str) -> Result<Prepared> {
                     }
                 }
             }
-            let id = sites.len();
+            let key = format!(
+                "{name}({})|{budget:?}",
+                positional.iter().map(|a| a.to_string()).collect::<Vec<_>>().join(",")
+            );
+            let id = match by_text.get(&key) {
+                Some(&id) => id,
+                None => {
+                    let id = sites.len();
+                    by_text.insert(key, id);
+                    sites.push(CallSite { id, function: name, budget });
+                    id
+                }
+            };
             positional.push(FunctionArg::Unnamed(FunctionArgExpr::Expr(Expr::value(Value::SingleQuotedString(
                 site_tag(id),
             )))));
             list.args = positional;
-            sites.push(CallSite { id, function: name, budget });
         }
         ControlFlow::Continue(())
     });
@@ -144,7 +160,8 @@ mod tests {
 
     #[test]
     fn tags_sites_and_extracts_budgets() {
-        let p = prepare("SELECT sex, dp_count(*, epsilon => 0.5), dp_sum(age, 0, 100) FROM adult GROUP BY sex").unwrap();
+        let p =
+            prepare("SELECT sex, dp_count(*, epsilon => 0.5), dp_sum(age, 0, 100) FROM adult GROUP BY sex").unwrap();
         assert_eq!(p.sites.len(), 2);
         assert_eq!(p.sites[0].budget, Some(SiteBudget::Epsilon(0.5)));
         assert_eq!(p.sites[1].budget, None);

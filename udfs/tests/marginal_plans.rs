@@ -237,3 +237,16 @@ async fn physical_plan_round_trips_through_proto() {
     assert_eq!(a, b);
     assert_eq!(a[0].1.iter().sum::<u64>(), 600);
 }
+
+#[tokio::test]
+async fn typed_table_projection() {
+    let ctx = dpflow_context(SessionConfig::new().with_target_partitions(2));
+    let batch = raw_data();
+    let raw = Arc::new(MemTable::try_new(batch.schema(), vec![vec![batch]]).unwrap());
+    let t = Arc::new(EncodedTable::typed(raw, domain()).unwrap());
+    ctx.register_table("t", t).unwrap();
+    let b = ctx.sql("SELECT x, count(*) FROM t GROUP BY x").await.unwrap().collect().await.unwrap();
+    assert!(!b.is_empty());
+    let b = ctx.sql("SELECT y FROM t").await.unwrap().collect().await.unwrap();
+    assert_eq!(b.iter().map(|b| b.num_rows()).sum::<usize>(), 600);
+}

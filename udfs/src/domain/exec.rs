@@ -129,7 +129,12 @@ impl ExecutionPlan for EncodeExec {
         if children.len() != 1 {
             return Err(DataFusionError::Internal("EncodeExec has one child".into()));
         }
-        Ok(Arc::new(EncodeExec::try_new(children.swap_remove(0), self.domain.clone())?))
+        Ok(Arc::new(EncodeExec::with_passthrough(
+            children.swap_remove(0),
+            self.domain.clone(),
+            self.output,
+            self.passthrough.clone(),
+        )?))
     }
 
     fn execute(&self, partition: usize, context: Arc<TaskContext>) -> Result<SendableRecordBatchStream> {

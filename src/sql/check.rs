@@ -1,0 +1,396 @@
+//! Plan checking: every value derived from a protected table must reach the
+//! output only through DP aggregates, and nothing before the aggregation may
+//! break contribution bounds. Refusals say which expression and why.
+//!
+//! Accepted shape: `[post-processing] → Aggregate(dp_* only) → [Filter |
+//! Projection | SubqueryAlias | Join with a public table] → protected scan`.
+//! Post-processing (projection, HAVING, ORDER BY, LIMIT, joins with public
+//! tables, windows over released values) may be anything that does not scan a
+//! protected table again.
+
+use std::collections::{BTreeMap, HashSet};
+
+use datafusion::common::tree_node::{TreeNode, TreeNodeRecursion};
+use datafusion::logical_expr::{Aggregate, Expr, JoinType, LogicalPlan};
+use dpflow_udfs::dp::DP_AGGREGATES;
+
+use super::catalog::Catalog;
+
+/// A refused query.
+#[derive(Debug, Clone, thiserror::Error, PartialEq)]
+#[error("refused: {0}")]
+pub struct Refusal(pub String);
+
+fn refuse<T>(msg: impl Into<String>) -> Result<T, Refusal> {
+    Err(Refusal(msg.into()))
+}
+
+/// What flows out of a plan node.
+#[derive(Debug, Clone, PartialEq)]
+enum Flow {
+    /// Only public data.
+    Public,
+    /// Rows of a protected table, not yet aggregated.
+    Protected(String),
+    /// Released (noisy) results of the DP aggregation, maybe combined with public data.
+    Released,
+}
+
+/// The outcome of a successful check.
+#[derive(Debug, Clone)]
+pub struct Analysis {
+    /// The one DP aggregation.
+    pub aggregate: Aggregate,
+    /// The protected table it aggregates.
+    pub table: String,
+    /// Public tables joined before aggregation: (table, join keys on the public side).
+    pub public_joins: Vec<(String, Vec<String>)>,
+}
+
+struct Checker<'a> {
+    catalog: &'a Catalog,
+    aggregate: Option<(Aggregate, String)>,
+    public_joins: Vec<(String, Vec<String>)>,
+}
+
+fn table_name(scan: &datafusion::logical_expr::TableScan) -> String {
+    scan.table_name.table().to_string()
+}
+
+fn is_dp_aggregate(e: &Expr) -> Option<String> {
+    match e {
+        Expr::AggregateFunction(f) if DP_AGGREGATES.contains(&f.func.name()) => Some(f.func.name().to_string()),
+        Expr::Alias(a) => is_dp_aggregate(&a.expr),
+        _ => None,
+    }
+}
+
+/// Every DP marker or window function inside `e` (for refusals).
+fn find_forbidden_in_rows(e: &Expr) -> Option<String> {
+    let mut found = None;
+    let _ = e.apply(|x| {
+        match x {
+            Expr::WindowFunction(w) => {
+                found = Some(format!("window function `{}` over protected rows", w.fun));
+                return Ok(TreeNodeRecursion::Stop);
+            }
+            Expr::AggregateFunction(f) => {
+                found = Some(format!("aggregate `{}` inside a row-level expression", f.func.name()));
+                return Ok(TreeNodeRecursion::Stop);
+            }
+            Expr::ScalarSubquery(_) | Expr::InSubquery(_) | Expr::Exists(_) => {
+                found = Some(format!("subquery expression `{x}` over protected rows"));
+                return Ok(TreeNodeRecursion::Stop);
+            }
+            _ => {}
+        }
+        Ok(TreeNodeRecursion::Continue)
+    });
+    found
+}
+
+impl Checker<'_> {
+    fn is_protected(&self, name: &str) -> bool {
+        self.catalog.tables.get(name).is_some_and(|t| !t.public)
+    }
+
+    fn flow(&mut self, plan: &LogicalPlan) -> Result<Flow, Refusal> {
+        use LogicalPlan as P;
+        match plan {
+            P::TableScan(s) => {
+                let name = table_name(s);
+                if self.is_protected(&name) {
+                    if s.fetch.is_some() {
+                        return refuse(format!("LIMIT pushed into protected table {name}"));
+                    }
+                    Ok(Flow::Protected(name))
+                } else {
+                    Ok(Flow::Public)
+                }
+            }
+            P::EmptyRelation(_) | P::Values(_) => Ok(Flow::Public),
+            P::Projection(p) => {
+                let f = self.flow(&p.input)?;
+                if let Flow::Protected(t) = &f {
+                    for e in &p.expr {
+                        if let Some(why) = find_forbidden_in_rows(e) {
+                            return refuse(format!("{why} (`{e}` on protected table {t})"));
+                        }
+                    }
+                }
+                Ok(f)
+            }
+            P::Filter(x) => {
+                let f = self.flow(&x.input)?;
+                if let Flow::Protected(t) = &f {
+                    if let Some(why) = find_forbidden_in_rows(&x.predicate) {
+                        return refuse(format!("{why} (WHERE `{}` on protected table {t})", x.predicate));
+                    }
+                }
+                Ok(f)
+            }
+            P::SubqueryAlias(a) => self.flow(&a.input),
+            P::Subquery(s) => self.flow(&s.subquery),
+            P::Aggregate(a) => {
+                let f = self.flow(&a.input)?;
+                let dp: Vec<Option<String>> = a.aggr_expr.iter().map(is_dp_aggregate).collect();
+                match f {
+                    Flow::Protected(t) => {
+                        for (e, d) in a.aggr_expr.iter().zip(&dp) {
+                            if d.is_none() {
+                                return refuse(format!(
+                                    "non-DP aggregate `{e}` on protected table {t}: use dp_count, dp_sum, dp_avg, dp_var or dp_quantile"
+                                ));
+                            }
+                            if let Expr::AggregateFunction(f) = e.clone().unalias() {
+                                if f.params.distinct {
+                                    return refuse(format!(
+                                        "DISTINCT inside `{e}` is not supported (it breaks contribution bounds)"
+                                    ));
+                                }
+                            }
+                        }
+                        if a.aggr_expr.is_empty() {
+                            return refuse(format!(
+                                "GROUP BY/DISTINCT without a DP aggregate on protected table {t} would release the set of keys"
+                            ));
+                        }
+                        if a.group_expr.iter().any(|g| matches!(g, Expr::GroupingSet(_))) {
+                            return refuse("GROUPING SETS / ROLLUP / CUBE over protected data are not supported");
+                        }
+                        if let Some((_, other)) = &self.aggregate {
+                            return refuse(format!(
+                                "more than one DP aggregation in one query (tables {other} and {t}): run them as separate queries"
+                            ));
+                        }
+                        self.aggregate = Some((a.clone(), t));
+                        Ok(Flow::Released)
+                    }
+                    other => {
+                        if let Some(Some(name)) = dp.iter().find(|d| d.is_some()) {
+                            return refuse(format!("{name} applied to data that is not a protected table's rows"));
+                        }
+                        Ok(other)
+                    }
+                }
+            }
+            P::Window(w) => {
+                let f = self.flow(&w.input)?;
+                for e in &w.window_expr {
+                    let mut dp = None;
+                    let _ = e.apply(|x| {
+                        if let Expr::WindowFunction(wf) = x {
+                            let n = wf.fun.to_string();
+                            if DP_AGGREGATES.iter().any(|d| n.contains(d)) {
+                                dp = Some(n);
+                                return Ok(TreeNodeRecursion::Stop);
+                            }
+                        }
+                        Ok(TreeNodeRecursion::Continue)
+                    });
+                    if let Some(n) = dp {
+                        return refuse(format!(
+                            "DP aggregate {n} used as a window function (`{e}`): it would be evaluated once per row"
+                        ));
+                    }
+                }
+                if let Flow::Protected(t) = &f {
+                    return refuse(format!("window function over protected rows of {t} (`{}`)", w.window_expr[0]));
+                }
+                Ok(f)
+            }
+            P::Sort(s) => {
+                let f = self.flow(&s.input)?;
+                if let Flow::Protected(t) = &f {
+                    return refuse(format!("ORDER BY on protected rows of {t} before aggregation"));
+                }
+                Ok(f)
+            }
+            P::Limit(l) => {
+                let f = self.flow(&l.input)?;
+                if let Flow::Protected(t) = &f {
+                    return refuse(format!("LIMIT/OFFSET on protected rows of {t} before aggregation"));
+                }
+                Ok(f)
+            }
+            P::Distinct(d) => {
+                let f = self.flow(d.input())?;
+                if let Flow::Protected(t) = &f {
+                    return refuse(format!("DISTINCT on protected rows of {t} would release their values"));
+                }
+                Ok(f)
+            }
+            P::Repartition(r) => self.flow(&r.input),
+            P::Join(j) => {
+                let l = self.flow(&j.left)?;
+                let r = self.flow(&j.right)?;
+                match (&l, &r) {
+                    (Flow::Protected(a), Flow::Protected(b)) => refuse(format!(
+                        "join between protected tables {a} and {b}: one person's rows could be multiplied, breaking contribution bounds"
+                    )),
+                    (Flow::Protected(t), Flow::Public) | (Flow::Public, Flow::Protected(t)) => {
+                        let protected_left = matches!(l, Flow::Protected(_));
+                        let ok_type = match j.join_type {
+                            JoinType::Inner => true,
+                            JoinType::Left | JoinType::LeftSemi | JoinType::LeftAnti => protected_left,
+                            JoinType::Right | JoinType::RightSemi | JoinType::RightAnti => !protected_left,
+                            _ => false,
+                        };
+                        if !ok_type {
+                            return refuse(format!(
+                                "{} join of protected table {t} with a public table could add rows not derived from {t}",
+                                j.join_type
+                            ));
+                        }
+                        let public_side = if protected_left { &j.right } else { &j.left };
+                        let public_schema = public_side.schema();
+                        // Equality keys from ON pairs or from the join filter's conjuncts.
+                        let mut pairs: Vec<(Expr, Expr)> = j.on.clone();
+                        if let Some(f) = &j.filter {
+                            for c in datafusion::logical_expr::utils::split_conjunction(f) {
+                                if let Expr::BinaryExpr(b) = c {
+                                    if b.op == datafusion::logical_expr::Operator::Eq {
+                                        pairs.push(((*b.left).clone(), (*b.right).clone()));
+                                    }
+                                }
+                            }
+                        }
+                        let keys: Vec<String> = pairs
+                            .iter()
+                            .flat_map(|(a, b)| [a, b])
+                            .filter_map(|e| match e {
+                                Expr::Column(c) if public_schema.has_column(c) => Some(c.name.clone()),
+                                _ => None,
+                            })
+                            .collect();
+                        if keys.is_empty() {
+                            return refuse(format!(
+                                "join of protected table {t} without equality keys (a cross join multiplies rows)"
+                            ));
+                        }
+                        let public_table = base_table(public_side).unwrap_or_default();
+                        self.public_joins.push((public_table, keys));
+                        Ok(Flow::Protected(t.clone()))
+                    }
+                    (Flow::Released, Flow::Protected(t)) | (Flow::Protected(t), Flow::Released) => {
+                        refuse(format!("join of released results with protected rows of {t}"))
+                    }
+                    (Flow::Released, _) | (_, Flow::Released) => Ok(Flow::Released),
+                    _ => Ok(Flow::Public),
+                }
+            }
+            P::Union(u) => {
+                let flows = u.inputs.iter().map(|i| self.flow(i)).collect::<Result<Vec<_>, _>>()?;
+                if let Some(Flow::Protected(t)) = flows.iter().find(|f| matches!(f, Flow::Protected(_))) {
+                    return refuse(format!("UNION/INTERSECT/EXCEPT with protected rows of {t}"));
+                }
+                Ok(if flows.contains(&Flow::Released) { Flow::Released } else { Flow::Public })
+            }
+            P::RecursiveQuery(_) => refuse("recursive queries are not supported"),
+            P::Unnest(u) => {
+                let f = self.flow(&u.input)?;
+                if let Flow::Protected(t) = &f {
+                    return refuse(format!("UNNEST on protected rows of {t} multiplies rows"));
+                }
+                Ok(f)
+            }
+            other => refuse(format!("{} is not allowed in a DP query", other.display())),
+        }
+    }
+}
+
+/// The base table under a chain of projections/filters/aliases, if any.
+fn base_table(plan: &LogicalPlan) -> Option<String> {
+    match plan {
+        LogicalPlan::TableScan(s) => Some(table_name(s)),
+        LogicalPlan::Projection(p) => base_table(&p.input),
+        LogicalPlan::Filter(f) => base_table(&f.input),
+        LogicalPlan::SubqueryAlias(a) => base_table(&a.input),
+        _ => None,
+    }
+}
+
+/// Checks a (unoptimised) logical plan.
+pub fn analyze(plan: &LogicalPlan, catalog: &Catalog) -> Result<Analysis, Refusal> {
+    // Protected tables inside subquery expressions are never allowed.
+    let mut in_subquery = None;
+    let _ = plan.apply(|node| {
+        for e in node.expressions() {
+            let _ = e.apply(|x| {
+                let sub = match x {
+                    Expr::ScalarSubquery(s) => Some(&s.subquery),
+                    Expr::InSubquery(s) => Some(&s.subquery.subquery),
+                    Expr::Exists(s) => Some(&s.subquery.subquery),
+                    _ => None,
+                };
+                if let Some(sub) = sub {
+                    let _ = sub.apply(|n| {
+                        if let LogicalPlan::TableScan(s) = n {
+                            let name = table_name(s);
+                            if catalog.tables.get(&name).is_some_and(|t| !t.public) {
+                                in_subquery = Some(name);
+                            }
+                        }
+                        Ok(TreeNodeRecursion::Continue)
+                    });
+                }
+                Ok(TreeNodeRecursion::Continue)
+            });
+        }
+        Ok(TreeNodeRecursion::Continue)
+    });
+    if let Some(t) = in_subquery {
+        return refuse(format!("protected table {t} used inside a subquery expression (IN/EXISTS/scalar subquery)"));
+    }
+    let mut c = Checker { catalog, aggregate: None, public_joins: vec![] };
+    match c.flow(plan)? {
+        Flow::Protected(t) => refuse(format!(
+            "the query returns rows of protected table {t}: only DP aggregates (dp_count, dp_sum, ...) may read it"
+        )),
+        Flow::Public => refuse("the query reads no protected table: run it in an ordinary SQL engine"),
+        Flow::Released => {
+            let (aggregate, table) = c.aggregate.expect("released implies an aggregate");
+            Ok(Analysis { aggregate, table, public_joins: c.public_joins })
+        }
+    }
+}
+
+/// Call-site ids of every DP aggregate in the plan (duplicates mean the same
+/// call would be evaluated twice).
+pub fn site_ids(plan: &LogicalPlan) -> Vec<String> {
+    let mut out = Vec::new();
+    let _ = plan.apply(|node| {
+        if let LogicalPlan::Aggregate(a) = node {
+            for e in &a.aggr_expr {
+                if let Expr::AggregateFunction(f) = e.clone().unalias() {
+                    if DP_AGGREGATES.contains(&f.func.name()) {
+                        if let Some(Expr::Literal(v, _)) = f.params.args.last() {
+                            out.push(v.to_string());
+                        }
+                    }
+                }
+            }
+        }
+        Ok(TreeNodeRecursion::Continue)
+    });
+    out
+}
+
+/// Refuses plans where a DP call site appears more than once.
+pub fn no_duplicate_sites(plan: &LogicalPlan) -> Result<(), Refusal> {
+    let mut seen = HashSet::new();
+    for s in site_ids(plan) {
+        if !seen.insert(s.clone()) {
+            return refuse(
+                "a DP aggregate would be evaluated twice (a CTE or view containing it is referenced more than once): \
+                 compute it once and reuse the released value",
+            );
+        }
+    }
+    Ok(())
+}
+
+/// Counts of tables by role (for messages).
+pub fn roles(catalog: &Catalog) -> BTreeMap<String, bool> {
+    catalog.tables.iter().map(|(k, v)| (k.clone(), v.public)).collect()
+}

@@ -1,0 +1,1101 @@
+//! The DP SQL engine: plan-time costing and charging, contribution bounding,
+//! exact helper aggregation executed once, noise drawn once in our own code,
+//! public-domain keys or DP partition selection, and post-processing over
+//! the released values.
+
+use std::collections::HashMap;
+use std::sync::Arc;
+
+use anyhow::{Context, Result, bail};
+use datafusion::arrow::array::{ArrayRef, RecordBatch};
+use datafusion::arrow::datatypes::{DataType, Field, Schema};
+use datafusion::common::tree_node::{Transformed, TreeNode};
+use datafusion::common::{Column, ScalarValue};
+use datafusion::datasource::{MemTable, provider_as_source};
+use datafusion::execution::context::SessionContext;
+use datafusion::functions_aggregate::expr_fn::{count, count_distinct, sum};
+use datafusion::logical_expr::expr::ScalarFunction;
+use datafusion::logical_expr::{
+    Aggregate, Expr, ExprFunctionExt, LogicalPlan, LogicalPlanBuilder, cast, col, lit, when,
+};
+use dpflow_udfs::domain::ColumnKind;
+use dpflow_udfs::noise::{DpRng, ExponentialMechanism, NoiseDistribution};
+use serde::Serialize;
+
+use super::catalog::{Catalog, PrivacyUnit, TableEntry};
+use super::check::{analyze, no_duplicate_sites};
+use super::sites::{CallSite, SiteBudget, prepare};
+use crate::privacy::convert::cdp_rho;
+use crate::privacy::{Budget, Ledger, MechanismRecord, PrivacyLoss};
+
+/// Largest number of public-domain keys a GROUP BY may enumerate.
+const MAX_DOMAIN_KEYS: usize = 1_000_000;
+
+/// The statistic a DP call computes.
+#[derive(Debug, Clone, PartialEq)]
+enum Kind {
+    Count { arg: Option<Expr> },
+    Sum { arg: Expr, lo: f64, hi: f64 },
+    Avg { arg: Expr, lo: f64, hi: f64 },
+    Var { arg: Expr, lo: f64, hi: f64 },
+    Quantile { arg: Expr, q: f64, lo: f64, hi: f64 },
+}
+
+/// How a call site is noised.
+#[derive(Debug, Clone, Copy, PartialEq)]
+enum Share {
+    Eps(f64),
+    Rho(f64),
+}
+
+/// A planned DP aggregate.
+#[derive(Debug, Clone)]
+struct Planned {
+    /// Output field name in the aggregate's schema.
+    field: String,
+    kind: Kind,
+    /// Noise per sub-statistic (in the statistic's own units).
+    noise: Vec<NoiseDistribution>,
+    /// Grid exponent for real-valued sums (values are summed as integers of 2^k).
+    grid: i32,
+    /// Records charged.
+    records: Vec<MechanismRecord>,
+    /// Helper aggregate column names.
+    helpers: Vec<String>,
+    /// Quantile: the exponential mechanism's ε per group and bin count.
+    quantile: Option<(f64, usize)>,
+}
+
+/// One row of EXPLAIN output.
+#[derive(Debug, Clone, Serialize)]
+pub struct ExplainRow {
+    /// What is computed.
+    pub aggregate: String,
+    /// Mechanism.
+    pub mechanism: String,
+    /// Sensitivity (L1 for Laplace, L2 for Gaussian, score sensitivity for EM).
+    pub sensitivity: Option<f64>,
+    /// Noise scale (Laplace b or Gaussian σ) on the answer's scale.
+    pub noise_scale: Option<f64>,
+    /// Privacy loss.
+    pub loss: String,
+}
+
+/// What a query returns.
+#[derive(Debug, Clone)]
+pub struct QueryResult {
+    /// Result batches (noisy values and post-processing).
+    pub batches: Vec<RecordBatch>,
+    /// Mechanisms charged (or that would be, for EXPLAIN).
+    pub mechanisms: Vec<MechanismRecord>,
+    /// EXPLAIN rows (only for EXPLAIN).
+    pub explain: Option<Vec<ExplainRow>>,
+    /// Ledger charge id, if charged.
+    pub charge_id: Option<i64>,
+    /// Remaining budget after the query (ledger unit), if charged.
+    pub remaining: Option<f64>,
+}
+
+/// A DP SQL session over a catalog.
+pub struct SqlEngine {
+    ctx: SessionContext,
+    catalog: Catalog,
+    ledger: Option<Ledger>,
+    rng: DpRng,
+    unsafe_seed: Option<u64>,
+    counter: u64,
+}
+
+fn parse_f64(e: &Expr, what: &str, func: &str) -> Result<f64> {
+    let v = match e.clone().unalias() {
+        Expr::Literal(v, _) => v,
+        Expr::Negative(inner) => match *inner {
+            Expr::Literal(v, _) => {
+                ScalarValue::Float64(Some(-ScalarValue::cast_to(&v, &DataType::Float64)?.to_string().parse::<f64>()?))
+            }
+            _ => bail!("{func}: {what} must be a number literal, got `{e}`"),
+        },
+        _ => bail!("{func}: {what} must be a number literal (a public constant), got `{e}`"),
+    };
+    let f = v.cast_to(&DataType::Float64).ok().and_then(|v| match v {
+        ScalarValue::Float64(Some(f)) => Some(f),
+        _ => None,
+    });
+    match f {
+        Some(f) if f.is_finite() => Ok(f),
+        _ => bail!("{func}: {what} must be a finite number, got `{e}`"),
+    }
+}
+
+fn site_of(args: &[Expr]) -> Result<usize> {
+    match args.last() {
+        Some(Expr::Literal(ScalarValue::Utf8(Some(s)), _)) => {
+            s.strip_prefix("__dp_site_").and_then(|x| x.parse().ok()).context("internal: malformed DP call-site tag")
+        }
+        _ => bail!("internal: DP call without a site tag"),
+    }
+}
+
+fn clamp_expr(e: Expr, lo: f64, hi: f64) -> Expr {
+    let x = cast(e, DataType::Float64);
+    when(x.clone().lt(lit(lo)), lit(lo)).when(x.clone().gt(lit(hi)), lit(hi)).otherwise(x).expect("valid CASE")
+}
+
+/// round(v / 2^k) as Int64.
+fn to_units(v: Expr, k: i32) -> Expr {
+    cast(datafusion::functions::math::expr_fn::round(vec![v / lit(2f64.powi(k))]), DataType::Int64)
+}
+
+impl SqlEngine {
+    /// Opens a session: registers the catalog's tables (protected ones typed
+    /// through their domain, with the privacy-unit column passed through), the
+    /// DP functions, and the ledger.
+    pub async fn open(catalog: Catalog, unsafe_seed: Option<u64>) -> Result<Self> {
+        let ctx = crate::io::session_context();
+        for f in dpflow_udfs::dp::dp_aggregates() {
+            ctx.register_udaf(f);
+        }
+        for f in dpflow_udfs::dp::ci_markers() {
+            ctx.register_udf(f);
+        }
+        ctx.register_udf(datafusion::logical_expr::ScalarUDF::from(dpflow_udfs::dp::KeyedHash::default()));
+        for t in catalog.tables.values() {
+            let raw = t.dataset.raw(&ctx).await?.into_view();
+            let passthrough = match &t.unit {
+                PrivacyUnit::Column(c) => vec![c.clone()],
+                PrivacyUnit::Row => vec![],
+            };
+            let typed =
+                dpflow_udfs::domain::EncodedTable::typed_with(raw, Arc::new(t.dataset.domain().clone()), passthrough)
+                    .with_context(|| format!("table {}", t.name))?;
+            ctx.register_table(t.name.as_str(), Arc::new(typed))?;
+        }
+        let ledger = match &catalog.ledger {
+            None => None,
+            Some(p) if !p.exists() && catalog.create_ledger.is_some() => {
+                if let Some(dir) = p.parent() {
+                    std::fs::create_dir_all(dir).ok();
+                }
+                let l = Ledger::create(p)?;
+                for (ds, b) in catalog.create_ledger.as_ref().expect("checked") {
+                    l.add_dataset(ds, "row", *b)?;
+                }
+                eprintln!(
+                    "note: created ledger {} with the catalog's demo budgets (create_ledger_if_missing)",
+                    p.display()
+                );
+                Some(l)
+            }
+            Some(p) => Some(Ledger::open(p)?),
+        };
+        Ok(Self { ctx, catalog, ledger, rng: DpRng::new(unsafe_seed)?, unsafe_seed, counter: 0 })
+    }
+
+    /// The DataFusion session (tables and functions registered).
+    pub fn context(&self) -> &SessionContext {
+        &self.ctx
+    }
+
+    fn table(&self, name: &str) -> Result<&TableEntry> {
+        self.catalog.tables.get(name).with_context(|| format!("unknown table {name}"))
+    }
+
+    /// Runs (or explains) one query with `budget` (default: the catalog's query budget).
+    pub async fn query(&mut self, sql: &str, budget: Option<Budget>) -> Result<QueryResult> {
+        let prepared = prepare(sql)?;
+        let plan = self.ctx.state().create_logical_plan(&prepared.sql).await?;
+        no_duplicate_sites(&plan)?;
+        let analysis = analyze(&plan, &self.catalog)?;
+        let entry = self.table(&analysis.table)?.clone();
+        for (public, keys) in &analysis.public_joins {
+            self.check_unique_keys(public, keys).await?;
+        }
+        let agg = analysis.aggregate.clone();
+        let budget = budget.or(self.catalog.query_budget);
+        // Domain-enumerable GROUP BY keys, else partition selection.
+        let domain_keys = self.domain_keys(&agg, &entry)?;
+        let needs_selection = !agg.group_expr.is_empty() && domain_keys.is_none();
+        let (planned, selection) = self.plan_costs(&agg, &entry, &prepared.sites, budget, needs_selection)?;
+        let mut records: Vec<MechanismRecord> = planned.iter().flat_map(|p| p.records.clone()).collect();
+        if let Some((rec, _, _)) = &selection {
+            records.push(rec.clone());
+        }
+        if prepared.explain {
+            let rows = records
+                .iter()
+                .map(|r| ExplainRow {
+                    aggregate: r.target.clone(),
+                    mechanism: r.mechanism.clone(),
+                    sensitivity: r.sensitivity,
+                    noise_scale: r.noise.map(|n| match n {
+                        NoiseDistribution::Laplace { scale } => scale,
+                        NoiseDistribution::Gaussian { sigma } => sigma,
+                    }),
+                    loss: r.loss.describe(),
+                })
+                .collect();
+            return Ok(QueryResult {
+                batches: vec![],
+                mechanisms: records,
+                explain: Some(rows),
+                charge_id: None,
+                remaining: None,
+            });
+        }
+        // Reserve before touching data; refuse if it does not fit.
+        self.counter += 1;
+        let release_id =
+            format!("sql-{}-{}-{}", chrono::Utc::now().format("%Y%m%dT%H%M%S%.6fZ"), std::process::id(), self.counter);
+        let reservation = match self.ledger.as_mut() {
+            Some(l) => Some(l.reserve(&entry.ledger_dataset, &release_id, &records, None)?),
+            None => {
+                if self.unsafe_seed.is_none() {
+                    bail!("the catalog has no ledger: DP queries must be charged to a ledger");
+                }
+                None
+            }
+        };
+        let outcome = self.execute(&plan, &agg, &entry, &planned, domain_keys, selection.as_ref()).await;
+        match (outcome, reservation) {
+            (Ok(batches), Some(r)) => {
+                let l = self.ledger.as_ref().expect("reserved");
+                l.commit(r.charge_id)?;
+                Ok(QueryResult {
+                    batches,
+                    mechanisms: records,
+                    explain: None,
+                    charge_id: Some(r.charge_id),
+                    remaining: Some(r.remaining),
+                })
+            }
+            (Ok(batches), None) => {
+                Ok(QueryResult { batches, mechanisms: records, explain: None, charge_id: None, remaining: None })
+            }
+            (Err(e), Some(r)) => {
+                // Nothing left the process: return the reservation.
+                let _ = self.ledger.as_ref().expect("reserved").release(r.charge_id, &format!("query failed: {e:#}"));
+                Err(e)
+            }
+            (Err(e), None) => Err(e),
+        }
+    }
+
+    /// A join with a public table must not multiply protected rows: its keys must be unique.
+    async fn check_unique_keys(&self, table: &str, keys: &[String]) -> Result<()> {
+        if table.is_empty() {
+            bail!("refused: joins with a derived public relation are not supported (join a registered public table)");
+        }
+        let cols: Vec<String> = keys.iter().map(|k| k.rsplit('.').next().unwrap_or(k).to_string()).collect();
+        let list = cols.iter().map(|c| format!("\"{c}\"")).collect::<Vec<_>>().join(", ");
+        let q =
+            format!("SELECT count(*) FROM (SELECT {list}, count(*) AS n FROM \"{table}\" GROUP BY {list}) WHERE n > 1");
+        let b = self.ctx.sql(&q).await?.collect().await?;
+        let dup = b
+            .first()
+            .and_then(|b| ScalarValue::try_from_array(b.column(0), 0).ok())
+            .map(|v| v.to_string() != "0")
+            .unwrap_or(false);
+        if dup {
+            bail!(
+                "refused: join keys ({list}) are not unique in public table {table}: protected rows would be duplicated"
+            );
+        }
+        Ok(())
+    }
+
+    /// Public-domain keys for the GROUP BY, when every key column is a raw
+    /// protected column with an enumerable domain.
+    fn domain_keys(&self, agg: &Aggregate, entry: &TableEntry) -> Result<Option<Vec<Vec<ScalarValue>>>> {
+        if agg.group_expr.is_empty() {
+            return Ok(Some(vec![vec![]]));
+        }
+        let mut per_col: Vec<Vec<ScalarValue>> = Vec::new();
+        for g in &agg.group_expr {
+            let Expr::Column(c) = g.clone().unalias() else { return Ok(None) };
+            let Some(column) = entry.dataset.domain().column(&c.name) else { return Ok(None) };
+            // Only if the column reaches the aggregate unchanged from the scan.
+            if !passes_unchanged(&agg.input, &c.name) {
+                return Ok(None);
+            }
+            let mut vals: Vec<ScalarValue> = match &column.kind {
+                ColumnKind::Categorical { values, .. } => {
+                    values.iter().map(|v| ScalarValue::Utf8(Some(v.clone()))).collect()
+                }
+                ColumnKind::Boolean => vec![ScalarValue::Boolean(Some(false)), ScalarValue::Boolean(Some(true))],
+                ColumnKind::Integer { edges } if edges.windows(2).all(|w| w[1] - w[0] == 1) => {
+                    (edges[0]..edges[edges.len() - 1]).map(|v| ScalarValue::Int64(Some(v))).collect()
+                }
+                _ => return Ok(None),
+            };
+            if column.nullable {
+                vals.push(ScalarValue::try_from(match column.kind {
+                    ColumnKind::Categorical { .. } => DataType::Utf8,
+                    ColumnKind::Boolean => DataType::Boolean,
+                    _ => DataType::Int64,
+                })?);
+            }
+            per_col.push(vals);
+        }
+        let total: f64 = per_col.iter().map(|v| v.len() as f64).product();
+        if total > MAX_DOMAIN_KEYS as f64 {
+            bail!("refused: the GROUP BY enumerates {total} public keys (limit {MAX_DOMAIN_KEYS})");
+        }
+        let mut keys: Vec<Vec<ScalarValue>> = vec![vec![]];
+        for vals in per_col {
+            keys = keys
+                .into_iter()
+                .flat_map(|k| {
+                    vals.iter().map(move |v| {
+                        let mut k2 = k.clone();
+                        k2.push(v.clone());
+                        k2
+                    })
+                })
+                .collect();
+        }
+        Ok(Some(keys))
+    }
+
+    #[allow(clippy::type_complexity)]
+    fn plan_costs(
+        &self,
+        agg: &Aggregate,
+        entry: &TableEntry,
+        sites: &[CallSite],
+        budget: Option<Budget>,
+        needs_selection: bool,
+    ) -> Result<(Vec<Planned>, Option<(MechanismRecord, f64, f64)>)> {
+        let grouped = !agg.group_expr.is_empty();
+        let l0 = if grouped { entry.max_groups_per_unit as f64 } else { 1.0 };
+        let linf = match entry.unit {
+            PrivacyUnit::Row => 1.0,
+            PrivacyUnit::Column(_) => entry.max_rows_per_unit as f64,
+        };
+        let l0 = if entry.unit == PrivacyUnit::Row { 1.0 } else { l0 };
+        // Parse calls in aggregate order.
+        let mut calls = Vec::new();
+        for (i, e) in agg.aggr_expr.iter().enumerate() {
+            let Expr::AggregateFunction(f) = e.clone().unalias() else { bail!("internal: not an aggregate") };
+            let name = f.func.name().to_string();
+            let args = &f.params.args;
+            let site = site_of(args)?;
+            let a = &args[..args.len() - 1];
+            let nargs = |n: usize, sig: &str| -> Result<()> {
+                if a.len() != n {
+                    bail!("{name} takes ({sig}), got {} arguments", a.len());
+                }
+                Ok(())
+            };
+            let bounds = |lo_e: &Expr, hi_e: &Expr| -> Result<(f64, f64)> {
+                let lo = parse_f64(lo_e, "the lower bound", &name)?;
+                let hi = parse_f64(hi_e, "the upper bound", &name)?;
+                if lo >= hi {
+                    bail!("{name}: the lower bound {lo} must be below the upper bound {hi}");
+                }
+                Ok((lo, hi))
+            };
+            let kind = match name.as_str() {
+                "dp_count" => {
+                    nargs(1, "* | column")?;
+                    let is_star = matches!(&a[0], Expr::Literal(v, _) if v.to_string() == "1");
+                    Kind::Count { arg: (!is_star).then(|| a[0].clone()) }
+                }
+                "dp_sum" | "dp_avg" | "dp_var" => {
+                    nargs(3, "column, lo, hi")?;
+                    let (lo, hi) = bounds(&a[1], &a[2])?;
+                    match name.as_str() {
+                        "dp_sum" => Kind::Sum { arg: a[0].clone(), lo, hi },
+                        "dp_avg" => Kind::Avg { arg: a[0].clone(), lo, hi },
+                        _ => Kind::Var { arg: a[0].clone(), lo, hi },
+                    }
+                }
+                "dp_quantile" => {
+                    nargs(4, "column, q, lo, hi")?;
+                    let q = parse_f64(&a[1], "q", &name)?;
+                    if !(0.0..=1.0).contains(&q) {
+                        bail!("dp_quantile: q must be in [0, 1], got {q}");
+                    }
+                    let (lo, hi) = bounds(&a[2], &a[3])?;
+                    Kind::Quantile { arg: a[0].clone(), q, lo, hi }
+                }
+                other => bail!("internal: unknown DP function {other}"),
+            };
+            let field = agg.schema.field(agg.group_expr.len() + i).name().clone();
+            calls.push((i, site, name, kind, field));
+        }
+        // Shares.
+        let explicit: Vec<Option<SiteBudget>> =
+            calls.iter().map(|c| sites.iter().find(|s| s.id == c.1).and_then(|s| s.budget)).collect();
+        let n_explicit = explicit.iter().filter(|e| e.is_some()).count();
+        if n_explicit != 0 && n_explicit != calls.len() {
+            bail!("give a budget share (epsilon => or rho =>) to every DP aggregate of the query, or to none");
+        }
+        let mut selection = None;
+        let shares: Vec<Share> = if n_explicit == calls.len() {
+            if needs_selection {
+                let Some(Budget::Approx { epsilon, delta }) = budget else {
+                    bail!(
+                        "refused: GROUP BY keys without a public domain need DP partition selection, which needs an (ε, δ) query budget (--epsilon with --delta)"
+                    );
+                };
+                selection = Some((epsilon, delta));
+            }
+            explicit
+                .iter()
+                .map(|e| match e.expect("all explicit") {
+                    SiteBudget::Epsilon(x) => Share::Eps(x),
+                    SiteBudget::Rho(x) => Share::Rho(x),
+                })
+                .collect()
+        } else {
+            let b = budget.context(
+                "no budget: give --epsilon [--delta] or --rho, per-aggregate shares, or a query_budget in the catalog",
+            )?;
+            let k = calls.len() as f64;
+            match b {
+                Budget::Pure { epsilon } => {
+                    if needs_selection {
+                        bail!(
+                            "refused: GROUP BY keys without a public domain need DP partition selection, which needs δ > 0 (give --delta)"
+                        );
+                    }
+                    vec![Share::Eps(epsilon / k); calls.len()]
+                }
+                Budget::Zcdp { rho } => {
+                    if needs_selection {
+                        bail!(
+                            "refused: GROUP BY keys without a public domain need DP partition selection, which needs an (ε, δ) budget"
+                        );
+                    }
+                    vec![Share::Rho(rho / k); calls.len()]
+                }
+                Budget::Approx { epsilon, delta } => {
+                    let (eps_rest, delta_rest) = if needs_selection {
+                        selection = Some((epsilon / 2.0, delta / 2.0));
+                        (epsilon / 2.0, delta / 2.0)
+                    } else {
+                        (epsilon, delta)
+                    };
+                    vec![Share::Rho(cdp_rho(eps_rest, delta_rest) / k); calls.len()]
+                }
+            }
+        };
+        let mut planned = Vec::new();
+        for ((i, site, name, kind, field), share) in calls.into_iter().zip(shares) {
+            planned.push(plan_one(i, site, &name, kind, field, share, l0, linf, &agg.group_expr)?);
+        }
+        let selection = selection.map(|(eps, delta)| {
+            let b = l0 / eps;
+            let tau = 1.0 + b * (l0 / (2.0 * delta)).ln();
+            let rec = MechanismRecord {
+                mechanism: "laplace_partition_selection".into(),
+                target: "GROUP BY keys (units per key)".into(),
+                sensitivity: Some(l0),
+                noise: Some(NoiseDistribution::Laplace { scale: b }),
+                loss: PrivacyLoss::Approx { epsilon: eps, delta },
+                params: serde_json::json!({ "threshold": tau, "max_groups_per_unit": l0 }),
+            };
+            (rec, b, tau)
+        });
+        Ok((planned, selection))
+    }
+
+    async fn execute(
+        &mut self,
+        plan: &LogicalPlan,
+        agg: &Aggregate,
+        entry: &TableEntry,
+        planned: &[Planned],
+        domain_keys: Option<Vec<Vec<ScalarValue>>>,
+        selection: Option<&(MechanismRecord, f64, f64)>,
+    ) -> Result<Vec<RecordBatch>> {
+        let g = agg.group_expr.len();
+        let bounded = self.bound_contributions(agg, entry)?;
+        // Exact helper aggregates, executed once.
+        let mut helpers: Vec<Expr> = Vec::new();
+        for p in planned {
+            helpers.extend(helper_exprs(p));
+        }
+        let units_col = "__units".to_string();
+        if selection.is_some() {
+            helpers.push(match &entry.unit {
+                PrivacyUnit::Row => count(lit(1)).alias(&units_col),
+                PrivacyUnit::Column(c) => count_distinct(col(Column::new_unqualified(c))).alias(&units_col),
+            });
+        }
+        let helper_plan =
+            LogicalPlanBuilder::from(bounded.clone()).aggregate(agg.group_expr.clone(), helpers)?.build()?;
+        let batches = self.ctx.execute_logical_plan(helper_plan).await?.collect().await?;
+        // Exact stats per key.
+        let mut exact: HashMap<Vec<ScalarValue>, Vec<f64>> = HashMap::new();
+        let mut order: Vec<Vec<ScalarValue>> = Vec::new();
+        for b in &batches {
+            for r in 0..b.num_rows() {
+                let key: Vec<ScalarValue> =
+                    (0..g).map(|c| ScalarValue::try_from_array(b.column(c), r)).collect::<Result<_, _>>()?;
+                let vals: Vec<f64> = (g..b.num_columns())
+                    .map(|c| scalar_f64(&ScalarValue::try_from_array(b.column(c), r)?))
+                    .collect::<Result<_>>()?;
+                order.push(key.clone());
+                exact.insert(key, vals);
+            }
+        }
+        let n_helpers: usize = planned.iter().map(|p| p.helpers.len()).sum();
+        let zeros = vec![0.0; n_helpers + usize::from(selection.is_some())];
+        // Which keys are released.
+        let keys: Vec<Vec<ScalarValue>> = match (domain_keys, selection) {
+            (Some(k), _) => k
+                .into_iter()
+                .map(|key| {
+                    key.iter()
+                        .zip(agg.schema.fields().iter())
+                        .map(
+                            |(v, f)| {
+                                if v.data_type() == *f.data_type() { Ok(v.clone()) } else { v.cast_to(f.data_type()) }
+                            },
+                        )
+                        .collect::<Result<Vec<_>, _>>()
+                })
+                .collect::<Result<_, _>>()?,
+            (None, Some((_, b, tau))) => {
+                let sampler = NoiseDistribution::Laplace { scale: *b }.integer_sampler();
+                let mut kept = Vec::new();
+                for key in order {
+                    let units = exact.get(&key).map_or(0.0, |v| v[n_helpers]);
+                    // Laplace noise at a fine grid: units are integers; use integer noise on a 1/1024 grid.
+                    let noisy = units + (sampler.sample(&mut self.rng) as f64);
+                    if noisy > *tau {
+                        kept.push(key);
+                    }
+                }
+                kept
+            }
+            (None, None) => bail!("internal: no key policy"),
+        };
+        // Quantile histograms (a second exact pass) when needed.
+        let mut hist: HashMap<usize, HashMap<Vec<ScalarValue>, Vec<f64>>> = HashMap::new();
+        for (pi, p) in planned.iter().enumerate() {
+            if let Kind::Quantile { arg, lo, hi, .. } = &p.kind {
+                let bins = p.quantile.expect("quantile plan").1;
+                let width = (hi - lo) / bins as f64;
+                let bin = cast(
+                    datafusion::functions::math::expr_fn::floor(
+                        (clamp_expr(arg.clone(), *lo, *hi) - lit(*lo)) / lit(width),
+                    ),
+                    DataType::Int64,
+                );
+                let mut groups = agg.group_expr.clone();
+                groups.push(bin.alias("__bin"));
+                let hp = LogicalPlanBuilder::from(bounded.clone())
+                    .filter(arg.clone().is_not_null())?
+                    .aggregate(groups, vec![count(lit(1)).alias("__n")])?
+                    .build()?;
+                let hb = self.ctx.execute_logical_plan(hp).await?.collect().await?;
+                let mut m: HashMap<Vec<ScalarValue>, Vec<f64>> = HashMap::new();
+                for b in &hb {
+                    for r in 0..b.num_rows() {
+                        let key: Vec<ScalarValue> =
+                            (0..g).map(|c| ScalarValue::try_from_array(b.column(c), r)).collect::<Result<_, _>>()?;
+                        let bi = scalar_f64(&ScalarValue::try_from_array(b.column(g), r)?)? as usize;
+                        let n = scalar_f64(&ScalarValue::try_from_array(b.column(g + 1), r)?)?;
+                        m.entry(key).or_insert_with(|| vec![0.0; bins])[bi.min(bins - 1)] += n;
+                    }
+                }
+                hist.insert(pi, m);
+            }
+        }
+        // Noise, once.
+        let ci_requests = ci_requests(plan, planned, self.catalog.confidence);
+        let mut columns: Vec<Vec<ScalarValue>> = vec![Vec::new(); g + planned.len()];
+        let mut ci_cols: Vec<Vec<ScalarValue>> = vec![Vec::new(); ci_requests.len()];
+        for key in &keys {
+            let stats = exact.get(key).unwrap_or(&zeros);
+            for (c, v) in key.iter().enumerate() {
+                columns[c].push(v.clone());
+            }
+            let mut off = 0;
+            for (pi, p) in planned.iter().enumerate() {
+                let h = &stats[off..off + p.helpers.len()];
+                off += p.helpers.len();
+                let empty = Vec::new();
+                let histo = hist.get(&pi).and_then(|m| m.get(key)).unwrap_or(&empty);
+                let (value, cis) = release_one(p, h, histo, &ci_requests, pi, &mut self.rng)?;
+                columns[g + pi].push(value);
+                for (k, v) in cis {
+                    ci_cols[k].push(v);
+                }
+            }
+        }
+        // The released table, shaped like the aggregate's output (+ CI columns).
+        let mut fields = Vec::new();
+        let mut arrays: Vec<ArrayRef> = Vec::new();
+        for (c, f) in agg.schema.fields().iter().enumerate() {
+            fields.push(Field::new(format!("__c{c}"), f.data_type().clone(), true));
+            arrays.push(if columns[c].is_empty() {
+                datafusion::arrow::array::new_empty_array(f.data_type())
+            } else {
+                ScalarValue::iter_to_array(columns[c].clone())?
+            });
+        }
+        for (k, r) in ci_requests.iter().enumerate() {
+            fields.push(Field::new(r.hidden.clone(), DataType::Float64, true));
+            arrays.push(if ci_cols[k].is_empty() {
+                datafusion::arrow::array::new_empty_array(&DataType::Float64)
+            } else {
+                ScalarValue::iter_to_array(ci_cols[k].clone())?
+            });
+        }
+        let schema = Arc::new(Schema::new(fields));
+        let batch = RecordBatch::try_new(schema.clone(), arrays)?;
+        let mem = MemTable::try_new(schema, vec![vec![batch]])?;
+        let scan = LogicalPlanBuilder::scan("__dp_released", provider_as_source(Arc::new(mem)), None)?.build()?;
+        let mut proj: Vec<Expr> = agg
+            .schema
+            .iter()
+            .enumerate()
+            .map(|(c, (q, f))| col(Column::new_unqualified(format!("__c{c}"))).alias_qualified(q.cloned(), f.name()))
+            .collect();
+        for r in &ci_requests {
+            proj.push(col(Column::new_unqualified(r.hidden.clone())));
+        }
+        let replacement = LogicalPlanBuilder::from(scan).project(proj)?.build()?;
+        let target = LogicalPlan::Aggregate(agg.clone());
+        let final_plan = plan
+            .clone()
+            .transform_up(|node| {
+                if node == target {
+                    return Ok(Transformed::yes(replacement.clone()));
+                }
+                let node = node.map_expressions(|e| {
+                    e.transform_up(|x| {
+                        if let Expr::ScalarFunction(ScalarFunction { func, args }) = &x {
+                            if func.name() == "dp_ci_low" || func.name() == "dp_ci_high" {
+                                if let Some(r) = ci_requests.iter().find(|r| r.matches(func.name(), args)) {
+                                    return Ok(Transformed::yes(col(Column::new_unqualified(r.hidden.clone()))));
+                                }
+                            }
+                        }
+                        Ok(Transformed::no(x))
+                    })
+                })?;
+                if node.transformed {
+                    Ok(Transformed::yes(node.data.recompute_schema()?))
+                } else {
+                    Ok(Transformed::yes(node.data.recompute_schema()?))
+                }
+            })?
+            .data;
+        let out = self.ctx.execute_logical_plan(final_plan).await?.collect().await?;
+        Ok(out.into_iter().map(rename_dp_columns).collect())
+    }
+
+    /// Per-unit contribution bounding: at most L∞ rows per (unit, group) and L0
+    /// groups per unit, chosen at random (row units need none).
+    fn bound_contributions(&self, agg: &Aggregate, entry: &TableEntry) -> Result<LogicalPlan> {
+        let input = agg.input.as_ref().clone();
+        let PrivacyUnit::Column(unit) = &entry.unit else { return Ok(input) };
+        let unit_col = col(Column::new_unqualified(unit));
+        let fields: Vec<Expr> = input.schema().columns().into_iter().map(|c| col(c)).collect();
+        let mut partition = vec![unit_col.clone()];
+        partition.extend(agg.group_expr.iter().cloned().map(|e| e.unalias()));
+        let rn = datafusion::functions_window::expr_fn::row_number()
+            .partition_by(partition)
+            .order_by(vec![datafusion::functions::math::expr_fn::random().sort(true, false)])
+            .build()?
+            .alias("__dp_rn");
+        let mut plan = LogicalPlanBuilder::from(input).window(vec![rn])?;
+        let mut keep = col("__dp_rn").lt_eq(lit(entry.max_rows_per_unit as i64));
+        if !agg.group_expr.is_empty() {
+            let salt = rand::Rng::next_u64(&mut DpRng::from_os()?) as i64;
+            let mut hash_args = vec![lit(salt)];
+            hash_args.extend(agg.group_expr.iter().cloned().map(|e| e.unalias()));
+            let hash = Expr::ScalarFunction(ScalarFunction::new_udf(
+                Arc::new(datafusion::logical_expr::ScalarUDF::from(dpflow_udfs::dp::KeyedHash::default())),
+                hash_args,
+            ));
+            let rank = datafusion::functions_window::expr_fn::dense_rank()
+                .partition_by(vec![unit_col])
+                .order_by(vec![hash.sort(true, false)])
+                .build()?
+                .alias("__dp_gr");
+            plan = plan.window(vec![rank])?;
+            keep = keep.and(col("__dp_gr").lt_eq(lit(entry.max_groups_per_unit as i64)));
+        }
+        Ok(plan.filter(keep)?.project(fields)?.build()?)
+    }
+}
+
+/// `dp_count(Int64(1),Utf8("__dp_site_0"))` → `dp_count(*)` in output column names.
+fn rename_dp_columns(b: RecordBatch) -> RecordBatch {
+    let clean = |name: &str| -> String {
+        let mut n = name.to_string();
+        while let Some(i) = n.find(",Utf8(\"__dp_site_") {
+            match n[i..].find("\")") {
+                Some(j) => n.replace_range(i..i + j + 2, ""),
+                None => break,
+            }
+        }
+        n.replace("dp_count(Int64(1))", "dp_count(*)")
+    };
+    let fields: Vec<Field> =
+        b.schema().fields().iter().map(|f| f.as_ref().clone().with_name(clean(f.name()))).collect();
+    RecordBatch::try_new(Arc::new(Schema::new(fields)), b.columns().to_vec()).unwrap_or(b)
+}
+
+/// Whether column `name` reaches the top of `plan` unchanged from a table scan.
+fn passes_unchanged(plan: &LogicalPlan, name: &str) -> bool {
+    match plan {
+        LogicalPlan::TableScan(_) => true,
+        LogicalPlan::Filter(f) => passes_unchanged(&f.input, name),
+        LogicalPlan::SubqueryAlias(a) => passes_unchanged(&a.input, name),
+        LogicalPlan::Projection(p) => p.expr.iter().any(|e| match e {
+            Expr::Column(c) => c.name == name && passes_unchanged(&p.input, name),
+            _ => false,
+        }),
+        LogicalPlan::Join(j) => passes_unchanged(&j.left, name) || passes_unchanged(&j.right, name),
+        _ => false,
+    }
+}
+
+fn scalar_f64(v: &ScalarValue) -> Result<f64> {
+    if v.is_null() {
+        return Ok(0.0);
+    }
+    match v.cast_to(&DataType::Float64)? {
+        ScalarValue::Float64(Some(f)) => Ok(f),
+        _ => Ok(0.0),
+    }
+}
+
+#[allow(clippy::too_many_arguments)]
+fn plan_one(
+    index: usize,
+    site: usize,
+    name: &str,
+    kind: Kind,
+    field: String,
+    share: Share,
+    l0: f64,
+    linf: f64,
+    _groups: &[Expr],
+) -> Result<Planned> {
+    let target = |what: &str| format!("{name}#{site} {what}");
+    // Sensitivities of one sub-statistic with per-row bound c.
+    let l1 = |c: f64| l0 * linf * c;
+    let l2 = |c: f64| l0.sqrt() * linf * c;
+    let parts = match &kind {
+        Kind::Count { .. } | Kind::Sum { .. } => 1.0,
+        Kind::Avg { .. } => 2.0,
+        Kind::Var { .. } => 3.0,
+        Kind::Quantile { .. } => 1.0,
+    };
+    let noise_for = |c: f64| -> (NoiseDistribution, f64, PrivacyLoss) {
+        match share {
+            Share::Eps(e) => {
+                let eps = e / parts;
+                let b = dpflow_udfs::calibrate::laplace_scale(l1(c), eps);
+                (NoiseDistribution::Laplace { scale: b }, l1(c), PrivacyLoss::Pure { epsilon: l1(c) / b })
+            }
+            Share::Rho(r) => {
+                let rho = r / parts;
+                let s = dpflow_udfs::calibrate::gaussian_sigma_for_rho(l2(c), rho);
+                (
+                    NoiseDistribution::Gaussian { sigma: s },
+                    l2(c),
+                    PrivacyLoss::Zcdp { rho: dpflow_udfs::calibrate::gaussian_rho(l2(c), s) },
+                )
+            }
+        }
+    };
+    let record = |what: &str, noise: NoiseDistribution, sens: f64, loss: PrivacyLoss| MechanismRecord {
+        mechanism: match noise {
+            NoiseDistribution::Laplace { .. } => "discrete_laplace".into(),
+            NoiseDistribution::Gaussian { .. } => "discrete_gaussian".into(),
+        },
+        target: target(what),
+        sensitivity: Some(sens),
+        noise: Some(noise),
+        loss,
+        params: serde_json::json!({ "max_groups_per_unit": l0, "max_rows_per_unit": linf }),
+    };
+    let h = |j: usize| format!("__h{index}_{j}");
+    let mut noise = Vec::new();
+    let mut records = Vec::new();
+    let mut grid = 0;
+    let mut quantile = None;
+    let helpers: Vec<String> = match &kind {
+        Kind::Count { .. } => {
+            let (n, s, l) = noise_for(1.0);
+            records.push(record("count", n, s, l));
+            noise.push(n);
+            vec![h(0)]
+        }
+        Kind::Sum { lo, hi, .. } | Kind::Avg { lo, hi, .. } | Kind::Var { lo, hi, .. } => {
+            let c = match &kind {
+                Kind::Sum { .. } => lo.abs().max(hi.abs()),
+                _ => (hi - lo) / 2.0,
+            };
+            grid = (c.log2().floor() as i32) - 20;
+            let g = 2f64.powi(grid);
+            let c_units = (c / g).ceil() + 1.0;
+            let mut subs: Vec<(&str, f64)> = Vec::new();
+            match &kind {
+                Kind::Sum { .. } => subs.push(("sum of clamped values", c_units)),
+                Kind::Avg { .. } => {
+                    subs.push(("count of non-null values", 1.0));
+                    subs.push(("sum of clamped values − midpoint", c_units));
+                }
+                _ => {
+                    subs.push(("count of non-null values", 1.0));
+                    subs.push(("sum of clamped values − midpoint", c_units));
+                    let c2 = (c * c / (g * g)).ceil() + 1.0;
+                    subs.push(("sum of squares of (clamped − midpoint)", c2));
+                }
+            }
+            for (what, units) in subs {
+                let (n, s, l) = noise_for(units);
+                // Record in real units (grid units × g, or g² for squares).
+                let scale = if what.starts_with("count") {
+                    1.0
+                } else if what.contains("squares") {
+                    g * g
+                } else {
+                    g
+                };
+                let shown = match n {
+                    NoiseDistribution::Laplace { scale: b } => NoiseDistribution::Laplace { scale: b * scale },
+                    NoiseDistribution::Gaussian { sigma } => NoiseDistribution::Gaussian { sigma: sigma * scale },
+                };
+                records.push(record(what, shown, s * scale, l));
+                noise.push(n);
+            }
+            if matches!(kind, Kind::Sum { .. }) { vec![h(0), h(1)] } else { (0..noise.len()).map(h).collect() }
+        }
+        Kind::Quantile { lo, hi, .. } => {
+            let bins = 1024usize;
+            let (eps_em, loss) = match share {
+                Share::Eps(e) => (e / l0, PrivacyLoss::Pure { epsilon: e }),
+                // ε²/8 per group, L0 groups: ρ = L0·ε²/8.
+                Share::Rho(r) => ((8.0 * r / l0).sqrt(), PrivacyLoss::Zcdp { rho: r }),
+            };
+            quantile = Some((eps_em, bins));
+            records.push(MechanismRecord {
+                mechanism: "exponential".into(),
+                target: target("quantile bin"),
+                sensitivity: Some(linf),
+                noise: None,
+                loss,
+                params: serde_json::json!({ "epsilon_per_group": eps_em, "bins": bins, "lo": lo, "hi": hi }),
+            });
+            vec![]
+        }
+    };
+    Ok(Planned { field, kind, noise, grid, records, helpers, quantile })
+}
+
+fn helper_exprs(p: &Planned) -> Vec<Expr> {
+    let mut out = Vec::new();
+    match &p.kind {
+        Kind::Count { arg } => out.push(count(arg.clone().unwrap_or(lit(1)))),
+        Kind::Sum { arg, lo, hi } => {
+            out.push(sum(to_units(clamp_expr(arg.clone(), *lo, *hi), p.grid)));
+            out.push(count(lit(1)));
+        }
+        Kind::Avg { arg, lo, hi } | Kind::Var { arg, lo, hi } => {
+            let mid = (lo + hi) / 2.0;
+            let centered = clamp_expr(arg.clone(), *lo, *hi) - lit(mid);
+            out.push(count(arg.clone()));
+            out.push(sum(to_units(centered.clone(), p.grid)));
+            if matches!(p.kind, Kind::Var { .. }) {
+                out.push(sum(to_units(centered.clone() * centered, 2 * p.grid)));
+            }
+        }
+        Kind::Quantile { .. } => {}
+    }
+    out.into_iter().zip(&p.helpers).map(|(e, n)| e.alias(n)).collect()
+}
+
+/// A requested confidence bound.
+#[derive(Debug, Clone)]
+struct CiRequest {
+    side_high: bool,
+    agg: usize,
+    level: f64,
+    field: String,
+    level_arg: Option<Expr>,
+    hidden: String,
+}
+
+impl CiRequest {
+    fn matches(&self, func: &str, args: &[Expr]) -> bool {
+        (func == "dp_ci_high") == self.side_high
+            && matches!(args.first(), Some(Expr::Column(c)) if c.name == self.field)
+            && args.get(1) == self.level_arg.as_ref()
+    }
+}
+
+fn ci_requests(plan: &LogicalPlan, planned: &[Planned], default_level: f64) -> Vec<CiRequest> {
+    use datafusion::common::tree_node::TreeNodeRecursion;
+    let mut out: Vec<CiRequest> = Vec::new();
+    let _ = plan.apply(|node| {
+        for e in node.expressions() {
+            let _ = e.apply(|x| {
+                if let Expr::ScalarFunction(ScalarFunction { func, args }) = x {
+                    if func.name() == "dp_ci_low" || func.name() == "dp_ci_high" {
+                        if let Some(Expr::Column(c)) = args.first() {
+                            if let Some(agg) = planned.iter().position(|p| p.field == c.name) {
+                                let level = args
+                                    .get(1)
+                                    .and_then(|l| parse_f64(l, "level", func.name()).ok())
+                                    .filter(|l| *l > 0.0 && *l < 1.0)
+                                    .unwrap_or(default_level);
+                                let side_high = func.name() == "dp_ci_high";
+                                if !out.iter().any(|r| {
+                                    r.side_high == side_high && r.agg == agg && r.level_arg.as_ref() == args.get(1)
+                                }) {
+                                    let hidden =
+                                        format!("__ci_{}_{agg}_{}", if side_high { "hi" } else { "lo" }, out.len());
+                                    out.push(CiRequest {
+                                        side_high,
+                                        agg,
+                                        level,
+                                        field: c.name.clone(),
+                                        level_arg: args.get(1).cloned(),
+                                        hidden,
+                                    });
+                                }
+                            }
+                        }
+                    }
+                }
+                Ok(TreeNodeRecursion::Continue)
+            });
+        }
+        Ok(TreeNodeRecursion::Continue)
+    });
+    out
+}
+
+/// Noises one aggregate for one group; returns the value and requested CI bounds.
+fn release_one(
+    p: &Planned,
+    h: &[f64],
+    histogram: &[f64],
+    cis: &[CiRequest],
+    pi: usize,
+    rng: &mut DpRng,
+) -> Result<(ScalarValue, Vec<(usize, ScalarValue)>)> {
+    let noisy_int =
+        |x: f64, n: &NoiseDistribution, rng: &mut DpRng| -> f64 { (x as i128 + n.sample_integer(rng)) as f64 };
+    let g = 2f64.powi(p.grid);
+    let mine: Vec<(usize, &CiRequest)> = cis.iter().enumerate().filter(|(_, r)| r.agg == pi).collect();
+    let mut out_cis = Vec::new();
+    let value = match &p.kind {
+        Kind::Count { .. } => {
+            let v = noisy_int(h[0], &p.noise[0], rng);
+            for (k, r) in &mine {
+                let hw = p.noise[0].ci_half_width(r.level);
+                out_cis.push((*k, ScalarValue::Float64(Some(if r.side_high { v + hw } else { v - hw }))));
+            }
+            ScalarValue::Int64(Some(v as i64))
+        }
+        Kind::Sum { lo, hi, .. } => {
+            let max_units = (lo.abs().max(hi.abs()) / g).ceil();
+            if h[1] * max_units >= 9.0e18 {
+                bail!("dp_sum: the sum could overflow 64-bit integers at this precision; narrow the bounds");
+            }
+            let v = noisy_int(h[0], &p.noise[0], rng) * g;
+            for (k, r) in &mine {
+                let hw = p.noise[0].ci_half_width(r.level) * g;
+                out_cis.push((*k, ScalarValue::Float64(Some(if r.side_high { v + hw } else { v - hw }))));
+            }
+            ScalarValue::Float64(Some(v))
+        }
+        Kind::Avg { lo, hi, .. } => {
+            let mid = (lo + hi) / 2.0;
+            let c = noisy_int(h[0], &p.noise[0], rng);
+            let s = noisy_int(h[1], &p.noise[1], rng) * g;
+            for (k, r) in &mine {
+                // Conservative: each part at level 1 − (1 − level)/2, interval arithmetic.
+                let lvl = 1.0 - (1.0 - r.level) / 2.0;
+                let hc = p.noise[0].ci_half_width(lvl);
+                let hs = p.noise[1].ci_half_width(lvl) * g;
+                let bound = if c - hc > 0.0 {
+                    let cands = [(s - hs) / (c - hc), (s - hs) / (c + hc), (s + hs) / (c - hc), (s + hs) / (c + hc)];
+                    let b = if r.side_high {
+                        cands.iter().copied().fold(f64::MIN, f64::max)
+                    } else {
+                        cands.iter().copied().fold(f64::MAX, f64::min)
+                    };
+                    (b + mid).clamp(*lo, *hi)
+                } else if r.side_high {
+                    *hi
+                } else {
+                    *lo
+                };
+                out_cis.push((*k, ScalarValue::Float64(Some(bound))));
+            }
+            if c >= 1.0 {
+                ScalarValue::Float64(Some((s / c + mid).clamp(*lo, *hi)))
+            } else {
+                ScalarValue::Float64(None)
+            }
+        }
+        Kind::Var { lo, hi, .. } => {
+            let c = noisy_int(h[0], &p.noise[0], rng);
+            let s1 = noisy_int(h[1], &p.noise[1], rng) * g;
+            let s2 = noisy_int(h[2], &p.noise[2], rng) * g * g;
+            let max_var = ((hi - lo) / 2.0).powi(2);
+            let var = |c: f64, s1: f64, s2: f64| (s2 / c - (s1 / c).powi(2)).clamp(0.0, max_var);
+            for (k, r) in &mine {
+                let lvl = 1.0 - (1.0 - r.level) / 3.0;
+                let (hc, h1, h2) = (
+                    p.noise[0].ci_half_width(lvl),
+                    p.noise[1].ci_half_width(lvl) * g,
+                    p.noise[2].ci_half_width(lvl) * g * g,
+                );
+                let bound = if c - hc > 1.0 {
+                    let mut vals = Vec::new();
+                    for cc in [c - hc, c + hc] {
+                        for a in [s1 - h1, s1 + h1, 0.0f64.clamp(s1 - h1, s1 + h1)] {
+                            for b in [s2 - h2, s2 + h2] {
+                                vals.push(var(cc, a, b));
+                            }
+                        }
+                    }
+                    if r.side_high {
+                        vals.iter().copied().fold(0.0, f64::max)
+                    } else {
+                        vals.iter().copied().fold(max_var, f64::min)
+                    }
+                } else if r.side_high {
+                    max_var
+                } else {
+                    0.0
+                };
+                out_cis.push((*k, ScalarValue::Float64(Some(bound))));
+            }
+            if c > 1.0 { ScalarValue::Float64(Some(var(c, s1, s2))) } else { ScalarValue::Float64(None) }
+        }
+        Kind::Quantile { q, lo, hi, .. } => {
+            let (eps, bins) = p.quantile.expect("quantile");
+            let n: f64 = histogram.iter().sum();
+            // Score of bin b: −|#{x below b's upper edge} − q·n| (sensitivity 1 per row).
+            let mut cum = 0.0;
+            let scores: Vec<f64> = (0..bins)
+                .map(|b| {
+                    cum += histogram.get(b).copied().unwrap_or(0.0);
+                    -(cum - q * n).abs()
+                })
+                .collect();
+            let mech = ExponentialMechanism::new(eps, 1.0)?;
+            let b = mech.select(rng, &scores)?;
+            let width = (hi - lo) / bins as f64;
+            for (k, _) in &mine {
+                out_cis.push((*k, ScalarValue::Float64(None)));
+            }
+            ScalarValue::Float64(Some(lo + (b as f64 + 0.5) * width))
+        }
+    };
+    Ok((value, out_cis))
+}

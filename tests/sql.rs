@@ -1,0 +1,280 @@
+//! DP SQL acceptance tests (issue #7).
+
+use std::path::Path;
+
+use datafusion::arrow::array::{Array, AsArray, RecordBatch};
+use datafusion::arrow::compute::cast;
+use datafusion::arrow::datatypes::DataType;
+use dpflow::sql::{Catalog, SqlEngine};
+use dpflow::udfs::noise::testing::chi_square_test_integer;
+
+/// Writes a small world: a keyed table, a table with a person column, a public table.
+fn world(dir: &Path, ledger_budget: Option<&str>) -> std::path::PathBuf {
+    // keyed: k in 0..2000 with count (k % 7) + 1 rows each, x in [0, 100].
+    let mut s = String::from("k,x\n");
+    for k in 0..2000 {
+        for j in 0..(k % 7) + 1 {
+            s += &format!("{k},{}\n", (k * 13 + j * 7) % 101);
+        }
+    }
+    std::fs::write(dir.join("keyed.csv"), s).unwrap();
+    std::fs::write(
+        dir.join("keyed.yaml"),
+        "columns:\n  - {name: k, kind: integer, bounds: [0, 1999]}\n  - {name: x, kind: float, bounds: [0, 100], bins: {count: 10}, out_of_domain: clip}\n",
+    )
+    .unwrap();
+    // people: unit 'heavy' has 1000 rows with value 1e6; 50 light units with 1 row of value 1.
+    let mut s = String::from("pid,g,v\n");
+    for _ in 0..1000 {
+        s += "heavy,a,1000000\n";
+    }
+    for i in 0..50 {
+        s += &format!("u{i},{},1\n", if i % 2 == 0 { "a" } else { "b" });
+    }
+    // 'lonely' is the only contributor of group c (not in a public domain for tag).
+    s += "lonely,c,1\n";
+    std::fs::write(dir.join("people.csv"), s).unwrap();
+    std::fs::write(
+        dir.join("people.yaml"),
+        "columns:\n  - {name: g, kind: categorical, values: [a, b, c, d], nullable: true}\n  - {name: v, kind: float, bounds: [0, 10000000], bins: {count: 4}}\n",
+    )
+    .unwrap();
+    std::fs::write(dir.join("regions.csv"), "g,region\na,north\nb,south\nc,east\nd,west\n").unwrap();
+    std::fs::write(
+        dir.join("regions.yaml"),
+        "columns:\n  - {name: g, kind: categorical, values: [a, b, c, d]}\n  - {name: region, kind: categorical, values: [north, south, east, west]}\n",
+    )
+    .unwrap();
+    let ledger = match ledger_budget {
+        Some(b) => format!("ledger: ledger.sqlite\ncreate_ledger_if_missing:\n  keyed: {b}\n  people: {b}\n"),
+        None => String::new(),
+    };
+    let cat = format!(
+        "{ledger}query_budget: {{epsilon: 1.0}}\ntables:\n  keyed: {{location: keyed.csv, domain: keyed.yaml}}\n  people:\n    location: people.csv\n    domain: people.yaml\n    privacy_unit: {{column: pid}}\n    max_rows_per_unit: 1\n    max_groups_per_unit: 1\n  regions: {{location: regions.csv, domain: regions.yaml, public: true}}\n"
+    );
+    let p = dir.join("catalog.yaml");
+    std::fs::write(&p, cat).unwrap();
+    p
+}
+
+async fn engine(dir: &Path, seed: u64) -> SqlEngine {
+    let cat = Catalog::load(world(dir, None)).unwrap();
+    SqlEngine::open(cat, Some(seed)).await.unwrap()
+}
+
+fn column_f64(b: &[RecordBatch], name: &str) -> Vec<Option<f64>> {
+    let mut out = Vec::new();
+    for batch in b {
+        let i = batch.schema().index_of(name).unwrap();
+        let a = cast(batch.column(i), &DataType::Float64).unwrap();
+        let a = a.as_primitive::<datafusion::arrow::datatypes::Float64Type>();
+        out.extend((0..a.len()).map(|r| a.is_valid(r).then(|| a.value(r))));
+    }
+    out
+}
+
+fn column_str(b: &[RecordBatch], name: &str) -> Vec<Option<String>> {
+    let mut out = Vec::new();
+    for batch in b {
+        let i = batch.schema().index_of(name).unwrap();
+        let a = cast(batch.column(i), &DataType::Utf8).unwrap();
+        let a = a.as_string::<i32>();
+        out.extend((0..a.len()).map(|r| a.is_valid(r).then(|| a.value(r).to_string())));
+    }
+    out
+}
+
+#[tokio::test]
+async fn count_noise_matches_its_stated_scale_and_every_domain_key_is_returned() {
+    let dir = tempfile::tempdir().unwrap();
+    let mut e = engine(dir.path(), 7).await;
+    let r = e.query("SELECT k, dp_count(*, epsilon => 0.5) AS n FROM keyed GROUP BY k ORDER BY k", None).await.unwrap();
+    let ks = column_f64(&r.batches, "k");
+    assert_eq!(ks.len(), 2000, "every key of the public domain gets a row");
+    let ns = column_f64(&r.batches, "n");
+    let resid: Vec<i64> = ks.iter().zip(&ns).map(|(k, n)| n.unwrap() as i64 - ((k.unwrap() as i64) % 7 + 1)).collect();
+    // Discrete Laplace with scale 1/ε = 2.
+    let r_ = (-0.5f64).exp();
+    chi_square_test_integer(&resid, |y| (1.0 - r_) / (1.0 + r_) * r_.powi(y.unsigned_abs() as i32), 1e-4);
+    assert_eq!(r.mechanisms.len(), 1);
+    assert_eq!(
+        r.mechanisms[0].noise,
+        Some(dpflow::udfs::noise::NoiseDistribution::Laplace { scale: 2.0f64.next_up() })
+    );
+}
+
+#[tokio::test]
+async fn gaussian_sum_noise_has_the_stated_spread() {
+    let dir = tempfile::tempdir().unwrap();
+    let mut e = engine(dir.path(), 8).await;
+    let r =
+        e.query("SELECT k, dp_sum(x, 0, 100, rho => 0.5) AS s FROM keyed GROUP BY k ORDER BY k", None).await.unwrap();
+    let sigma = match r.mechanisms[0].noise.unwrap() {
+        dpflow::udfs::noise::NoiseDistribution::Gaussian { sigma } => sigma,
+        other => panic!("{other:?}"),
+    };
+    // Exact sums from the file.
+    let text = std::fs::read_to_string(dir.path().join("keyed.csv")).unwrap();
+    let mut exact = vec![0.0; 2000];
+    for l in text.lines().skip(1) {
+        let (k, x) = l.split_once(',').unwrap();
+        exact[k.parse::<usize>().unwrap()] += x.parse::<f64>().unwrap();
+    }
+    let s = column_f64(&r.batches, "s");
+    let var: f64 = s.iter().zip(&exact).map(|(a, b)| (a.unwrap() - b).powi(2)).sum::<f64>() / 2000.0;
+    // σ = 100/√(2·0.5) (+ grid rounding): the sample variance is within 10% (2000 draws: sd ≈ 3%).
+    assert!((var / (sigma * sigma) - 1.0).abs() < 0.1, "variance {var} vs σ² {}", sigma * sigma);
+    assert!((sigma / 100.0 - 1.0).abs() < 1e-3, "σ {sigma}");
+}
+
+#[tokio::test]
+async fn clamping_and_per_unit_bounds_are_applied() {
+    let dir = tempfile::tempdir().unwrap();
+    let mut e = engine(dir.path(), 9).await;
+    // Huge ε: the noise is negligible, so the answer shows the bounded statistic.
+    let r = e
+        .query("SELECT dp_count(*, epsilon => 1000) AS n, dp_sum(v, 0, 10, epsilon => 1000) AS s FROM people", None)
+        .await
+        .unwrap();
+    let n = column_f64(&r.batches, "n")[0].unwrap();
+    let s = column_f64(&r.batches, "s")[0].unwrap();
+    // 52 units, one row each (the heavy unit's 1000 rows count once), values clamped to 10.
+    assert!((n - 52.0).abs() <= 2.0, "count {n}");
+    assert!((s - (10.0 + 51.0)).abs() <= 2.0, "sum {s}");
+}
+
+#[tokio::test]
+async fn partition_selection_never_releases_a_single_contributor_key() {
+    let dir = tempfile::tempdir().unwrap();
+    for seed in 0..30 {
+        let mut e = engine(dir.path(), seed).await;
+        let r = e
+            .query(
+                "SELECT upper(g) AS gg, dp_count(*) AS n FROM people GROUP BY upper(g)",
+                Some(dpflow::privacy::Budget::Approx { epsilon: 2.0, delta: 1e-9 }),
+            )
+            .await
+            .unwrap();
+        let keys = column_str(&r.batches, "gg");
+        assert!(!keys.contains(&Some("C".to_string())), "seed {seed}: a key with one contributor was released");
+        assert!(keys.contains(&Some("A".to_string())), "seed {seed}: a key with 26 contributors should be released");
+        assert!(r.mechanisms.iter().any(|m| m.mechanism == "laplace_partition_selection"));
+    }
+}
+
+#[tokio::test]
+async fn refusals_are_clear() {
+    let dir = tempfile::tempdir().unwrap();
+    let mut e = engine(dir.path(), 1).await;
+    let cases: Vec<(&str, &str)> = vec![
+        ("SELECT * FROM keyed", "returns rows of protected table keyed"),
+        ("SELECT count(*) FROM keyed", "non-DP aggregate"),
+        ("SELECT dp_count(*) FROM (SELECT * FROM keyed ORDER BY x LIMIT 10) t", "ORDER BY"),
+        ("SELECT dp_count(*) FROM (SELECT * FROM keyed LIMIT 10) t", "LIMIT"),
+        ("SELECT dp_count(*) OVER () FROM keyed", "window"),
+        ("SELECT dp_count(*) FROM keyed a JOIN people b ON a.k = b.v", "join between protected tables"),
+        ("WITH c AS (SELECT dp_count(*) AS n FROM keyed) SELECT a.n + b.n FROM c a, c b", "evaluated twice"),
+        ("SELECT DISTINCT g FROM people", "DISTINCT"),
+        ("SELECT k FROM keyed UNION SELECT 1", "UNION"),
+        ("SELECT region FROM regions WHERE g IN (SELECT g FROM people)", "subquery"),
+        ("SELECT dp_sum(x, 10, 0) FROM keyed", "lower bound"),
+        ("SELECT dp_sum(x, 0, k) FROM keyed", "number literal"),
+        (
+            "SELECT dp_count(*) FROM (SELECT row_number() OVER () AS r FROM keyed) t",
+            "window function over protected rows",
+        ),
+        ("SELECT region, dp_count(*) FROM regions GROUP BY region", "not a protected table"),
+        ("DELETE FROM keyed", "only SELECT"),
+        ("SELECT x, dp_count(*) FROM keyed GROUP BY x", "partition selection"),
+        ("SELECT dp_count(*, epsilon => 0.1), dp_count(x) FROM keyed", "every DP aggregate"),
+    ];
+    assert!(cases.len() >= 10);
+    for (q, want) in cases {
+        let err = format!("{:#}", e.query(q, None).await.err().unwrap_or_else(|| panic!("accepted: {q}")));
+        assert!(err.contains(want), "{q}\n  error: {err}\n  expected to mention: {want}");
+    }
+}
+
+#[tokio::test]
+async fn public_join_on_unique_keys_is_allowed_and_duplicates_are_refused() {
+    let dir = tempfile::tempdir().unwrap();
+    let mut e = engine(dir.path(), 3).await;
+    let r = e
+        .query(
+            "SELECT r.region, dp_count(*) AS n FROM people p JOIN regions r ON p.g = r.g GROUP BY r.region",
+            Some(dpflow::privacy::Budget::Approx { epsilon: 4.0, delta: 1e-6 }),
+        )
+        .await
+        .unwrap();
+    assert!(!r.batches.is_empty());
+    // A public table whose key is not unique would duplicate protected rows.
+    std::fs::write(dir.path().join("regions.csv"), "g,region\na,north\na,south\nb,east\n").unwrap();
+    let mut e = engine_no_rewrite(dir.path(), 3).await;
+    let err = format!(
+        "{:#}",
+        e.query(
+            "SELECT r.region, dp_count(*) AS n FROM people p JOIN regions r ON p.g = r.g GROUP BY r.region",
+            Some(dpflow::privacy::Budget::Approx { epsilon: 4.0, delta: 1e-6 })
+        )
+        .await
+        .unwrap_err()
+    );
+    assert!(err.contains("not unique"), "{err}");
+}
+
+/// An engine over the world already written in `dir` (files as they are now).
+async fn engine_no_rewrite(dir: &Path, seed: u64) -> SqlEngine {
+    let cat = Catalog::load(dir.join("catalog.yaml")).unwrap();
+    SqlEngine::open(cat, Some(seed)).await.unwrap()
+}
+
+#[tokio::test]
+async fn budget_exhaustion_refuses_before_touching_data_and_explain_shows_costs() {
+    let dir = tempfile::tempdir().unwrap();
+    let cat = Catalog::load(world(dir.path(), Some("{epsilon: 1.0}"))).unwrap();
+    let mut e = SqlEngine::open(cat, None).await.unwrap();
+    let ex = e.query("EXPLAIN SELECT k, dp_count(*), dp_avg(x, 0, 100) FROM keyed GROUP BY k", None).await.unwrap();
+    let rows = ex.explain.unwrap();
+    assert_eq!(rows.len(), 3, "count + the avg's count and sum");
+    assert!(rows.iter().all(|r| r.noise_scale.is_some() && r.sensitivity.is_some()));
+    assert!(ex.charge_id.is_none(), "EXPLAIN spends nothing");
+    e.query("SELECT dp_count(*, epsilon => 0.6) FROM keyed", None).await.unwrap();
+    let err = format!("{:#}", e.query("SELECT dp_count(*, epsilon => 0.6) FROM keyed", None).await.unwrap_err());
+    assert!(err.contains("budget exceeded"), "{err}");
+    // A query that fits still runs; each query is charged once.
+    let r = e.query("SELECT dp_count(*, epsilon => 0.3) FROM keyed", None).await.unwrap();
+    assert!(r.charge_id.is_some());
+    let ledger = dpflow::privacy::Ledger::open(dir.path().join("ledger.sqlite")).unwrap();
+    let s = ledger.status("keyed").unwrap();
+    assert!((s.spent - 0.9).abs() < 1e-9, "spent {}", s.spent);
+    assert_eq!(s.open_reservations, 0);
+}
+
+#[tokio::test]
+async fn results_are_noisy_each_time_and_never_exact_from_statistics() {
+    // Same query twice: two charges, two independent noise draws.
+    let dir = tempfile::tempdir().unwrap();
+    let cat = Catalog::load(world(dir.path(), Some("{epsilon: 10.0}"))).unwrap();
+    let mut e = SqlEngine::open(cat, None).await.unwrap();
+    let mut values = Vec::new();
+    for _ in 0..6 {
+        let r = e.query("SELECT dp_count(*, epsilon => 0.1) AS n FROM keyed", None).await.unwrap();
+        values.push(column_f64(&r.batches, "n")[0].unwrap());
+    }
+    let exact = (0..2000).map(|k| (k % 7) + 1).sum::<i64>() as f64;
+    assert!(values.iter().any(|v| *v != exact), "answers must carry noise: {values:?}");
+    values.dedup();
+    assert!(values.len() > 1, "independent draws per query");
+    let ledger = dpflow::privacy::Ledger::open(dir.path().join("ledger.sqlite")).unwrap();
+    assert_eq!(ledger.history(Some("keyed")).unwrap().len(), 6);
+}
+
+#[tokio::test]
+async fn nulls_are_their_own_key() {
+    let dir = tempfile::tempdir().unwrap();
+    let mut e = engine(dir.path(), 4).await;
+    let r = e.query("SELECT g, dp_count(*) AS n FROM people GROUP BY g", None).await.unwrap();
+    let keys = column_str(&r.batches, "g");
+    assert_eq!(keys.len(), 5, "a, b, c, d and NULL: {keys:?}");
+    assert!(keys.contains(&None));
+}
