@@ -12,7 +12,7 @@ use dpflow_udfs::domain::EncodeExec;
 use dpflow_udfs::marginal::{NullMode, batch_to_counts, config_for, plan_marginals};
 
 use crate::domain::{Domain, DomainSpec};
-use crate::io::{InputFormat, open_input};
+use crate::io::{InputFormat, open_inputs};
 
 /// A protected (or public) dataset.
 #[derive(Debug, Clone)]
@@ -21,6 +21,8 @@ pub struct Dataset {
     pub name: String,
     /// File, prefix, glob or URL.
     pub location: String,
+    /// Further inputs of the same format (e.g. partitions listed one by one).
+    pub extra_locations: Vec<String>,
     /// Format (default: from the extension).
     pub format: Option<InputFormat>,
     /// Public domain.
@@ -45,6 +47,7 @@ impl Dataset {
         Ok(Self {
             name: name.to_string(),
             location: location.to_string(),
+            extra_locations: vec![],
             format,
             spec: Arc::new(DomainSpec::load(domain_file)?),
         })
@@ -57,7 +60,9 @@ impl Dataset {
 
     /// The raw data as a lazy DataFrame.
     pub async fn raw(&self, ctx: &SessionContext) -> Result<DataFrame> {
-        open_input(ctx, &self.location, self.format, &self.spec).await
+        let mut all = vec![self.location.clone()];
+        all.extend(self.extra_locations.iter().cloned());
+        open_inputs(ctx, &all, self.format, &self.spec).await
     }
 
     /// Physical plan producing encoded codes for `columns` (all domain columns if empty).

@@ -16,6 +16,7 @@ pub mod eval;
 pub mod io;
 pub mod measure;
 pub mod pgm;
+pub mod pipeline;
 pub mod privacy;
 pub mod sql;
 pub mod synth;

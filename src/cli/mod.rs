@@ -4,6 +4,7 @@ mod bench;
 mod bench_data;
 pub mod budget;
 pub mod inspect;
+mod pipeline;
 mod sql;
 mod synth;
 
@@ -41,6 +42,12 @@ pub enum Command {
     Eval(synth::EvalArgs),
     /// DP SQL over a catalog of protected tables (one query, or an interactive session).
     Sql(sql::SqlArgs),
+    /// Check release pipeline files (errors name the file, line and key).
+    Validate(pipeline::ValidateArgs),
+    /// Run one release of a pipeline (plan, reserve, execute, commit, publish).
+    Run(pipeline::RunArgs),
+    /// Run pipelines on their cron schedules.
+    Schedule(pipeline::ScheduleArgs),
 }
 
 /// Runs a parsed command line.
@@ -54,6 +61,9 @@ pub async fn run(cli: Cli) -> Result<i32> {
         Command::Sample(a) => synth::sample(a).await,
         Command::Eval(a) => synth::eval(a).await,
         Command::Sql(a) => sql::run(a).await,
+        Command::Validate(a) => pipeline::validate(a).await,
+        Command::Run(a) => pipeline::run(a).await,
+        Command::Schedule(a) => pipeline::schedule_cmd(a).await,
     }
 }
 

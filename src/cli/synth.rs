@@ -42,7 +42,7 @@ pub struct SynthArgs {
     /// Also save the fitted model (DP post-processing; safe to publish).
     #[arg(long)]
     pub model_out: Option<String>,
-    /// Release record (JSON; default `<out>.record.json`).
+    /// Release record (JSON; default `<out>.record.json`; empty to skip).
     #[arg(long)]
     pub record_out: Option<String>,
     /// Ledger to charge (with --dataset).

@@ -7,6 +7,6 @@ mod read;
 mod store;
 mod write;
 
-pub use read::{InputFormat, open_input, read_header_names};
+pub use read::{InputFormat, ensure_exists, open_input, open_inputs, read_header_names};
 pub use store::{memory_store, register_stores_for, resolve_url, session_context, store_for};
-pub use write::{ParquetSink, write_csv_stream, write_parquet_stream, write_stream};
+pub use write::{ParquetSink, read_bytes, write_bytes, write_csv_stream, write_parquet_stream, write_stream};

@@ -1,7 +1,5 @@
 //! Streaming reads of CSV and Parquet inputs.
 
-use std::sync::Arc;
-
 use anyhow::{Context, Result, bail};
 use datafusion::arrow::datatypes::{DataType, Field, Schema};
 use datafusion::dataframe::DataFrame;
@@ -100,11 +98,29 @@ pub async fn open_input(
     format: Option<InputFormat>,
     spec: &DomainSpec,
 ) -> Result<DataFrame> {
-    let url = resolve_url(location)?;
-    register_stores_for(ctx, &url)?;
-    ensure_exists(ctx, &url, location).await?;
+    open_inputs(ctx, &[location.to_string()], format, spec).await
+}
+
+/// Opens several inputs (files, prefixes or globs of one format) as one table.
+pub async fn open_inputs(
+    ctx: &SessionContext,
+    locations: &[String],
+    format: Option<InputFormat>,
+    spec: &DomainSpec,
+) -> Result<DataFrame> {
+    let location = locations.first().context("no input given")?.as_str();
+    let mut table_paths = Vec::with_capacity(locations.len());
+    let mut urls = Vec::with_capacity(locations.len());
+    for l in locations {
+        let url = resolve_url(l)?;
+        register_stores_for(ctx, &url)?;
+        ensure_exists(ctx, &url, l).await?;
+        table_paths.push(url.to_string());
+        urls.push(url);
+    }
+    let url = urls[0].clone();
     let format = format.unwrap_or_else(|| InputFormat::detect(location));
-    let table_path = url.to_string();
+    let table_path = table_paths;
     match format {
         InputFormat::Parquet => ctx
             .read_parquet(table_path, ParquetReadOptions::default())
@@ -121,7 +137,7 @@ pub async fn open_input(
                 spec.domain.names().iter().map(|s| s.to_string()).collect()
             };
             let schema = Schema::new(names.iter().map(|n| Field::new(n, DataType::Utf8, true)).collect::<Vec<_>>());
-            let ext = extension_of(&url);
+            let ext = if urls.len() == 1 { extension_of(&url) } else { String::new() };
             let mut opts = CsvReadOptions::new()
                 .has_header(t.header)
                 .delimiter(t.delimiter as u8)
@@ -133,7 +149,6 @@ pub async fn open_input(
             }
             let df =
                 ctx.read_csv(table_path, opts).await.with_context(|| format!("cannot read CSV input {location}"))?;
-            let _ = Arc::new(schema);
             Ok(df)
         }
     }

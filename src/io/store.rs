@@ -26,7 +26,18 @@ pub fn resolve_url(location: &str) -> Result<Url> {
         return Url::parse(location).with_context(|| format!("invalid URL {location:?}"));
     }
     let path = std::path::Path::new(location);
-    let abs = if path.is_absolute() { path.to_path_buf() } else { std::env::current_dir()?.join(path) };
+    let joined = if path.is_absolute() { path.to_path_buf() } else { std::env::current_dir()?.join(path) };
+    // Lexical normalisation: object-store paths may not contain `.` or `..`.
+    let mut abs = std::path::PathBuf::new();
+    for c in joined.components() {
+        match c {
+            std::path::Component::ParentDir => {
+                abs.pop();
+            }
+            std::path::Component::CurDir => {}
+            other => abs.push(other.as_os_str()),
+        }
+    }
     // Keep a trailing slash (a prefix) and glob characters as written.
     let mut s = abs.to_string_lossy().to_string();
     if location.ends_with('/') && !s.ends_with('/') {

@@ -9,6 +9,7 @@ use datafusion::parquet::basic::{Compression, ZstdLevel};
 use datafusion::parquet::file::properties::WriterProperties;
 use datafusion::physical_plan::SendableRecordBatchStream;
 use futures::StreamExt;
+use object_store::ObjectStoreExt;
 use object_store::buffered::BufWriter;
 use object_store::path::Path as ObjectPath;
 
@@ -91,6 +92,33 @@ pub async fn write_csv_stream(
     }
     out.shutdown().await.with_context(|| format!("closing {location}"))?;
     Ok(rows)
+}
+
+/// Writes bytes to a file or object (creating local directories).
+pub async fn write_bytes(ctx: &SessionContext, location: &str, bytes: Vec<u8>) -> Result<()> {
+    let url = resolve_url(location)?;
+    register_stores_for(ctx, &url)?;
+    if url.scheme() == "file" {
+        if let Ok(p) = url.to_file_path() {
+            if let Some(dir) = p.parent() {
+                std::fs::create_dir_all(dir).with_context(|| format!("cannot create {}", dir.display()))?;
+            }
+        }
+    }
+    let store = store_for(ctx, &url)?;
+    let path = ObjectPath::from_url_path(url.path()).with_context(|| format!("bad output path {location}"))?;
+    store.put(&path, bytes.into()).await.with_context(|| format!("writing {location}"))?;
+    Ok(())
+}
+
+/// Reads a whole (small) file or object.
+pub async fn read_bytes(ctx: &SessionContext, location: &str) -> Result<Vec<u8>> {
+    let url = resolve_url(location)?;
+    register_stores_for(ctx, &url)?;
+    let store = store_for(ctx, &url)?;
+    let path = ObjectPath::from_url_path(url.path()).with_context(|| format!("bad path {location}"))?;
+    let r = store.get(&path).await.with_context(|| format!("reading {location}"))?;
+    Ok(r.bytes().await.with_context(|| format!("reading {location}"))?.to_vec())
 }
 
 /// Writes a stream as Parquet, or as CSV when the location ends in `.csv`.

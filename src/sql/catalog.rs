@@ -77,7 +77,7 @@ fn default_confidence() -> f64 {
 }
 
 /// A budget in YAML: `{epsilon}`, `{epsilon, delta}` or `{rho}`.
-#[derive(Deserialize, Clone, Copy)]
+#[derive(Deserialize, Clone, Copy, Debug)]
 #[serde(deny_unknown_fields)]
 pub struct RawBudget {
     #[serde(default)]
@@ -167,6 +167,7 @@ impl Catalog {
             let dataset = Dataset {
                 name: name.clone(),
                 location: resolve(base, &t.location),
+                extra_locations: vec![],
                 format: t.format,
                 spec: Arc::new(spec),
             };

@@ -104,6 +104,8 @@ pub struct SqlEngine {
     rng: DpRng,
     unsafe_seed: Option<u64>,
     counter: u64,
+    /// The caller (a release pipeline) has reserved the budget already.
+    precharged: bool,
 }
 
 fn parse_f64(e: &Expr, what: &str, func: &str) -> Result<f64> {
@@ -188,7 +190,23 @@ impl SqlEngine {
             }
             Some(p) => Some(Ledger::open(p)?),
         };
-        Ok(Self { ctx, catalog, ledger, rng: DpRng::new(unsafe_seed)?, unsafe_seed, counter: 0 })
+        Ok(Self { ctx, catalog, ledger, rng: DpRng::new(unsafe_seed)?, unsafe_seed, counter: 0, precharged: false })
+    }
+
+    /// A session whose caller accounts for every query itself (a release
+    /// pipeline reserves its whole budget before running any step): queries
+    /// are not charged to a ledger here.
+    pub async fn open_precharged(mut catalog: Catalog, unsafe_seed: Option<u64>) -> Result<Self> {
+        catalog.ledger = None;
+        catalog.create_ledger = None;
+        let mut e = Self::open(catalog, unsafe_seed).await?;
+        e.precharged = true;
+        Ok(e)
+    }
+
+    /// The mechanisms a query would charge (plans it; reads no data).
+    pub async fn cost(&mut self, sql: &str, budget: Option<Budget>) -> Result<Vec<MechanismRecord>> {
+        Ok(self.query_inner(sql, budget, true).await?.mechanisms)
     }
 
     /// The DataFusion session (tables and functions registered).
@@ -202,6 +220,10 @@ impl SqlEngine {
 
     /// Runs (or explains) one query with `budget` (default: the catalog's query budget).
     pub async fn query(&mut self, sql: &str, budget: Option<Budget>) -> Result<QueryResult> {
+        self.query_inner(sql, budget, false).await
+    }
+
+    async fn query_inner(&mut self, sql: &str, budget: Option<Budget>, force_explain: bool) -> Result<QueryResult> {
         let prepared = prepare(sql)?;
         let plan = self.ctx.state().create_logical_plan(&prepared.sql).await?;
         no_duplicate_sites(&plan)?;
@@ -220,7 +242,7 @@ impl SqlEngine {
         if let Some((rec, _, _)) = &selection {
             records.push(rec.clone());
         }
-        if prepared.explain {
+        if prepared.explain || force_explain {
             let rows = records
                 .iter()
                 .map(|r| ExplainRow {
@@ -249,7 +271,7 @@ impl SqlEngine {
         let reservation = match self.ledger.as_mut() {
             Some(l) => Some(l.reserve(&entry.ledger_dataset, &release_id, &records, None)?),
             None => {
-                if self.unsafe_seed.is_none() {
+                if self.unsafe_seed.is_none() && !self.precharged {
                     bail!("the catalog has no ledger: DP queries must be charged to a ledger");
                 }
                 None

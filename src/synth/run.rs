@@ -328,7 +328,9 @@ pub async fn run_synth(ctx: &SessionContext, req: &SynthRequest, progress: &dyn 
             compression: fitted.compression.clone(),
             mechanism: synth.name().into(),
         };
-        std::fs::write(mo, serde_json::to_vec(&saved)?).with_context(|| format!("writing model {mo}"))?;
+        crate::io::write_bytes(ctx, mo, serde_json::to_vec(&saved)?)
+            .await
+            .with_context(|| format!("writing model {mo}"))?;
         outputs.push(mo.clone());
     }
     let t_gen = t2.elapsed().as_secs_f64();
@@ -356,9 +358,8 @@ pub async fn run_synth(ctx: &SessionContext, req: &SynthRequest, progress: &dyn 
         ledger_charge,
     };
     let record_path = req.record_out.clone().unwrap_or_else(|| format!("{}.record.json", req.out));
-    if !record_path.contains("://") {
-        std::fs::write(&record_path, serde_json::to_vec_pretty(&record)?)
-            .with_context(|| format!("writing {record_path}"))?;
+    if !record_path.is_empty() {
+        crate::io::write_bytes(ctx, &record_path, serde_json::to_vec_pretty(&record)?).await?;
     }
     Ok(record)
 }

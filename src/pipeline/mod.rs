@@ -1,0 +1,10 @@
+//! Release pipelines: the YAML spec and its validation, `dpflow run` (one
+//! crash-safe, idempotent release with its `manifest.json`), and the
+//! `dpflow schedule` cron scheduler.
+
+pub mod run;
+pub mod schedule;
+pub mod spec;
+
+pub use run::{Manifest, RunOptions, RunOutcome};
+pub use spec::{Pipeline, PipelineError, Step};

@@ -1,0 +1,507 @@
+//! `dpflow run`: one release, crash-safe and idempotent.
+//!
+//! 1. plan every step and its cost (nothing read); `--dry-run` stops here;
+//! 2. if the release's `manifest.json` exists, the release is complete: stop;
+//! 3. reserve the whole cost in the ledger under the release id (a committed
+//!    charge is never spent again; an open one is resumed);
+//! 4. run the steps, writing outputs under a private staging prefix;
+//! 5. commit the ledger charge (outputs are durable);
+//! 6. publish: copy outputs to their final places, then write `manifest.json`
+//!    last (its presence means the release is complete); drop the staging copy.
+//!
+//! After a crash: before 5 → rerun discards the stale staging copy and runs the
+//! steps again under the same (still counted) reservation — the staged outputs
+//! were never published; after 5 → rerun only publishes the staged outputs.
+//! The staging prefix must be as private as the input data.
+
+use std::time::Instant;
+
+use anyhow::{Context, Result};
+use chrono::{DateTime, Utc};
+use futures::TryStreamExt;
+use object_store::ObjectStoreExt;
+use object_store::path::Path as ObjectPath;
+use serde::Serialize;
+use sha2::Digest;
+
+use super::spec::{Pipeline, Step};
+use crate::dataset::Dataset;
+use crate::io::{read_bytes, register_stores_for, resolve_url, session_context, store_for, write_bytes};
+use crate::privacy::{Budget, ChargeStatus, Ledger, LedgerError, MechanismRecord, PrivacyFilter, PrivacyLoss};
+use crate::sql::{Catalog, PrivacyUnit, SqlEngine, TableEntry};
+
+/// Options of one run.
+#[derive(Debug, Clone, Default)]
+pub struct RunOptions {
+    /// Release id (default `<name>-<date>`).
+    pub release_id: Option<String>,
+    /// Plan only.
+    pub dry_run: bool,
+    /// UNSAFE: seeded noise (tests only).
+    pub unsafe_seed: Option<u64>,
+    /// The release's date (default: today in the pipeline's time zone).
+    pub date: Option<DateTime<Utc>>,
+}
+
+/// One step's planned cost.
+#[derive(Debug, Clone, Serialize)]
+pub struct StepPlan {
+    /// Step name.
+    pub step: String,
+    /// Kind.
+    pub kind: &'static str,
+    /// Mechanisms it will charge.
+    pub mechanisms: Vec<MechanismRecord>,
+}
+
+/// An output in the manifest.
+#[derive(Debug, Clone, Serialize, serde::Deserialize)]
+pub struct OutputRecord {
+    /// Step.
+    pub step: String,
+    /// Final URL.
+    pub url: String,
+    /// Bytes.
+    pub bytes: u64,
+    /// SHA-256.
+    pub sha256: String,
+}
+
+/// The release record (`manifest.json`).
+#[derive(Debug, Clone, Serialize)]
+pub struct Manifest {
+    /// Format tag.
+    pub format: &'static str,
+    /// Pipeline name.
+    pub pipeline: String,
+    /// SHA-256 of the pipeline file.
+    pub pipeline_sha256: String,
+    /// dpflow version.
+    pub dpflow_version: String,
+    /// Release id.
+    pub release_id: String,
+    /// Dataset (ledger name) and privacy unit.
+    pub dataset: String,
+    /// Privacy unit.
+    pub privacy_unit: String,
+    /// Budget of this release.
+    pub budget: Budget,
+    /// Spent by this release, in the ledger's unit.
+    pub spent: f64,
+    /// Composition parts of this release's charge.
+    pub spent_parts: crate::privacy::Normalized,
+    /// Remaining in the ledger after this release.
+    pub remaining: f64,
+    /// Ledger charge id.
+    pub ledger_charge: i64,
+    /// Per step: mechanisms with parameters and noise scales, and step records.
+    pub steps: Vec<serde_json::Value>,
+    /// Published outputs.
+    pub outputs: Vec<OutputRecord>,
+    /// When the run started and finished.
+    pub started_at: String,
+    /// Finished.
+    pub finished_at: String,
+    /// The seed when one was used (the release is then NOT private).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub unsafe_seed: Option<u64>,
+}
+
+/// The outcome of `run`.
+#[derive(Debug, Clone, Serialize)]
+pub enum RunOutcome {
+    /// Planned only.
+    DryRun {
+        /// Steps and costs.
+        plan: Vec<StepPlan>,
+        /// Total in the budget's unit.
+        total: f64,
+    },
+    /// The release already existed.
+    AlreadyComplete {
+        /// Its manifest URL.
+        manifest: String,
+    },
+    /// Completed now.
+    Completed {
+        /// Manifest URL.
+        manifest: String,
+        /// Spent.
+        spent: f64,
+        /// Remaining.
+        remaining: f64,
+    },
+}
+
+fn template(s: &str, p: &Pipeline, release_id: &str, date: &str) -> String {
+    s.replace("{date}", date).replace("{release_id}", release_id).replace("{name}", &p.name)
+}
+
+fn join(base: &str, rel: &str) -> String {
+    format!("{}/{}", base.trim_end_matches('/'), rel.trim_start_matches('/'))
+}
+
+struct Locations {
+    output: String,
+    staging: String,
+}
+
+impl Pipeline {
+    fn dataset(&self) -> Result<Dataset> {
+        let spec = crate::domain::DomainSpec::load(&self.domain)?;
+        Ok(Dataset {
+            name: self.dataset.clone(),
+            location: self.sources[0].clone(),
+            extra_locations: self.sources[1..].to_vec(),
+            format: self.format,
+            spec: std::sync::Arc::new(spec),
+        })
+    }
+
+    fn catalog(&self) -> Result<Catalog> {
+        let mut tables = std::collections::BTreeMap::new();
+        tables.insert(
+            self.dataset.clone(),
+            TableEntry {
+                name: self.dataset.clone(),
+                dataset: self.dataset()?,
+                public: false,
+                unit: match &self.privacy_unit {
+                    Some(c) => PrivacyUnit::Column(c.clone()),
+                    None => PrivacyUnit::Row,
+                },
+                max_rows_per_unit: self.max_rows_per_unit,
+                max_groups_per_unit: self.max_groups_per_unit,
+                ledger_dataset: self.dataset.clone(),
+            },
+        );
+        for (name, (loc, dom, fmt)) in &self.public_tables {
+            tables.insert(
+                name.clone(),
+                TableEntry {
+                    name: name.clone(),
+                    dataset: Dataset::open(name, loc, *fmt, dom)?,
+                    public: true,
+                    unit: PrivacyUnit::Row,
+                    max_rows_per_unit: 1,
+                    max_groups_per_unit: 1,
+                    ledger_dataset: name.clone(),
+                },
+            );
+        }
+        Ok(Catalog {
+            path: self.path.clone(),
+            tables,
+            ledger: None,
+            create_ledger: None,
+            query_budget: None,
+            confidence: 0.95,
+        })
+    }
+
+    /// Plans every step's cost (reads no data) and checks it fits the release budget.
+    pub async fn plan(&self) -> Result<(Vec<StepPlan>, f64)> {
+        let mut engine = SqlEngine::open_precharged(self.catalog()?, Some(0)).await?;
+        let mut plans = Vec::new();
+        let mut filter = PrivacyFilter::new(self.budget);
+        for step in &self.steps {
+            let (kind, mechanisms) = match step {
+                Step::Sql { query, budget, name, .. } => {
+                    ("sql", engine.cost(query, Some(*budget)).await.with_context(|| format!("step {name}"))?)
+                }
+                Step::Synthesize { name, mechanism, budget, .. } => {
+                    let rho = budget.as_rho().context("synthesize needs a zCDP-convertible budget")?;
+                    (
+                        "synthesize",
+                        vec![MechanismRecord {
+                            mechanism: format!("{mechanism:?}").to_lowercase(),
+                            target: format!("synthetic data ({name})"),
+                            sensitivity: None,
+                            noise: None,
+                            loss: PrivacyLoss::Zcdp { rho },
+                            params: serde_json::Value::Null,
+                        }],
+                    )
+                }
+                Step::Evaluate { .. } => ("evaluate", vec![]),
+            };
+            for m in &mechanisms {
+                filter.charge(&m.loss).with_context(|| {
+                    format!(
+                        "{}: the steps cost more than the release budget {} (step {})",
+                        self.path.display(),
+                        self.budget.describe(),
+                        step.name()
+                    )
+                })?;
+            }
+            plans.push(StepPlan { step: step.name().to_string(), kind, mechanisms });
+        }
+        Ok((plans, filter.spent_amount()))
+    }
+
+    fn open_ledger(&self) -> Result<Ledger> {
+        if !self.ledger.exists() {
+            if let Some(m) = &self.create_ledger {
+                if let Some(dir) = self.ledger.parent() {
+                    std::fs::create_dir_all(dir).ok();
+                }
+                let l = Ledger::create(&self.ledger)?;
+                for (ds, b) in m {
+                    l.add_dataset(ds, "row", *b)?;
+                }
+                eprintln!("note: created ledger {} with the pipeline's demo budgets", self.ledger.display());
+                return Ok(l);
+            }
+        }
+        Ok(Ledger::open(&self.ledger)?)
+    }
+
+    /// Runs one release.
+    pub async fn run(&self, opts: &RunOptions, progress: &dyn Fn(&str)) -> Result<RunOutcome> {
+        let started = Utc::now();
+        let (plans, total) = self.plan().await?;
+        if opts.dry_run {
+            return Ok(RunOutcome::DryRun { plan: plans, total });
+        }
+        let when = opts.date.unwrap_or(started).with_timezone(&self.timezone);
+        let date = when.format("%Y-%m-%d").to_string();
+        let release_id = opts.release_id.clone().unwrap_or_else(|| format!("{}-{}", self.name, date));
+        let output = template(&self.output, self, &release_id, &date);
+        let staging = match &self.staging {
+            Some(s) => join(&template(s, self, &release_id, &date), &release_id),
+            None => join(&join(&output, "_staging"), &release_id),
+        };
+        let loc = Locations { output, staging };
+        let ctx = session_context();
+        let manifest_url = join(&loc.output, "manifest.json");
+        if exists(&ctx, &manifest_url).await? {
+            return Ok(RunOutcome::AlreadyComplete { manifest: manifest_url });
+        }
+        // Ledger: reserve (or find) this release's charge.
+        let mut ledger = self.open_ledger()?;
+        let records: Vec<MechanismRecord> = plans.iter().flat_map(|p| p.mechanisms.clone()).collect();
+        let existing = ledger.charge_for_release(&self.dataset, &release_id)?;
+        let charge_id = match existing {
+            Some(c) if c.status == ChargeStatus::Committed => {
+                progress("release already charged; publishing its staged outputs");
+                return self.publish(&ctx, &loc, &release_id, c.id, &mut ledger, started, opts, None).await;
+            }
+            _ => match ledger.reserve(&self.dataset, &release_id, &records, None) {
+                Ok(r) => {
+                    if r.resumed {
+                        progress("resuming an interrupted release under its existing reservation");
+                    }
+                    r.charge_id
+                }
+                Err(LedgerError::AlreadyCommitted { charge_id, .. }) => {
+                    return self.publish(&ctx, &loc, &release_id, charge_id, &mut ledger, started, opts, None).await;
+                }
+                Err(e) => return Err(e.into()),
+            },
+        };
+        // Fresh staging area (a previous crash may have left partial outputs).
+        delete_prefix(&ctx, &loc.staging).await?;
+        let step_records = match self.run_steps(&ctx, &loc, opts, progress).await {
+            Ok(r) => r,
+            Err(e) => {
+                // Nothing was published: return the reservation.
+                let _ = delete_prefix(&ctx, &loc.staging).await;
+                let _ = ledger.release(charge_id, &format!("run failed: {e:#}"));
+                return Err(e);
+            }
+        };
+        write_bytes(&ctx, &join(&loc.staging, "_steps.json"), serde_json::to_vec(&step_records)?).await?;
+        ledger.commit(charge_id)?;
+        progress("ledger charge committed");
+        self.publish(&ctx, &loc, &release_id, charge_id, &mut ledger, started, opts, Some(step_records)).await
+    }
+
+    async fn run_steps(
+        &self,
+        ctx: &datafusion::execution::context::SessionContext,
+        loc: &Locations,
+        opts: &RunOptions,
+        progress: &dyn Fn(&str),
+    ) -> Result<Vec<serde_json::Value>> {
+        let mut engine = SqlEngine::open_precharged(self.catalog()?, opts.unsafe_seed).await?;
+        let mut records = Vec::new();
+        let mut synth_outputs: std::collections::HashMap<String, String> = Default::default();
+        for step in &self.steps {
+            let t = Instant::now();
+            progress(&format!("step {}", step.name()));
+            match step {
+                Step::Sql { name, query, budget, output } => {
+                    let r = engine.query(query, Some(*budget)).await.with_context(|| format!("step {name}"))?;
+                    let mut buf = Vec::new();
+                    {
+                        let mut w = datafusion::arrow::csv::WriterBuilder::new().with_header(true).build(&mut buf);
+                        for b in &r.batches {
+                            w.write(b)?;
+                        }
+                    }
+                    write_bytes(ctx, &join(&loc.staging, output), buf).await?;
+                    records.push(serde_json::json!({
+                        "step": name, "kind": "sql", "query": query, "mechanisms": r.mechanisms,
+                        "outputs": [output], "seconds": t.elapsed().as_secs_f64(),
+                    }));
+                }
+                Step::Synthesize {
+                    name,
+                    mechanism,
+                    workload,
+                    rows,
+                    budget,
+                    output,
+                    model_output,
+                    iters,
+                    max_model_size,
+                } => {
+                    let req = crate::synth::run::SynthRequest {
+                        dataset: self.dataset()?,
+                        mechanism: *mechanism,
+                        budget: *budget,
+                        workload: workload.clone(),
+                        rows: *rows,
+                        out: join(&loc.staging, output),
+                        model_out: model_output.as_ref().map(|m| join(&loc.staging, m)),
+                        record_out: Some(String::new()),
+                        ledger: None,
+                        release_id: None,
+                        unsafe_seed: opts.unsafe_seed,
+                        options: crate::synth::SynthOptions {
+                            iters: *iters,
+                            max_model_mb: *max_model_size,
+                            ..Default::default()
+                        },
+                        decode: Default::default(),
+                    };
+                    let rec = crate::synth::run::run_synth(ctx, &req, progress)
+                        .await
+                        .with_context(|| format!("step {name}"))?;
+                    let mut outs = vec![output.clone()];
+                    outs.extend(model_output.iter().cloned());
+                    synth_outputs.insert(name.clone(), join(&loc.staging, output));
+                    records.push(serde_json::json!({
+                        "step": name, "kind": "synthesize", "mechanism": rec.mechanism, "rho": rec.rho,
+                        "rho_spent": rec.rho_spent, "rows": rec.rows, "mechanisms": rec.mechanisms,
+                        "measurements": rec.fit.measurements, "error_bounds": rec.fit.error_bounds,
+                        "outputs": outs, "seconds": t.elapsed().as_secs_f64(),
+                    }));
+                }
+                Step::Evaluate { name, synthetic, workload, private_output } => {
+                    let synth_loc = synth_outputs.get(synthetic).context("evaluate: unknown synthetic step")?;
+                    let real = self.dataset()?;
+                    let mut syn = self.dataset()?;
+                    syn.location = synth_loc.clone();
+                    syn.extra_locations = vec![];
+                    syn.format = None;
+                    let r = crate::eval::evaluate(ctx, &real, &syn, workload).await?;
+                    // Curator-only: written to a private place, never published.
+                    write_bytes(ctx, private_output, serde_json::to_vec_pretty(&r)?).await?;
+                    records.push(serde_json::json!({
+                        "step": name, "kind": "evaluate", "note": "curator-only evaluation written to a private location; not part of the release",
+                    }));
+                }
+            }
+        }
+        Ok(records)
+    }
+
+    #[allow(clippy::too_many_arguments)]
+    async fn publish(
+        &self,
+        ctx: &datafusion::execution::context::SessionContext,
+        loc: &Locations,
+        release_id: &str,
+        charge_id: i64,
+        ledger: &mut Ledger,
+        started: DateTime<Utc>,
+        opts: &RunOptions,
+        step_records: Option<Vec<serde_json::Value>>,
+    ) -> Result<RunOutcome> {
+        let steps: Vec<serde_json::Value> = match step_records {
+            Some(s) => s,
+            None => {
+                let b = read_bytes(ctx, &join(&loc.staging, "_steps.json")).await.with_context(|| {
+                    format!(
+                        "release {release_id} is committed in the ledger but its staged outputs are missing; \
+                         they cannot be recomputed without spending again — investigate {}",
+                        loc.staging
+                    )
+                })?;
+                serde_json::from_slice(&b)?
+            }
+        };
+        let mut outputs = Vec::new();
+        for s in &steps {
+            let step = s["step"].as_str().unwrap_or_default().to_string();
+            for o in s["outputs"].as_array().cloned().unwrap_or_default() {
+                let rel = o.as_str().unwrap_or_default();
+                let src = join(&loc.staging, rel);
+                let dst = join(&loc.output, rel);
+                let bytes = read_bytes(ctx, &src).await?;
+                let sha = hex::encode(sha2::Sha256::digest(&bytes));
+                let n = bytes.len() as u64;
+                write_bytes(ctx, &dst, bytes).await?;
+                outputs.push(OutputRecord { step: step.clone(), url: dst, bytes: n, sha256: sha });
+            }
+        }
+        let charge = ledger.charge(charge_id)?;
+        let status = ledger.status(&self.dataset)?;
+        let manifest = Manifest {
+            format: "dpflow-release-v1",
+            pipeline: self.name.clone(),
+            pipeline_sha256: self.sha256.clone(),
+            dpflow_version: env!("CARGO_PKG_VERSION").into(),
+            release_id: release_id.into(),
+            dataset: self.dataset.clone(),
+            privacy_unit: self.privacy_unit.clone().unwrap_or_else(|| "row".into()),
+            budget: self.budget,
+            spent: charge.cost,
+            spent_parts: charge.normalized,
+            remaining: status.remaining,
+            ledger_charge: charge_id,
+            steps,
+            outputs,
+            started_at: started.to_rfc3339(),
+            finished_at: Utc::now().to_rfc3339(),
+            unsafe_seed: opts.unsafe_seed,
+        };
+        let manifest_url = join(&loc.output, "manifest.json");
+        // Last: its presence means the release is complete.
+        write_bytes(ctx, &manifest_url, serde_json::to_vec_pretty(&manifest)?).await?;
+        delete_prefix(ctx, &loc.staging).await.ok();
+        Ok(RunOutcome::Completed { manifest: manifest_url, spent: charge.cost, remaining: status.remaining })
+    }
+}
+
+async fn exists(ctx: &datafusion::execution::context::SessionContext, location: &str) -> Result<bool> {
+    let url = resolve_url(location)?;
+    register_stores_for(ctx, &url)?;
+    let store = store_for(ctx, &url)?;
+    let path = ObjectPath::from_url_path(url.path())?;
+    match store.head(&path).await {
+        Ok(_) => Ok(true),
+        Err(object_store::Error::NotFound { .. }) => Ok(false),
+        Err(e) => Err(e.into()),
+    }
+}
+
+/// Deletes every object under a prefix (and the local directory).
+pub async fn delete_prefix(ctx: &datafusion::execution::context::SessionContext, location: &str) -> Result<()> {
+    let url = resolve_url(&format!("{}/", location.trim_end_matches('/')))?;
+    register_stores_for(ctx, &url)?;
+    let store = store_for(ctx, &url)?;
+    let prefix = ObjectPath::from_url_path(url.path())?;
+    let objects: Vec<_> = store.list(Some(&prefix)).try_collect().await.unwrap_or_default();
+    for o in objects {
+        store.delete(&o.location).await.ok();
+    }
+    if url.scheme() == "file" {
+        if let Ok(p) = url.to_file_path() {
+            let _ = std::fs::remove_dir_all(p);
+        }
+    }
+    Ok(())
+}

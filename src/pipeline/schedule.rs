@@ -1,0 +1,269 @@
+//! `dpflow schedule`: runs pipelines on their cron schedules.
+//!
+//! * one run at a time per pipeline (in-process loop plus a lock file, so two
+//!   schedulers cannot overlap either);
+//! * a missed run (the scheduler was down at the last scheduled time) runs
+//!   once on start-up;
+//! * before each run the ledger must cover the release's cost; otherwise the
+//!   pipeline stops (logged; `dpflow schedule --status` exits non-zero);
+//! * SIGTERM/SIGINT: no new runs start; a running release finishes first.
+
+use std::path::{Path, PathBuf};
+use std::str::FromStr;
+
+use anyhow::{Context, Result};
+use chrono::{DateTime, Utc};
+use serde::{Deserialize, Serialize};
+
+use super::run::{RunOptions, RunOutcome};
+use super::spec::Pipeline;
+
+/// Persistent state of one scheduled pipeline.
+#[derive(Debug, Clone, Default, Serialize, Deserialize, PartialEq)]
+pub struct PipelineState {
+    /// Pipeline name.
+    pub name: String,
+    /// The last scheduled time that was run.
+    pub last_scheduled: Option<DateTime<Utc>>,
+    /// Its release id.
+    pub last_release_id: Option<String>,
+    /// ok / failed / already-complete.
+    pub last_status: Option<String>,
+    /// Error of the last failed run.
+    pub last_error: Option<String>,
+    /// Runs completed by schedulers.
+    pub runs: u64,
+    /// Why the pipeline stopped, if it did.
+    pub stopped: Option<String>,
+    /// Next scheduled time.
+    pub next: Option<DateTime<Utc>>,
+}
+
+fn state_path(dir: &Path, name: &str) -> PathBuf {
+    dir.join(format!("{name}.state.json"))
+}
+
+/// Loads a pipeline's state (default if none).
+pub fn load_state(dir: &Path, name: &str) -> PipelineState {
+    std::fs::read(state_path(dir, name))
+        .ok()
+        .and_then(|b| serde_json::from_slice(&b).ok())
+        .unwrap_or(PipelineState { name: name.into(), ..Default::default() })
+}
+
+fn save_state(dir: &Path, s: &PipelineState) -> Result<()> {
+    std::fs::create_dir_all(dir)?;
+    let tmp = dir.join(format!(".{}.tmp", s.name));
+    std::fs::write(&tmp, serde_json::to_vec_pretty(s)?)?;
+    std::fs::rename(&tmp, state_path(dir, &s.name))?;
+    Ok(())
+}
+
+/// An exclusive lock file for one pipeline (removed on drop).
+struct RunLock(PathBuf);
+
+impl RunLock {
+    fn acquire(dir: &Path, name: &str) -> Result<Option<Self>> {
+        std::fs::create_dir_all(dir)?;
+        let path = dir.join(format!("{name}.lock"));
+        for _ in 0..2 {
+            match std::fs::OpenOptions::new().write(true).create_new(true).open(&path) {
+                Ok(mut f) => {
+                    use std::io::Write;
+                    let _ = write!(f, "{}", std::process::id());
+                    return Ok(Some(RunLock(path)));
+                }
+                Err(e) if e.kind() == std::io::ErrorKind::AlreadyExists => {
+                    // Stale if its process is gone.
+                    let pid: Option<i32> = std::fs::read_to_string(&path).ok().and_then(|s| s.trim().parse().ok());
+                    // SAFETY: kill with signal 0 only checks that the process exists.
+                    let alive = pid.is_some_and(|p| unsafe { libc::kill(p, 0) } == 0);
+                    if alive {
+                        return Ok(None);
+                    }
+                    let _ = std::fs::remove_file(&path);
+                }
+                Err(e) => return Err(e.into()),
+            }
+        }
+        Ok(None)
+    }
+}
+
+impl Drop for RunLock {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_file(&self.0);
+    }
+}
+
+/// Scheduler options.
+#[derive(Debug, Clone)]
+pub struct ScheduleOptions {
+    /// Where state and lock files live.
+    pub state_dir: PathBuf,
+    /// UNSAFE: seeded noise (tests only).
+    pub unsafe_seed: Option<u64>,
+}
+
+fn cron_of(p: &Pipeline) -> Result<croner::Cron> {
+    let s = p.schedule.as_deref().with_context(|| format!("pipeline {} has no schedule", p.name))?;
+    croner::Cron::from_str(s).with_context(|| format!("pipeline {}: bad schedule {s:?}", p.name))
+}
+
+/// Can the ledger cover the next release?
+async fn budget_covers(p: &Pipeline) -> Result<Result<(), String>> {
+    let (plans, _) = p.plan().await?;
+    let ledger = match crate::privacy::Ledger::open(&p.ledger) {
+        Ok(l) => l,
+        Err(crate::privacy::LedgerError::Missing(_)) if p.create_ledger.is_some() => return Ok(Ok(())),
+        Err(e) => return Err(e.into()),
+    };
+    let mut filter = ledger.filter(&p.dataset)?;
+    for m in plans.iter().flat_map(|s| &s.mechanisms) {
+        if let Err(e) = filter.charge(&m.loss) {
+            return Ok(Err(format!("the ledger cannot cover the next release: {e}")));
+        }
+    }
+    Ok(Ok(()))
+}
+
+async fn run_once(p: &Pipeline, when: DateTime<Utc>, opts: &ScheduleOptions, state: &mut PipelineState) -> Result<()> {
+    let Some(_lock) = RunLock::acquire(&opts.state_dir, &p.name)? else {
+        log::warn!("{}: another run holds the lock; skipping {when}", p.name);
+        return Ok(());
+    };
+    let local = when.with_timezone(&p.timezone);
+    let release_id = format!("{}-{}", p.name, local.format("%Y%m%dT%H%M%S"));
+    let ro = RunOptions {
+        release_id: Some(release_id.clone()),
+        dry_run: false,
+        unsafe_seed: opts.unsafe_seed,
+        date: Some(when),
+    };
+    let outcome = p.run(&ro, &|m| log::info!("{}: {m}", p.name)).await;
+    state.last_scheduled = Some(when);
+    state.last_release_id = Some(release_id);
+    match outcome {
+        Ok(RunOutcome::Completed { .. }) => {
+            state.last_status = Some("ok".into());
+            state.last_error = None;
+            state.runs += 1;
+        }
+        Ok(RunOutcome::AlreadyComplete { .. }) => state.last_status = Some("already-complete".into()),
+        Ok(RunOutcome::DryRun { .. }) => {}
+        Err(e) => {
+            log::error!("{}: run for {when} failed: {e:#}", p.name);
+            state.last_status = Some("failed".into());
+            state.last_error = Some(format!("{e:#}"));
+        }
+    }
+    Ok(())
+}
+
+async fn pipeline_loop(
+    p: Pipeline,
+    opts: ScheduleOptions,
+    mut shutdown: tokio::sync::watch::Receiver<bool>,
+) -> Result<PipelineState> {
+    let cron = cron_of(&p)?;
+    let mut state = load_state(&opts.state_dir, &p.name);
+    state.name = p.name.clone();
+    state.stopped = None;
+    // Missed run: the last scheduled time before now was not run.
+    let now = Utc::now().with_timezone(&p.timezone);
+    if let Some(last) = state.last_scheduled {
+        if let Ok(prev) = cron.find_previous_occurrence(&now, false) {
+            let prev = prev.with_timezone(&Utc);
+            if prev > last {
+                log::info!("{}: missed the run of {prev}; running it now", p.name);
+                match budget_covers(&p).await? {
+                    Ok(()) => run_once(&p, prev, &opts, &mut state).await?,
+                    Err(why) => {
+                        state.stopped = Some(why);
+                        save_state(&opts.state_dir, &state)?;
+                        return Ok(state);
+                    }
+                }
+                save_state(&opts.state_dir, &state)?;
+            }
+        }
+    }
+    loop {
+        let now = Utc::now().with_timezone(&p.timezone);
+        let next = cron.find_next_occurrence(&now, false).with_context(|| format!("{}: no next run", p.name))?;
+        let next_utc = next.with_timezone(&Utc);
+        state.next = Some(next_utc);
+        save_state(&opts.state_dir, &state)?;
+        let wait = (next_utc - Utc::now()).to_std().unwrap_or_default();
+        tokio::select! {
+            _ = tokio::time::sleep(wait) => {}
+            _ = shutdown.changed() => {
+                log::info!("{}: shutting down", p.name);
+                state.next = None;
+                save_state(&opts.state_dir, &state)?;
+                return Ok(state);
+            }
+        }
+        match budget_covers(&p).await? {
+            Ok(()) => {}
+            Err(why) => {
+                log::error!("{}: stopping: {why}", p.name);
+                state.stopped = Some(why);
+                state.next = None;
+                save_state(&opts.state_dir, &state)?;
+                return Ok(state);
+            }
+        }
+        // The release runs to completion even if a shutdown arrives meanwhile.
+        run_once(&p, next_utc, &opts, &mut state).await?;
+        save_state(&opts.state_dir, &state)?;
+        if *shutdown.borrow() {
+            return Ok(state);
+        }
+    }
+}
+
+/// Runs the scheduler until SIGTERM/SIGINT or until every pipeline stops.
+/// Returns the exit code: 0 after a shutdown, 3 if pipelines stopped.
+pub async fn schedule(pipelines: Vec<Pipeline>, opts: ScheduleOptions) -> Result<i32> {
+    use futures::StreamExt;
+    let (tx, rx) = tokio::sync::watch::channel(false);
+    // Pipelines run concurrently in this task (no thread hopping: the ledger
+    // connection is not Sync); each pipeline's own loop is sequential.
+    let mut tasks = futures::stream::FuturesUnordered::new();
+    for p in pipelines {
+        tasks.push(Box::pin(pipeline_loop(p, opts.clone(), rx.clone())));
+    }
+    let signals = async {
+        let mut term = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()).ok();
+        tokio::select! {
+            _ = tokio::signal::ctrl_c() => {}
+            _ = async { match term.as_mut() { Some(t) => { t.recv().await; } None => std::future::pending::<()>().await } } => {}
+        }
+    };
+    tokio::pin!(signals);
+    let mut stopped = false;
+    let mut shut_down = false;
+    loop {
+        tokio::select! {
+            _ = &mut signals, if !shut_down => {
+                log::info!("signal received: finishing running releases, starting no new ones");
+                let _ = tx.send(true);
+                shut_down = true;
+            }
+            r = tasks.next() => match r {
+                None => break,
+                Some(Ok(state)) => {
+                    if state.stopped.is_some() {
+                        stopped = true;
+                    }
+                }
+                Some(Err(e)) => {
+                    log::error!("scheduler: {e:#}");
+                    stopped = true;
+                }
+            }
+        }
+    }
+    Ok(if stopped && !shut_down { 3 } else { 0 })
+}

@@ -1,0 +1,431 @@
+//! The release pipeline spec (YAML; schema in `docs/PIPELINES.md`) and its
+//! validation. Every error names the file, the line and the key.
+
+use std::collections::BTreeMap;
+use std::path::{Path, PathBuf};
+
+use serde::Deserialize;
+use serde_saphyr::Spanned;
+
+use crate::io::InputFormat;
+use crate::privacy::Budget;
+use crate::sql::catalog::RawBudget;
+
+/// A pipeline error: file, line, key, message.
+#[derive(Debug, Clone, thiserror::Error, PartialEq)]
+#[error("{file}{}: {key}: {message}", line.map(|l| format!(":{l}")).unwrap_or_default())]
+pub struct PipelineError {
+    /// File.
+    pub file: String,
+    /// 1-based line.
+    pub line: Option<u32>,
+    /// Key path.
+    pub key: String,
+    /// Message.
+    pub message: String,
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct RawPipeline {
+    name: Spanned<String>,
+    #[serde(default)]
+    description: Option<String>,
+    #[serde(default)]
+    schedule: Option<Spanned<String>>,
+    #[serde(default)]
+    timezone: Option<Spanned<String>>,
+    ledger: Spanned<String>,
+    #[serde(default)]
+    create_ledger_if_missing: Option<BTreeMap<String, RawBudget>>,
+    dataset: RawDataset,
+    budget: Spanned<RawBudget>,
+    output: Spanned<String>,
+    #[serde(default)]
+    staging: Option<Spanned<String>>,
+    #[serde(default)]
+    public_tables: BTreeMap<String, RawPublic>,
+    steps: Vec<Spanned<RawStep>>,
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct RawDataset {
+    name: Spanned<String>,
+    sources: Vec<Spanned<String>>,
+    #[serde(default)]
+    format: Option<InputFormat>,
+    domain: Spanned<String>,
+    #[serde(default)]
+    privacy_unit: Option<Spanned<String>>,
+    #[serde(default = "one")]
+    max_rows_per_unit: u64,
+    #[serde(default = "one")]
+    max_groups_per_unit: u64,
+}
+
+fn one() -> u64 {
+    1
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct RawPublic {
+    location: String,
+    domain: String,
+    #[serde(default)]
+    format: Option<InputFormat>,
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(rename_all = "snake_case", deny_unknown_fields)]
+enum RawStep {
+    Sql(RawSql),
+    Synthesize(RawSynth),
+    Evaluate(RawEval),
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct RawSql {
+    name: String,
+    query: String,
+    budget: RawBudget,
+    output: String,
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct RawSynth {
+    name: String,
+    mechanism: crate::synth::run::Mechanism,
+    #[serde(default = "default_workload")]
+    workload: String,
+    #[serde(default)]
+    rows: Option<u64>,
+    budget: RawBudget,
+    output: String,
+    #[serde(default)]
+    model_output: Option<String>,
+    #[serde(default = "default_iters")]
+    iters: usize,
+    #[serde(default = "default_mb")]
+    max_model_size: f64,
+}
+
+fn default_workload() -> String {
+    "all-2way".into()
+}
+fn default_iters() -> usize {
+    1000
+}
+fn default_mb() -> f64 {
+    80.0
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct RawEval {
+    name: String,
+    synthetic: String,
+    #[serde(default = "default_workload")]
+    workload: String,
+    /// Curator-only output (never published in the release).
+    private_output: String,
+}
+
+/// A validated step.
+#[derive(Debug, Clone)]
+pub enum Step {
+    /// A DP SQL query written as CSV.
+    Sql {
+        /// Step name.
+        name: String,
+        /// The query.
+        query: String,
+        /// Its budget.
+        budget: Budget,
+        /// Output (relative to the release output).
+        output: String,
+    },
+    /// A synthetic dataset.
+    Synthesize {
+        /// Step name.
+        name: String,
+        /// Synthesizer.
+        mechanism: crate::synth::run::Mechanism,
+        /// Workload spec.
+        workload: String,
+        /// Rows (default: noisy n).
+        rows: Option<u64>,
+        /// Budget (zCDP inside).
+        budget: Budget,
+        /// Output (relative).
+        output: String,
+        /// Model output (relative).
+        model_output: Option<String>,
+        /// Estimation iterations.
+        iters: usize,
+        /// Model capacity (MB).
+        max_model_size: f64,
+    },
+    /// Curator-only evaluation of a synthesize step's output (not published).
+    Evaluate {
+        /// Step name.
+        name: String,
+        /// Name of the synthesize step to evaluate.
+        synthetic: String,
+        /// Workload.
+        workload: String,
+        /// Private output location (absolute URL or path).
+        private_output: String,
+    },
+}
+
+impl Step {
+    /// The step's name.
+    pub fn name(&self) -> &str {
+        match self {
+            Step::Sql { name, .. } | Step::Synthesize { name, .. } | Step::Evaluate { name, .. } => name,
+        }
+    }
+}
+
+/// A validated pipeline.
+#[derive(Debug, Clone)]
+pub struct Pipeline {
+    /// Name.
+    pub name: String,
+    /// The file.
+    pub path: PathBuf,
+    /// SHA-256 of the file's bytes.
+    pub sha256: String,
+    /// Cron expression.
+    pub schedule: Option<String>,
+    /// Time zone of the schedule.
+    pub timezone: chrono_tz::Tz,
+    /// Ledger file.
+    pub ledger: PathBuf,
+    /// Demo ledger creation.
+    pub create_ledger: Option<BTreeMap<String, Budget>>,
+    /// Ledger dataset name (also the SQL table name).
+    pub dataset: String,
+    /// Sources.
+    pub sources: Vec<String>,
+    /// Format.
+    pub format: Option<InputFormat>,
+    /// Domain file.
+    pub domain: String,
+    /// Privacy unit column (None = one row per person).
+    pub privacy_unit: Option<String>,
+    /// Contribution bounds.
+    pub max_rows_per_unit: u64,
+    /// Contribution bounds.
+    pub max_groups_per_unit: u64,
+    /// Release budget.
+    pub budget: Budget,
+    /// Output base URL template (`{date}`, `{release_id}`, `{name}`).
+    pub output: String,
+    /// Staging base (default `<output>/_staging`).
+    pub staging: Option<String>,
+    /// Public tables (name → (location, domain, format)).
+    pub public_tables: BTreeMap<String, (String, String, Option<InputFormat>)>,
+    /// Steps.
+    pub steps: Vec<Step>,
+}
+
+fn resolve(base: &Path, p: &str) -> String {
+    if p.contains("://") || Path::new(p).is_absolute() { p.to_string() } else { base.join(p).display().to_string() }
+}
+
+impl Pipeline {
+    /// Loads and validates a pipeline file (reads no data).
+    pub fn load(path: impl AsRef<Path>) -> Result<Self, PipelineError> {
+        let path = path.as_ref();
+        let file = path.display().to_string();
+        let err = |line: Option<u32>, key: &str, message: String| PipelineError {
+            file: file.clone(),
+            line,
+            key: key.into(),
+            message,
+        };
+        let bytes = std::fs::read(path).map_err(|e| err(None, "(file)", format!("cannot read: {e}")))?;
+        let text = String::from_utf8(bytes.clone()).map_err(|_| err(None, "(file)", "not UTF-8".into()))?;
+        let raw: RawPipeline = serde_saphyr::from_str(&text).map_err(|e| {
+            let msg = e.to_string();
+            err(e.location().map(|l| l.line() as u32), "(syntax)", msg.lines().next().unwrap_or(&msg).to_string())
+        })?;
+        let line = |l: &serde_saphyr::Location| Some(l.line() as u32).filter(|x| *x > 0);
+        let base = path.parent().unwrap_or(Path::new("."));
+        use sha2::Digest;
+        let sha256 = hex::encode(sha2::Sha256::digest(&bytes));
+
+        let name = raw.name.value.clone();
+        if name.is_empty() || !name.chars().all(|c| c.is_ascii_alphanumeric() || c == '-' || c == '_') {
+            return Err(err(line(&raw.name.referenced), "name", "use letters, digits, '-' and '_' only".into()));
+        }
+        let timezone: chrono_tz::Tz = match &raw.timezone {
+            Some(tz) => tz
+                .value
+                .parse()
+                .map_err(|_| err(line(&tz.referenced), "timezone", format!("unknown time zone {:?}", tz.value)))?,
+            None => chrono_tz::UTC,
+        };
+        if let Some(s) = &raw.schedule {
+            <croner::Cron as std::str::FromStr>::from_str(&s.value)
+                .map_err(|e| err(line(&s.referenced), "schedule", format!("bad cron expression {:?}: {e}", s.value)))?;
+        }
+        let budget = raw
+            .budget
+            .value
+            .budget("budget")
+            .map_err(|e| err(line(&raw.budget.referenced), "budget", e.to_string()))?;
+        // Data sources and domain.
+        let d = &raw.dataset;
+        if d.sources.is_empty() {
+            return Err(err(line(&d.name.referenced), "dataset.sources", "give at least one source".into()));
+        }
+        let mut sources = Vec::new();
+        for (i, s) in d.sources.iter().enumerate() {
+            let v = resolve(base, &s.value);
+            if let Some((scheme, _)) = v.split_once("://") {
+                if !matches!(scheme, "file" | "s3" | "memory") {
+                    return Err(err(
+                        line(&s.referenced),
+                        &format!("dataset.sources[{i}]"),
+                        format!("unsupported URL scheme {scheme:?} (use file://, s3:// or memory://)"),
+                    ));
+                }
+                if url::Url::parse(&v).is_err() {
+                    return Err(err(
+                        line(&s.referenced),
+                        &format!("dataset.sources[{i}]"),
+                        format!("invalid URL {v:?}"),
+                    ));
+                }
+            }
+            sources.push(v);
+        }
+        let domain = resolve(base, &d.domain.value);
+        let spec = crate::domain::DomainSpec::load(&domain)
+            .map_err(|e| err(line(&d.domain.referenced), "dataset.domain", e.to_string()))?;
+        if let Some(u) = &d.privacy_unit {
+            if u.value != "row" && spec.domain.column(&u.value).is_some() {
+                return Err(err(
+                    line(&u.referenced),
+                    "dataset.privacy_unit",
+                    "the unit column must not be a domain attribute".into(),
+                ));
+            }
+        }
+        let output = raw.output.value.clone();
+        if let Some((scheme, _)) = output.split_once("://") {
+            if !matches!(scheme, "file" | "s3" | "memory") {
+                return Err(err(line(&raw.output.referenced), "output", format!("unsupported URL scheme {scheme:?}")));
+            }
+        }
+        let mut steps = Vec::new();
+        let mut names = std::collections::HashSet::new();
+        for (i, s) in raw.steps.iter().enumerate() {
+            let l = line(&s.referenced);
+            let key = |k: &str| format!("steps[{i}].{k}");
+            let step = match &s.value {
+                RawStep::Sql(q) => {
+                    crate::sql::sites::prepare(&q.query).map_err(|e| err(l, &key("sql.query"), e.to_string()))?;
+                    Step::Sql {
+                        name: q.name.clone(),
+                        query: q.query.clone(),
+                        budget: q.budget.budget("budget").map_err(|e| err(l, &key("sql.budget"), e.to_string()))?,
+                        output: q.output.clone(),
+                    }
+                }
+                RawStep::Synthesize(x) => {
+                    let b = x.budget.budget("budget").map_err(|e| err(l, &key("synthesize.budget"), e.to_string()))?;
+                    if b.as_rho().is_none() {
+                        return Err(err(
+                            l,
+                            &key("synthesize.budget"),
+                            "synthesizers need {epsilon, delta} or {rho}".into(),
+                        ));
+                    }
+                    crate::synth::Workload::parse(&x.workload, &spec.domain)
+                        .map_err(|e| err(l, &key("synthesize.workload"), e.to_string()))?;
+                    Step::Synthesize {
+                        name: x.name.clone(),
+                        mechanism: x.mechanism,
+                        workload: x.workload.clone(),
+                        rows: x.rows,
+                        budget: b,
+                        output: x.output.clone(),
+                        model_output: x.model_output.clone(),
+                        iters: x.iters,
+                        max_model_size: x.max_model_size,
+                    }
+                }
+                RawStep::Evaluate(x) => {
+                    if !names.contains(&x.synthetic) {
+                        return Err(err(
+                            l,
+                            &key("evaluate.synthetic"),
+                            format!("no earlier synthesize step named {:?}", x.synthetic),
+                        ));
+                    }
+                    Step::Evaluate {
+                        name: x.name.clone(),
+                        synthetic: x.synthetic.clone(),
+                        workload: x.workload.clone(),
+                        private_output: resolve(base, &x.private_output),
+                    }
+                }
+            };
+            if !names.insert(step.name().to_string()) {
+                return Err(err(l, &key("name"), format!("duplicate step name {:?}", step.name())));
+            }
+            steps.push(step);
+        }
+        if steps.is_empty() {
+            return Err(err(None, "steps", "a pipeline needs at least one step".into()));
+        }
+        let create_ledger = match &raw.create_ledger_if_missing {
+            None => None,
+            Some(m) => Some(
+                m.iter()
+                    .map(|(k, v)| {
+                        Ok((
+                            k.clone(),
+                            v.budget("create_ledger_if_missing")
+                                .map_err(|e| err(None, &format!("create_ledger_if_missing.{k}"), e.to_string()))?,
+                        ))
+                    })
+                    .collect::<Result<BTreeMap<_, _>, PipelineError>>()?,
+            ),
+        };
+        let public_tables = raw
+            .public_tables
+            .iter()
+            .map(|(k, v)| (k.clone(), (resolve(base, &v.location), resolve(base, &v.domain), v.format)))
+            .collect();
+        let _ = raw.description;
+        Ok(Pipeline {
+            name,
+            path: path.to_path_buf(),
+            sha256,
+            schedule: raw.schedule.map(|s| s.value),
+            timezone,
+            ledger: PathBuf::from(resolve(base, &raw.ledger.value)),
+            create_ledger,
+            dataset: d.name.value.clone(),
+            sources,
+            format: d.format,
+            domain,
+            privacy_unit: d.privacy_unit.as_ref().map(|u| u.value.clone()).filter(|u| u != "row"),
+            max_rows_per_unit: d.max_rows_per_unit,
+            max_groups_per_unit: d.max_groups_per_unit,
+            budget,
+            output: if output.contains("://") { output } else { resolve(base, &output) },
+            staging: raw.staging.map(|s| resolve(base, &s.value)),
+            public_tables,
+            steps,
+        })
+    }
+}
