@@ -13,6 +13,7 @@ pub mod codec;
 pub mod cost;
 pub mod domain;
 pub mod dp;
+pub mod knn;
 pub mod marginal;
 pub mod noise;
 pub mod session;

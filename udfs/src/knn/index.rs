@@ -1,0 +1,361 @@
+//! kNN donor search over equivalence classes and the donee-change bound
+//! L1(D) (004 §4, §6.2).
+//!
+//! Records are grouped into classes by their (discretised) matching
+//! attributes; the distance between records is the distance between their
+//! classes (Euclidean over one-hot categorical + ordinal attributes as in
+//! 004 §6.2, or Hamming), with attribute weights. The order f(x) over all
+//! possible complete tuples is: distance to x, then the cyclic order of the
+//! record identifier starting just after x's own identifier (a donee takes the
+//! first donor "above" it, wrapping around). Identifiers are real numbers, so
+//! a new record can take any identifier not in use.
+
+use std::collections::HashMap;
+
+use serde::{Deserialize, Serialize};
+
+/// How an attribute contributes to the distance.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum AttrKind {
+    /// Unordered codes (one-hot: a mismatch contributes 2 to the squared Euclidean distance).
+    Categorical,
+    /// Ordered integer codes (|a − b|).
+    Ordinal,
+}
+
+/// The distance.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, Default)]
+#[serde(rename_all = "lowercase")]
+pub enum Metric {
+    /// √(Σ w·(2·[a≠b] or (a−b)²)) — 004 §6.2.
+    #[default]
+    Euclidean,
+    /// Σ w·([a≠b] or |a−b|).
+    Hamming,
+}
+
+/// One matching attribute.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct MatchAttr {
+    /// Column name.
+    pub name: String,
+    /// Kind.
+    pub kind: AttrKind,
+    /// Weight (≥ 0).
+    pub weight: f64,
+    /// Number of codes (for enumerating unseen classes in case (d)).
+    pub size: u32,
+}
+
+/// Donor-search configuration.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct KnnConfig {
+    /// Matching attributes.
+    pub attrs: Vec<MatchAttr>,
+    /// Metric.
+    pub metric: Metric,
+    /// Donors per donee.
+    pub k: usize,
+}
+
+impl KnnConfig {
+    /// Distance between two class keys.
+    pub fn distance(&self, a: &[u32], b: &[u32]) -> f64 {
+        let mut s = 0.0;
+        for (i, at) in self.attrs.iter().enumerate() {
+            let (x, y) = (a[i] as f64, b[i] as f64);
+            s += at.weight
+                * match (self.metric, at.kind) {
+                    (Metric::Euclidean, AttrKind::Categorical) => 2.0 * f64::from(u8::from(a[i] != b[i])),
+                    (Metric::Euclidean, AttrKind::Ordinal) => (x - y) * (x - y),
+                    (Metric::Hamming, AttrKind::Categorical) => f64::from(u8::from(a[i] != b[i])),
+                    (Metric::Hamming, AttrKind::Ordinal) => (x - y).abs(),
+                };
+        }
+        match self.metric {
+            Metric::Euclidean => s.sqrt(),
+            Metric::Hamming => s,
+        }
+    }
+}
+
+/// The records the index is built from (row-aligned).
+#[derive(Debug, Clone, Default)]
+pub struct KnnRecords {
+    /// Class key of each row (codes of the matching attributes).
+    pub keys: Vec<Vec<u32>>,
+    /// Stable row identifier (unique).
+    pub rid: Vec<f64>,
+    /// Complete (potential donor) or incomplete (donee).
+    pub complete: Vec<bool>,
+}
+
+/// Result of the donor search.
+#[derive(Debug, Clone)]
+pub struct Assignment {
+    /// For each row: its donors (row indices), empty for complete rows or when there is no donor.
+    pub donors: Vec<Vec<usize>>,
+    /// For each row: how many donees it donates to.
+    pub donee_count: Vec<u32>,
+    /// Class of each row.
+    pub class_of: Vec<u32>,
+    /// Class keys.
+    pub classes: Vec<Vec<u32>>,
+    /// Per class: nearest donor distance (∞ if no donor anywhere).
+    pub dmin: Vec<f64>,
+}
+
+/// L1(D) by cases (004 §6.2).
+#[derive(Debug, Clone, Copy, PartialEq, Serialize, Deserialize)]
+pub struct L1Report {
+    /// (a) removing an existing donor.
+    pub remove_donor: u64,
+    /// (b) adding a donor to a class that has donors.
+    pub add_to_donor_class: u64,
+    /// (c) adding a donor to a class with donees but no donor.
+    pub add_to_donee_class: u64,
+    /// (d) adding a donor in a class absent from the data.
+    pub add_new_class: u64,
+    /// Whether (d) is exact (enumerated) or an upper bound.
+    pub new_class_exact: bool,
+    /// L1(D) = max(1, (a), (b), (c), (d)).
+    pub value: u64,
+}
+
+struct ClassInfo {
+    donors: Vec<(f64, usize)>, // (rid, row) sorted by rid
+    donees: Vec<(f64, usize)>, // (rid, row)
+}
+
+/// Index of the first element with rid > x in a sorted list (cyclic: wraps to 0).
+fn next_after(sorted: &[(f64, usize)], x: f64) -> usize {
+    let i = sorted.partition_point(|(r, _)| *r <= x);
+    if i == sorted.len() { 0 } else { i }
+}
+
+impl Assignment {
+    /// Builds classes and assigns donors (any k).
+    pub fn build(cfg: &KnnConfig, rec: &KnnRecords) -> Assignment {
+        let n = rec.rid.len();
+        let mut class_id: HashMap<&[u32], u32> = HashMap::new();
+        let mut classes: Vec<Vec<u32>> = Vec::new();
+        let mut class_of = Vec::with_capacity(n);
+        for key in &rec.keys {
+            let id = *class_id.entry(key.as_slice()).or_insert_with(|| {
+                classes.push(key.clone());
+                (classes.len() - 1) as u32
+            });
+            class_of.push(id);
+        }
+        let mut info: Vec<ClassInfo> =
+            (0..classes.len()).map(|_| ClassInfo { donors: vec![], donees: vec![] }).collect();
+        for i in 0..n {
+            let c = &mut info[class_of[i] as usize];
+            if rec.complete[i] {
+                c.donors.push((rec.rid[i], i));
+            } else {
+                c.donees.push((rec.rid[i], i));
+            }
+        }
+        for c in &mut info {
+            c.donors.sort_by(|a, b| a.0.total_cmp(&b.0));
+        }
+        let donor_classes: Vec<usize> = (0..classes.len()).filter(|&c| !info[c].donors.is_empty()).collect();
+        let mut donors = vec![Vec::new(); n];
+        let mut donee_count = vec![0u32; n];
+        let mut dmin = vec![f64::INFINITY; classes.len()];
+        for c in 0..classes.len() {
+            if info[c].donees.is_empty() && info[c].donors.is_empty() {
+                continue;
+            }
+            // Donor classes by distance, grouped into equal-distance levels.
+            let mut by_dist: Vec<(f64, usize)> =
+                donor_classes.iter().map(|&d| (cfg.distance(&classes[c], &classes[d]), d)).collect();
+            by_dist.sort_by(|a, b| a.0.total_cmp(&b.0).then(a.1.cmp(&b.1)));
+            dmin[c] = by_dist.first().map_or(f64::INFINITY, |x| x.0);
+            if info[c].donees.is_empty() {
+                continue;
+            }
+            let mut levels: Vec<Vec<(f64, usize)>> = Vec::new();
+            let mut last = f64::NAN;
+            for (d, dc) in by_dist {
+                if d != last {
+                    levels.push(Vec::new());
+                    last = d;
+                }
+                levels.last_mut().expect("pushed").extend(info[dc].donors.iter().copied());
+                if levels.iter().map(|l| l.len()).sum::<usize>() >= cfg.k && cfg.k > 0 {
+                    // Enough donors at this distance or closer; finish this level only.
+                }
+            }
+            for l in &mut levels {
+                l.sort_by(|a, b| a.0.total_cmp(&b.0));
+            }
+            for &(rid, row) in &info[c].donees {
+                let mut chosen = Vec::with_capacity(cfg.k);
+                'levels: for l in &levels {
+                    if l.is_empty() {
+                        continue;
+                    }
+                    let start = next_after(l, rid);
+                    for j in 0..l.len() {
+                        if chosen.len() == cfg.k {
+                            break 'levels;
+                        }
+                        chosen.push(l[(start + j) % l.len()].1);
+                    }
+                    if chosen.len() == cfg.k {
+                        break;
+                    }
+                }
+                for &d in &chosen {
+                    donee_count[d] += 1;
+                }
+                donors[row] = chosen;
+            }
+        }
+        Assignment { donors, donee_count, class_of, classes, dmin }
+    }
+
+    /// L1(D) for k = 1 by the four cases of 004 §6.2; (a)–(c) exact, (d)
+    /// exact by enumerating every absent class when there are at most
+    /// `enumerate_limit` of them, otherwise the triangle-inequality bound
+    /// max_C Σ_{C': d(C,C') ≤ dmin(C) + dmin(C')} |donees(C')|.
+    pub fn l1(&self, cfg: &KnnConfig, rec: &KnnRecords, enumerate_limit: u64) -> Result<L1Report, String> {
+        if cfg.k != 1 {
+            return Err(format!("L1(D) is implemented for k = 1 (got k = {})", cfg.k));
+        }
+        let nclass = self.classes.len();
+        let mut donees: Vec<Vec<(f64, f64)>> = vec![Vec::new(); nclass]; // (rid_x, rid of donor) per class
+        let mut has_donor = vec![false; nclass];
+        for i in 0..rec.rid.len() {
+            let c = self.class_of[i] as usize;
+            if rec.complete[i] {
+                has_donor[c] = true;
+            } else {
+                let d = self.donors[i].first().map_or(f64::NAN, |&r| rec.rid[r]);
+                donees[c].push((rec.rid[i], d));
+            }
+        }
+        let donee_classes: Vec<usize> = (0..nclass).filter(|&c| !donees[c].is_empty()).collect();
+        let remove_donor = self.donee_count.iter().copied().max().unwrap_or(0) as u64;
+        // Donees changed by a new donor in class key `k` with the best identifier.
+        let changed_by = |key: &[u32]| -> u64 {
+            let mut full = 0u64;
+            let mut intervals: Vec<(f64, f64)> = Vec::new();
+            for &c in &donee_classes {
+                let d = cfg.distance(key, &self.classes[c]);
+                let dm = self.dmin[c];
+                if d < dm {
+                    full += donees[c].len() as u64;
+                } else if d == dm {
+                    intervals.extend(donees[c].iter().copied());
+                }
+            }
+            full + max_cyclic_coverage(&intervals)
+        };
+        let mut add_to_donor_class = 0;
+        let mut add_to_donee_class = 0;
+        for c in 0..nclass {
+            let v = changed_by(&self.classes[c]);
+            if has_donor[c] {
+                add_to_donor_class = add_to_donor_class.max(v);
+            } else {
+                add_to_donee_class = add_to_donee_class.max(v);
+            }
+        }
+        // (d) classes absent from the data.
+        let space: f64 = cfg.attrs.iter().map(|a| a.size as f64).product();
+        let absent = space - nclass as f64;
+        let (add_new_class, exact) = if absent <= 0.0 {
+            (0, true)
+        } else if absent <= enumerate_limit as f64 {
+            let present: std::collections::HashSet<&[u32]> = self.classes.iter().map(|k| k.as_slice()).collect();
+            let mut key = vec![0u32; cfg.attrs.len()];
+            let mut best = 0u64;
+            loop {
+                if !present.contains(key.as_slice()) {
+                    best = best.max(changed_by(&key));
+                }
+                let mut i = key.len();
+                loop {
+                    if i == 0 {
+                        return Ok(finish(remove_donor, add_to_donor_class, add_to_donee_class, best, true));
+                    }
+                    i -= 1;
+                    key[i] += 1;
+                    if key[i] < cfg.attrs[i].size {
+                        break;
+                    }
+                    key[i] = 0;
+                }
+            }
+        } else {
+            let mut best = 0u64;
+            for &c in &donee_classes {
+                let mut s = 0u64;
+                for &c2 in &donee_classes {
+                    if cfg.distance(&self.classes[c], &self.classes[c2]) <= self.dmin[c] + self.dmin[c2] {
+                        s += donees[c2].len() as u64;
+                    }
+                }
+                best = best.max(s);
+            }
+            (best, false)
+        };
+        Ok(finish(remove_donor, add_to_donor_class, add_to_donee_class, add_new_class, exact))
+    }
+}
+
+fn finish(a: u64, b: u64, c: u64, d: u64, exact: bool) -> L1Report {
+    L1Report {
+        remove_donor: a,
+        add_to_donor_class: b,
+        add_to_donee_class: c,
+        add_new_class: d,
+        new_class_exact: exact,
+        value: 1.max(a).max(b).max(c).max(d),
+    }
+}
+
+/// The largest number of open cyclic intervals (x, y) — "after x, before y,
+/// wrapping" — that contain one common point. A NaN end (no donor) means the
+/// whole circle except x.
+pub fn max_cyclic_coverage(intervals: &[(f64, f64)]) -> u64 {
+    if intervals.is_empty() {
+        return 0;
+    }
+    // Events on the line; wrapping intervals are active from −∞.
+    let mut events: Vec<(f64, i64)> = Vec::with_capacity(intervals.len() * 2);
+    let mut active: i64 = 0;
+    for &(x, y) in intervals {
+        if y.is_nan() {
+            // Everywhere except exactly x: any point works.
+            active += 1;
+            continue;
+        }
+        if y > x {
+            events.push((x, 1));
+            events.push((y, -1));
+        } else {
+            // (x, +∞) ∪ (−∞, y); y == x means the whole circle minus a point.
+            active += 1;
+            events.push((y, -1));
+            events.push((x, 1));
+        }
+    }
+    events.sort_by(|a, b| a.0.total_cmp(&b.0));
+    let mut best = active; // a point below every coordinate
+    let mut i = 0;
+    while i < events.len() {
+        let c = events[i].0;
+        while i < events.len() && events[i].0 == c {
+            active += events[i].1;
+            i += 1;
+        }
+        // Points just above c.
+        best = best.max(active);
+    }
+    best.max(0) as u64
+}

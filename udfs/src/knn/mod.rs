@@ -1,0 +1,11 @@
+//! kNN donor imputation (004): donor search over equivalence classes with
+//! deterministic tie-breaking, the donee-change quantity L1(D), and the
+//! `KnnDonorExec` operator.
+
+mod exec;
+mod index;
+#[cfg(test)]
+mod tests;
+
+pub use exec::{ImputeScheme, KnnDonorExec, KnnSpec};
+pub use index::{Assignment, AttrKind, KnnConfig, KnnRecords, L1Report, MatchAttr, Metric, max_cyclic_coverage};
