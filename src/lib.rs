@@ -13,6 +13,7 @@ pub mod cli;
 pub mod dataset;
 pub mod domain;
 pub mod eval;
+pub mod impute;
 pub mod io;
 pub mod measure;
 pub mod pgm;

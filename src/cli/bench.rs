@@ -52,6 +52,39 @@ pub enum BenchCommand {
         #[arg(long, default_value_t = 0)]
         seed: u64,
     },
+    /// The 004 §6 experiment on the NIST ACS excerpt (ignore-missing vs global vs smooth sensitivity).
+    KnnExperiment {
+        /// Data (default: the bundled ma2019).
+        #[arg(long, default_value = "sample_data/nist-acs/ma2019.csv")]
+        data: String,
+        /// Domain file.
+        #[arg(long, default_value = "sample_data/nist-acs/ma2019.domain.yaml")]
+        domain: String,
+        /// Runs.
+        #[arg(long, default_value_t = 100)]
+        runs: usize,
+        /// ε per released number (default 6·ln 2, as in 004 §6).
+        #[arg(long, default_value_t = 6.0 * std::f64::consts::LN_2)]
+        epsilon: f64,
+        /// Income threshold of the proportion queries (2019 poverty line for a family of four).
+        #[arg(long, default_value_t = 25750.0)]
+        threshold: f64,
+        /// Seed (evaluation only).
+        #[arg(long, default_value_t = 0)]
+        seed: u64,
+        /// Write every estimate as CSV here (for plots).
+        #[arg(long)]
+        csv: Option<String>,
+    },
+    /// Donor search + L1(D) timing on a bench-data file (imputes `income`).
+    KnnSpeed {
+        /// bench-data Parquet.
+        #[arg(long)]
+        input: String,
+        /// Its domain file.
+        #[arg(long)]
+        domain: String,
+    },
     /// Estimate a model from a measurements JSON and report objective and time.
     Pgm {
         /// Measurements JSON (from `bench pgm-measurements`).
@@ -111,6 +144,23 @@ pub(super) async fn run(a: BenchArgs) -> Result<i32> {
     match a.command {
         BenchCommand::PgmMeasurements { input, domain, out, sigma, seed } => {
             crate::pgm::bench::write_measurements(&input, &domain, &out, sigma, seed).await?;
+        }
+        BenchCommand::KnnExperiment { data, domain, runs, epsilon, threshold, seed, csv } => {
+            let r = crate::impute::experiment::run(&data, &domain, runs, epsilon, seed, threshold).await?;
+            if let Some(path) = csv {
+                let mut s = String::from("run,query,estimator,estimate,truth\n");
+                for (run, q, e, v, t) in &r.estimates {
+                    s += &format!("{run},{q},{},{v},{t}\n", serde_json::to_value(e)?.as_str().unwrap_or_default());
+                }
+                std::fs::write(&path, s)?;
+            }
+            let mut summary = serde_json::to_value(&r)?;
+            summary.as_object_mut().expect("object").remove("estimates");
+            println!("{}", serde_json::to_string_pretty(&summary)?);
+        }
+        BenchCommand::KnnSpeed { input, domain } => {
+            let report = crate::impute::experiment::speed(&input, &domain).await?;
+            println!("{}", serde_json::to_string_pretty(&report)?);
         }
         BenchCommand::Pgm { measurements, iters, inverse_variance } => {
             let w = if inverse_variance {

@@ -3,6 +3,7 @@
 mod bench;
 mod bench_data;
 pub mod budget;
+mod impute;
 pub mod inspect;
 mod pipeline;
 mod sql;
@@ -48,6 +49,8 @@ pub enum Command {
     Run(pipeline::RunArgs),
     /// Run pipelines on their cron schedules.
     Schedule(pipeline::ScheduleArgs),
+    /// DP statistics on kNN-imputed data with smooth sensitivity (imputed rows are never released).
+    Impute(impute::ImputeArgs),
 }
 
 /// Runs a parsed command line.
@@ -64,6 +67,7 @@ pub async fn run(cli: Cli) -> Result<i32> {
         Command::Validate(a) => pipeline::validate(a).await,
         Command::Run(a) => pipeline::run(a).await,
         Command::Schedule(a) => pipeline::schedule_cmd(a).await,
+        Command::Impute(a) => impute::run(a).await,
     }
 }
 
@@ -75,4 +79,9 @@ pub enum OutputFormat {
     Table,
     /// JSON.
     Json,
+}
+
+/// Peak RSS of this process in MB (for benchmark reports).
+pub fn bench_peak_rss_mb() -> f64 {
+    bench::peak_rss_mb()
 }

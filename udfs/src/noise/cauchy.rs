@@ -64,6 +64,11 @@ fn open_unit<R: Rng + ?Sized>(rng: &mut R) -> f64 {
     ((rng.next_u64() >> 11) as f64 + 0.5) * (1.0 / (1u64 << 53) as f64)
 }
 
+/// A standard normal draw (Box–Muller, floating point; release only after snapping).
+pub fn standard_normal_sample<R: Rng + ?Sized>(rng: &mut R) -> f64 {
+    standard_normal(rng)
+}
+
 fn standard_normal<R: Rng + ?Sized>(rng: &mut R) -> f64 {
     // Box–Muller.
     let u1 = open_unit(rng);

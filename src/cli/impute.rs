@@ -1,0 +1,79 @@
+//! `dpflow impute`: DP statistics on kNN-imputed data (the imputed rows are never released).
+
+use anyhow::Result;
+use clap::Args;
+
+use super::OutputFormat;
+use crate::impute::{Estimator, planned_records, spec::ImputeSpec};
+use crate::privacy::Ledger;
+
+/// Arguments of `dpflow impute`.
+#[derive(Debug, Args)]
+pub struct ImputeArgs {
+    /// Spec file (input, domain, attributes to impute, matching attributes, queries, budget).
+    #[arg(long)]
+    pub spec: String,
+    /// Estimator.
+    #[arg(long, value_enum, default_value = "smooth")]
+    pub estimator: Estimator,
+    /// Ledger to charge (with --dataset).
+    #[arg(long, requires = "dataset")]
+    pub ledger: Option<String>,
+    /// Dataset in the ledger.
+    #[arg(long, requires = "ledger")]
+    pub dataset: Option<String>,
+    /// Output format.
+    #[arg(long, value_enum, default_value_t)]
+    pub format: OutputFormat,
+    /// UNSAFE: seeded noise (tests only).
+    #[arg(long)]
+    pub unsafe_seed: Option<u64>,
+}
+
+pub(super) async fn run(a: ImputeArgs) -> Result<i32> {
+    let spec = ImputeSpec::load(&a.spec)?;
+    if a.estimator == Estimator::GlobalSensitivity {
+        anyhow::bail!(
+            "the global-sensitivity estimator is an evaluation baseline (its bound uses the private number of donees); use it through `dpflow bench knn-experiment`"
+        );
+    }
+    let records = planned_records(&spec, a.estimator)?;
+    let mut ledger_charge = None;
+    if let (Some(l), Some(d)) = (&a.ledger, &a.dataset) {
+        let mut ledger = Ledger::open(l)?;
+        let id = format!("impute-{}", chrono::Utc::now().format("%Y%m%dT%H%M%S%.6fZ"));
+        let r = ledger.reserve(d, &id, &records, None)?;
+        ledger_charge = Some((ledger, r.charge_id));
+    } else if a.unsafe_seed.is_none() {
+        eprintln!("note: no --ledger given: this release's privacy cost is not recorded in a budget ledger.");
+    }
+    let mut rng = dpflow_udfs::noise::DpRng::new(a.unsafe_seed)?;
+    let ctx = crate::io::session_context();
+    let report = match crate::impute::run(&ctx, &spec, a.estimator, &mut rng).await {
+        Ok(r) => r,
+        Err(e) => {
+            if let Some((l, id)) = ledger_charge {
+                let _ = l.release(id, &format!("failed: {e:#}"));
+            }
+            return Err(e);
+        }
+    };
+    if let Some((l, id)) = ledger_charge {
+        l.commit(id)?;
+    }
+    match a.format {
+        OutputFormat::Json => println!("{}", serde_json::to_string_pretty(&report)?),
+        OutputFormat::Table => {
+            println!("{:<36} {:>16} {:>14}", "query", "value", "noisy count");
+            for r in &report.results {
+                println!(
+                    "{:<36} {:>16} {:>14}",
+                    r.name,
+                    r.value.map_or("NULL".into(), |v| format!("{v:.4}")),
+                    r.count.map_or("-".into(), |v| format!("{v:.1}"))
+                );
+            }
+        }
+    }
+    Ok(0)
+}

@@ -1,0 +1,286 @@
+//! The `dpflow impute` spec: what to impute, how to match donors, and which
+//! statistics to release.
+
+use serde::{Deserialize, Serialize};
+
+use crate::domain::{ColumnKind, Domain};
+use dpflow_udfs::knn::{AttrKind, KnnConfig, MatchAttr, Metric};
+
+/// A row filter on one column: a closed numeric range or a set of labels.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct Predicate {
+    /// Column.
+    pub column: String,
+    /// Lower bound (inclusive).
+    pub lo: Option<f64>,
+    /// Upper bound (inclusive).
+    pub hi: Option<f64>,
+    /// Accepted category codes.
+    pub codes: Option<Vec<f64>>,
+}
+
+impl Predicate {
+    /// Whether a value passes (null never does).
+    pub fn matches(&self, v: Option<f64>) -> bool {
+        let Some(v) = v else { return false };
+        if let Some(c) = &self.codes {
+            return c.contains(&v);
+        }
+        self.lo.is_none_or(|l| v >= l) && self.hi.is_none_or(|h| v <= h)
+    }
+}
+
+/// The statistic of a query.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub enum QueryKind {
+    /// Number of rows in the subpopulation.
+    Count,
+    /// Share of the subpopulation also matching `numerator`.
+    Proportion {
+        /// The numerator's filter.
+        numerator: Vec<Predicate>,
+    },
+    /// Mean of a clamped value.
+    Mean {
+        /// Column.
+        value: String,
+        /// Public lower bound.
+        lo: f64,
+        /// Public upper bound.
+        hi: f64,
+    },
+    /// Sample variance of a clamped value.
+    Variance {
+        /// Column.
+        value: String,
+        /// Lower bound.
+        lo: f64,
+        /// Upper bound.
+        hi: f64,
+    },
+}
+
+/// One query.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct QuerySpec {
+    /// Name.
+    pub name: String,
+    /// Statistic.
+    pub kind: QueryKind,
+    /// Subpopulation.
+    pub predicate: Vec<Predicate>,
+}
+
+/// Noise for smooth-sensitivity releases.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub enum SmoothNoise {
+    /// Generalized Cauchy with parameter γ.
+    Cauchy {
+        /// γ.
+        gamma: f64,
+    },
+    /// Standard normal (the (ε, δ) variant).
+    Gaussian,
+    /// Unit Laplace (baselines).
+    Laplace,
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct RawSpec {
+    input: String,
+    domain: String,
+    impute: Vec<String>,
+    #[serde(rename = "match")]
+    matching: Vec<RawMatch>,
+    #[serde(default)]
+    metric: Metric,
+    budget: crate::sql::catalog::RawBudget,
+    queries: Vec<RawQuery>,
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct RawMatch {
+    column: String,
+    #[serde(default)]
+    kind: Option<AttrKind>,
+    #[serde(default = "one_f")]
+    weight: f64,
+    /// Integer grouping of the column's codes (e.g. 10 = ages by decade).
+    #[serde(default = "one_u")]
+    group: u32,
+}
+
+fn one_f() -> f64 {
+    1.0
+}
+fn one_u() -> u32 {
+    1
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct RawQuery {
+    name: String,
+    #[serde(default)]
+    count: Option<serde_json::Value>,
+    #[serde(default)]
+    mean: Option<RawValue>,
+    #[serde(default)]
+    variance: Option<RawValue>,
+    #[serde(default)]
+    proportion: Option<RawProportion>,
+    #[serde(default, rename = "where")]
+    filter: std::collections::BTreeMap<String, serde_json::Value>,
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct RawValue {
+    value: String,
+    lo: f64,
+    hi: f64,
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct RawProportion {
+    numerator: std::collections::BTreeMap<String, serde_json::Value>,
+}
+
+/// A loaded spec.
+#[derive(Debug, Clone)]
+pub struct ImputeSpec {
+    /// Input data.
+    pub input: String,
+    /// Domain file.
+    pub domain: String,
+    /// Attributes to impute.
+    pub impute: Vec<String>,
+    /// Donor search.
+    pub knn: KnnConfig,
+    /// Per matching attribute: (column, code grouping).
+    pub grouping: Vec<(String, u32)>,
+    /// Budget of every released number.
+    pub budget: crate::privacy::Budget,
+    /// Queries.
+    pub queries: Vec<QuerySpec>,
+}
+
+/// Parses a `where:` mapping into predicates.
+pub fn predicates(
+    domain: &Domain,
+    m: &std::collections::BTreeMap<String, serde_json::Value>,
+) -> anyhow::Result<Vec<Predicate>> {
+    let mut out = Vec::new();
+    for (col, v) in m {
+        let c = domain.column(col).ok_or_else(|| anyhow::anyhow!("where: unknown column {col:?}"))?;
+        let arr = v.as_array().ok_or_else(|| anyhow::anyhow!("where.{col}: give [lo, hi] or a list of labels"))?;
+        match &c.kind {
+            ColumnKind::Categorical { values, .. } => {
+                let codes = arr
+                    .iter()
+                    .map(|x| {
+                        let s = match x {
+                            serde_json::Value::String(s) => s.clone(),
+                            other => other.to_string(),
+                        };
+                        values
+                            .iter()
+                            .position(|v| *v == s)
+                            .map(|p| p as f64)
+                            .ok_or_else(|| anyhow::anyhow!("where.{col}: unknown label {s:?}"))
+                    })
+                    .collect::<anyhow::Result<Vec<_>>>()?;
+                out.push(Predicate { column: col.clone(), lo: None, hi: None, codes: Some(codes) });
+            }
+            _ => {
+                if arr.len() != 2 {
+                    anyhow::bail!("where.{col}: give [lo, hi] (null for open)");
+                }
+                out.push(Predicate { column: col.clone(), lo: arr[0].as_f64(), hi: arr[1].as_f64(), codes: None });
+            }
+        }
+    }
+    Ok(out)
+}
+
+impl ImputeSpec {
+    /// Loads a spec (paths relative to the file).
+    pub fn load(path: &str) -> anyhow::Result<Self> {
+        let text = std::fs::read_to_string(path).map_err(|e| anyhow::anyhow!("reading {path}: {e}"))?;
+        let raw: RawSpec = serde_saphyr::from_str(&text).map_err(|e| anyhow::anyhow!("{path}: {e}"))?;
+        let base = std::path::Path::new(path).parent().unwrap_or(std::path::Path::new("."));
+        let rel = |p: &str| {
+            if p.contains("://") || std::path::Path::new(p).is_absolute() {
+                p.to_string()
+            } else {
+                base.join(p).display().to_string()
+            }
+        };
+        let domain_file = rel(&raw.domain);
+        let domain = crate::domain::DomainSpec::load(&domain_file)?.domain;
+        for a in &raw.impute {
+            let c = domain.column(a).ok_or_else(|| anyhow::anyhow!("{path}: impute: unknown column {a:?}"))?;
+            if !c.nullable {
+                anyhow::bail!("{path}: impute: column {a:?} is not nullable, nothing to impute");
+            }
+        }
+        let mut attrs = Vec::new();
+        let mut grouping = Vec::new();
+        for m in &raw.matching {
+            let c = domain
+                .column(&m.column)
+                .ok_or_else(|| anyhow::anyhow!("{path}: match: unknown column {:?}", m.column))?;
+            if raw.impute.contains(&m.column) {
+                anyhow::bail!("{path}: match: {:?} is being imputed", m.column);
+            }
+            let kind = m.kind.unwrap_or(match c.kind {
+                ColumnKind::Categorical { .. } | ColumnKind::Boolean => AttrKind::Categorical,
+                _ => AttrKind::Ordinal,
+            });
+            if m.group == 0 || !(m.weight >= 0.0) {
+                anyhow::bail!("{path}: match.{}: group must be ≥ 1 and weight ≥ 0", m.column);
+            }
+            attrs.push(MatchAttr {
+                name: m.column.clone(),
+                kind,
+                weight: m.weight,
+                size: (c.cardinality() as u32).div_ceil(m.group),
+            });
+            grouping.push((m.column.clone(), m.group));
+        }
+        let mut queries = Vec::new();
+        for q in &raw.queries {
+            let kinds = [q.count.is_some(), q.mean.is_some(), q.variance.is_some(), q.proportion.is_some()];
+            if kinds.iter().filter(|x| **x).count() != 1 {
+                anyhow::bail!("{path}: query {}: give exactly one of count, mean, variance, proportion", q.name);
+            }
+            let kind = if let Some(m) = &q.mean {
+                QueryKind::Mean { value: m.value.clone(), lo: m.lo, hi: m.hi }
+            } else if let Some(m) = &q.variance {
+                QueryKind::Variance { value: m.value.clone(), lo: m.lo, hi: m.hi }
+            } else if let Some(p) = &q.proportion {
+                QueryKind::Proportion { numerator: predicates(&domain, &p.numerator)? }
+            } else {
+                QueryKind::Count
+            };
+            if let QueryKind::Mean { lo, hi, .. } | QueryKind::Variance { lo, hi, .. } = &kind {
+                if lo >= hi {
+                    anyhow::bail!("{path}: query {}: lo must be below hi", q.name);
+                }
+            }
+            queries.push(QuerySpec { name: q.name.clone(), kind, predicate: predicates(&domain, &q.filter)? });
+        }
+        Ok(Self {
+            input: rel(&raw.input),
+            domain: domain_file,
+            impute: raw.impute,
+            knn: KnnConfig { attrs, metric: raw.metric, k: 1 },
+            grouping,
+            budget: raw.budget.budget("budget")?,
+            queries,
+        })
+    }
+}
