@@ -7,8 +7,14 @@ use std::sync::Arc;
 use anyhow::{Context, Result};
 use datafusion::dataframe::DataFrame;
 use datafusion::execution::context::SessionContext;
+use datafusion::common::ScalarValue;
+use datafusion::logical_expr::Operator;
+use datafusion::physical_expr::PhysicalExpr;
+use datafusion::physical_expr::expressions::{BinaryExpr, Column as PhysColumn, Literal};
+use datafusion::physical_plan::filter::FilterExec;
 use datafusion::physical_plan::{ExecutionPlan, collect};
 use dpflow_udfs::domain::EncodeExec;
+use dpflow_udfs::synth::{FillNullsExec, FillPlan};
 use dpflow_udfs::marginal::{NullMode, batch_to_counts, config_for, plan_marginals};
 
 use crate::domain::{Domain, DomainSpec};
@@ -27,6 +33,17 @@ pub struct Dataset {
     pub format: Option<InputFormat>,
     /// Public domain.
     pub spec: Arc<DomainSpec>,
+}
+
+/// Which rows and codes marginals are counted over.
+#[derive(Debug, Clone)]
+pub(crate) enum CodeSource {
+    /// The data as encoded.
+    Plain,
+    /// Only rows observed on every domain column (complete-row, 000 §4.1).
+    CompleteRows,
+    /// Nulls filled first (imputation-first, 000 §4.1).
+    Filled(Arc<FillPlan>),
 }
 
 /// Exact marginal counts (crate-private: never released without noise).
@@ -93,9 +110,57 @@ impl Dataset {
         ctx: &SessionContext,
         sets: &[(Vec<String>, NullMode)],
     ) -> Result<Vec<ExactMarginal>> {
+        self.exact_marginals_from(ctx, sets, &CodeSource::Plain).await
+    }
+
+    /// Encoded codes of every domain column, transformed by `source`.
+    pub(crate) async fn codes_plan(&self, ctx: &SessionContext, source: &CodeSource) -> Result<Arc<dyn ExecutionPlan>> {
+        let all = self.encoded_plan(ctx, &[]).await?;
+        Ok(match source {
+            CodeSource::Plain => all,
+            CodeSource::CompleteRows => {
+                let schema = all.schema();
+                let mut predicate: Option<Arc<dyn PhysicalExpr>> = None;
+                for (i, c) in self.domain().columns().iter().enumerate() {
+                    let Some(null) = c.null_code() else { continue };
+                    let e: Arc<dyn PhysicalExpr> = Arc::new(BinaryExpr::new(
+                        Arc::new(PhysColumn::new(schema.field(i).name(), i)),
+                        Operator::NotEq,
+                        Arc::new(Literal::new(ScalarValue::UInt32(Some(null)))),
+                    ));
+                    predicate = Some(match predicate {
+                        None => e,
+                        Some(p) => Arc::new(BinaryExpr::new(p, Operator::And, e)),
+                    });
+                }
+                match predicate {
+                    None => all,
+                    Some(p) => Arc::new(FilterExec::try_new(p, all)?),
+                }
+            }
+            CodeSource::Filled(plan) => Arc::new(FillNullsExec::try_new(all, plan.clone())?),
+        })
+    }
+
+    /// Exact marginals of attribute sets over the codes of `source`, in one scan.
+    pub(crate) async fn exact_marginals_from(
+        &self,
+        ctx: &SessionContext,
+        sets: &[(Vec<String>, NullMode)],
+        source: &CodeSource,
+    ) -> Result<Vec<ExactMarginal>> {
         let config = config_for(self.domain(), sets)?;
         let used: Vec<&str> = config.columns.iter().map(|c| c.name.as_str()).collect();
-        let input = self.encoded_plan(ctx, &used).await?;
+        let input = match source {
+            CodeSource::Plain => self.encoded_plan(ctx, &used).await?,
+            _ => {
+                let idx: Vec<usize> = used
+                    .iter()
+                    .map(|c| self.domain().position(c).with_context(|| format!("unknown column {c:?}")))
+                    .collect::<Result<_>>()?;
+                dpflow_udfs::marginal::project(self.codes_plan(ctx, source).await?, Some(&idx))?
+            }
+        };
         let plan = plan_marginals(input, config.clone())?;
         let batches =
             collect(plan, ctx.task_ctx()).await.with_context(|| format!("counting marginals of {}", self.location))?;

@@ -4,6 +4,7 @@ mod bench;
 mod bench_data;
 pub mod budget;
 mod impute;
+mod missing;
 pub mod inspect;
 mod pipeline;
 mod sql;
@@ -51,6 +52,8 @@ pub enum Command {
     Schedule(pipeline::ScheduleArgs),
     /// DP statistics on kNN-imputed data with smooth sensitivity (imputed rows are never released).
     Impute(impute::ImputeArgs),
+    /// Missing-data tools: inject MCAR/MAR/MNAR missingness (evaluation only).
+    Missing(missing::MissingArgs),
 }
 
 /// Runs a parsed command line.
@@ -68,6 +71,7 @@ pub async fn run(cli: Cli) -> Result<i32> {
         Command::Run(a) => pipeline::run(a).await,
         Command::Schedule(a) => pipeline::schedule_cmd(a).await,
         Command::Impute(a) => impute::run(a).await,
+        Command::Missing(a) => missing::run(a).await,
     }
 }
 

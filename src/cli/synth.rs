@@ -69,6 +69,27 @@ pub struct SynthArgs {
     /// Decode numeric bins to their midpoints (default: uniform inside the bin).
     #[arg(long)]
     pub midpoints: bool,
+    /// Missing data (000 §4): reproduce (null is a value; realistic nulls), complete-row,
+    /// adaptive (observed-only marginals: AIME, PrivBayesE),
+    /// impute-first:random|mode|model|mode-stability.
+    #[arg(long, default_value = "reproduce")]
+    pub missing: crate::missing::Strategy,
+    /// Budget share of DP imputation statistics (impute-first:mode|model).
+    #[arg(long, default_value_t = 0.2)]
+    pub impute_share: f64,
+    /// Public bound on the number of missing cells (impute-first:mode-stability, 000 Thm 4.3).
+    #[arg(long)]
+    pub max_missing_cells: Option<u64>,
+    /// PrivBayes degree k.
+    #[arg(long, default_value_t = 2)]
+    pub degree: usize,
+    /// Declared missingness mechanism of the input; with --missing-rates, the release
+    /// record reports the ground-truth ε̄ under MCAR (000 §5.2); refused for mar/mnar.
+    #[arg(long, value_enum)]
+    pub missingness: Option<crate::missing::Missingness>,
+    /// Public missing probabilities: one rate for every column, or COL=RATE,... (000 §5.2).
+    #[arg(long, requires = "missingness")]
+    pub missing_rates: Option<String>,
     /// UNSAFE: seed all randomness (tests and reproducible benchmarks only; the output is not private).
     #[arg(long)]
     pub unsafe_seed: Option<u64>,
@@ -89,10 +110,11 @@ pub(super) async fn run(a: SynthArgs) -> Result<i32> {
         eprintln!("note: no --ledger given: this release's privacy cost is not recorded in a budget ledger.");
     }
     let dataset = Dataset::open(a.dataset.as_deref().unwrap_or("data"), &a.input, a.input_format, &a.domain)?;
+    let budget = a.budget.budget()?;
     let req = SynthRequest {
         dataset,
         mechanism: a.mechanism,
-        budget: a.budget.budget()?,
+        budget,
         workload: a.workload.clone(),
         rows: a.rows,
         out: a.out.clone(),
@@ -106,8 +128,23 @@ pub(super) async fn run(a: SynthArgs) -> Result<i32> {
             max_model_mb: a.max_model_size,
             confidence: a.confidence,
             rounds: a.rounds,
+            degree: a.degree,
         },
         decode: if a.midpoints { DecodeMode::Midpoint } else { DecodeMode::Uniform },
+        missing: a.missing,
+        missing_options: crate::missing::StrategyOptions {
+            impute_share: a.impute_share,
+            max_missing_cells: a.max_missing_cells,
+            ..Default::default()
+        },
+        amplification: a.missingness.map(|m| crate::missing::AmplificationRequest {
+            missingness: m,
+            rates: a.missing_rates.clone().unwrap_or_default(),
+            delta: match budget {
+                crate::privacy::Budget::Approx { delta, .. } => delta,
+                _ => 1e-9,
+            },
+        }),
     };
     let pb = spinner();
     let ctx = session_context();
@@ -115,10 +152,23 @@ pub(super) async fn run(a: SynthArgs) -> Result<i32> {
     let record = run_synth(&ctx, &req, &progress).await;
     pb.finish_and_clear();
     let record = record?;
+    let spent = match (record.epsilon, record.epsilon_spent) {
+        (Some(e), Some(s)) => format!("ε spent {s:.6} of {e:.6}"),
+        _ => format!("ρ spent {:.6} of {:.6}", record.rho_spent, record.rho),
+    };
     eprintln!(
-        "{}: wrote {} rows to {} (ρ spent {:.6} of {:.6}; fit {:.1}s, generation {:.1}s)",
-        record.mechanism, record.rows, a.out, record.rho_spent, record.rho, record.seconds.fit, record.seconds.generate
+        "{}: wrote {} rows to {} ({spent}; missing: {}; fit {:.1}s, generation {:.1}s)",
+        record.mechanism, record.rows, a.out, record.missing, record.seconds.fit, record.seconds.generate
     );
+    if let Some(amp) = &record.amplification {
+        eprintln!(
+            "ground truth under MCAR: ε̄ = {:.4} (nominal {:.4}, δ = {:.1e}; paper-style factor {:.3})",
+            amp.epsilon, amp.nominal_epsilon, amp.delta, amp.linear_factor
+        );
+    }
+    if let Some(note) = &record.amplification_note {
+        eprintln!("no ground-truth amplification: {note}");
+    }
     Ok(0)
 }
 

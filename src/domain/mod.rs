@@ -4,6 +4,8 @@
 //! this crate; this module parses and validates the user-facing files.
 
 mod spec;
+mod write;
 
 pub use dpflow_udfs::domain::*;
 pub use spec::{DomainSpec, SpecError, TextFormat};
+pub use write::{to_yaml, with_all_nullable};

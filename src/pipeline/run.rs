@@ -356,6 +356,7 @@ impl Pipeline {
                     model_output,
                     iters,
                     max_model_size,
+                    missing,
                 } => {
                     let req = crate::synth::run::SynthRequest {
                         dataset: self.dataset()?,
@@ -375,6 +376,9 @@ impl Pipeline {
                             ..Default::default()
                         },
                         decode: Default::default(),
+                        missing: *missing,
+                        missing_options: Default::default(),
+                        amplification: None,
                     };
                     let rec = crate::synth::run::run_synth(ctx, &req, progress)
                         .await

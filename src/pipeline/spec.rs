@@ -111,6 +111,9 @@ struct RawSynth {
     iters: usize,
     #[serde(default = "default_mb")]
     max_model_size: f64,
+    /// Missing-data strategy (reproduce, complete-row, adaptive, impute-first:METHOD).
+    #[serde(default)]
+    missing: Option<String>,
 }
 
 fn default_workload() -> String {
@@ -168,6 +171,8 @@ pub enum Step {
         iters: usize,
         /// Model capacity (MB).
         max_model_size: f64,
+        /// Missing-data strategy.
+        missing: crate::missing::Strategy,
     },
     /// Curator-only evaluation of a synthesize step's output (not published).
     Evaluate {
@@ -376,13 +381,21 @@ impl Pipeline {
                 }
                 RawStep::Synthesize(x) => {
                     let b = x.budget.budget("budget").map_err(|e| err(l, &key("synthesize.budget"), e.to_string()))?;
-                    if b.as_rho().is_none() {
+                    let pure = matches!(
+                        x.mechanism,
+                        crate::synth::run::Mechanism::Privbayes | crate::synth::run::Mechanism::PrivbayesPgm
+                    );
+                    if b.as_rho().is_none() && !pure {
                         return Err(err(
                             l,
                             &key("synthesize.budget"),
                             "synthesizers need {epsilon, delta} or {rho}".into(),
                         ));
                     }
+                    let missing = match &x.missing {
+                        None => crate::missing::Strategy::default(),
+                        Some(m) => m.parse().map_err(|e: anyhow::Error| err(l, &key("synthesize.missing"), e.to_string()))?,
+                    };
                     crate::synth::Workload::parse(&x.workload, &spec.domain)
                         .map_err(|e| err(l, &key("synthesize.workload"), e.to_string()))?;
                     Step::Synthesize {
@@ -395,6 +408,7 @@ impl Pipeline {
                         model_output: x.model_output.clone(),
                         iters: x.iters,
                         max_model_size: x.max_model_size,
+                        missing,
                     }
                 }
                 RawStep::Evaluate(x) => {

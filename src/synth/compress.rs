@@ -99,7 +99,16 @@ impl Compression {
             values.push(s / k);
             weights.push(1.0 / k);
         }
-        let query = if weights.iter().all(|w| *w == 1.0) { Query::Identity } else { Query::Weighted(weights) };
+        // An observed-only measurement estimates c·M(p): keep the factor.
+        let c = match m.query {
+            Query::Scaled(c) => c,
+            _ => 1.0,
+        };
+        let query = if weights.iter().all(|w| *w == 1.0) {
+            if c == 1.0 { Query::Identity } else { Query::Scaled(c) }
+        } else {
+            Query::Weighted(weights.iter().map(|w| w * c).collect())
+        };
         Measurement { attrs: m.attrs.clone(), values, sigma: m.sigma, query }
     }
 

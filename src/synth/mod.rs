@@ -14,6 +14,7 @@ pub mod compress;
 pub mod independent;
 pub mod mst;
 pub mod mwem;
+pub mod privbayes;
 pub mod run;
 #[cfg(test)]
 mod tests;
@@ -64,11 +65,13 @@ pub struct SynthOptions {
     pub confidence: f64,
     /// MWEM+PGM rounds (default: number of attributes).
     pub rounds: Option<usize>,
+    /// PrivBayes degree k.
+    pub degree: usize,
 }
 
 impl Default for SynthOptions {
     fn default() -> Self {
-        Self { iters: 1000, max_model_mb: 80.0, confidence: 0.95, rounds: None }
+        Self { iters: 1000, max_model_mb: 80.0, confidence: 0.95, rounds: None, degree: 2 }
     }
 }
 
@@ -117,10 +120,25 @@ pub(crate) struct FitContext<'a> {
     pub accountant: &'a mut ReleaseAccountant,
     pub rng: &'a mut DpRng,
     pub workload: &'a Workload,
-    /// The zCDP budget of this fit.
+    /// The zCDP budget of this fit (zCDP synthesizers).
     pub rho: f64,
+    /// The pure-ε budget of this fit (pure-DP synthesizers such as PrivBayes).
+    pub epsilon: f64,
     pub options: &'a SynthOptions,
     pub progress: &'a dyn Fn(&str),
+    /// Set when answers are observed-only marginals (adaptive recourse, 000
+    /// §4.2) of a model over observed values: each measurement then estimates
+    /// c_r·M_r(p) with c_r the fraction of rows observed on r.
+    pub observed: Option<Observed>,
+}
+
+/// State of an observed-only (adaptive) fit.
+#[derive(Debug, Clone)]
+pub(crate) struct Observed {
+    /// Noisy number of rows N̂ (measured before the fit, charged).
+    pub total: f64,
+    /// Observed fraction of each attribute, once its 1-way marginal is measured.
+    pub fraction: Vec<Option<f64>>,
 }
 
 impl FitContext<'_> {
@@ -131,27 +149,70 @@ impl FitContext<'_> {
     /// Charges, then measures marginal `attrs` with discrete Gaussian noise σ
     /// (L2 sensitivity 1 under add/remove-one).
     pub(crate) fn measure(&mut self, attrs: &[usize], sigma: f64) -> Result<Measurement> {
-        let record = MechanismRecord::gaussian(format!("marginal({})", self.names(attrs).join(",")), 1.0, sigma);
-        self.accountant.charge(&[record])?;
         let exact = self.answers.get(attrs)?.to_vec();
-        let sampler = NoiseDistribution::Gaussian { sigma }.integer_sampler();
-        let values: Vec<f64> = exact.iter().map(|&c| (c as i128 + sampler.sample(self.rng)) as f64).collect();
-        Ok(Measurement { attrs: attrs.to_vec(), values, sigma, query: crate::pgm::Query::Identity })
+        self.measure_values(attrs, &exact, sigma)
     }
 
     /// Charges, then adds discrete Gaussian noise σ to exact counts `exact` of a
     /// sensitivity-1 table over `attrs` (e.g. a compressed marginal).
     pub(crate) fn measure_values(&mut self, attrs: &[usize], exact: &[f64], sigma: f64) -> Result<Measurement> {
-        let record = MechanismRecord::gaussian(format!("marginal({})", self.names(attrs).join(",")), 1.0, sigma);
-        self.accountant.charge(&[record])?;
-        let sampler = NoiseDistribution::Gaussian { sigma }.integer_sampler();
-        let values: Vec<f64> = exact.iter().map(|&c| (c as i128 + sampler.sample(self.rng)) as f64).collect();
-        Ok(Measurement { attrs: attrs.to_vec(), values, sigma, query: crate::pgm::Query::Identity })
+        self.measure_with(attrs, exact, NoiseDistribution::Gaussian { sigma })
     }
 
-    /// Charges, then selects with the exponential mechanism (ε²/8-zCDP).
+    /// Charges, then adds discrete Laplace noise of scale `b` (ε = 1/b for a
+    /// sensitivity-1 count table) to the exact marginal `attrs`.
+    pub(crate) fn measure_laplace(&mut self, attrs: &[usize], b: f64) -> Result<Measurement> {
+        let exact = self.answers.get(attrs)?.to_vec();
+        self.measure_with(attrs, &exact, NoiseDistribution::Laplace { scale: b })
+    }
+
+    fn measure_with(&mut self, attrs: &[usize], exact: &[f64], noise: NoiseDistribution) -> Result<Measurement> {
+        let mode = if self.observed.is_some() { "observed-only " } else { "" };
+        let target = format!("{mode}marginal({})", self.names(attrs).join(","));
+        let (record, sigma) = match noise {
+            NoiseDistribution::Gaussian { sigma } => (MechanismRecord::gaussian(target, 1.0, sigma), sigma),
+            NoiseDistribution::Laplace { scale } => {
+                (MechanismRecord::laplace(target, 1.0, scale), scale * std::f64::consts::SQRT_2)
+            }
+        };
+        self.accountant.charge(&[record])?;
+        let sampler = noise.integer_sampler();
+        let values: Vec<f64> = exact.iter().map(|&c| (c as i128 + sampler.sample(self.rng)) as f64).collect();
+        let query = match &mut self.observed {
+            None => crate::pgm::Query::Identity,
+            Some(o) => {
+                // Post-processing of this measurement: its noisy total over N̂.
+                let c = (values.iter().sum::<f64>() / o.total).clamp(1e-3, 1.0);
+                if attrs.len() == 1 {
+                    o.fraction[attrs[0]] = Some(c);
+                }
+                crate::pgm::Query::Scaled(c)
+            }
+        };
+        Ok(Measurement { attrs: attrs.to_vec(), values, sigma, query })
+    }
+
+    /// The factor relating the model's marginal on `attrs` to its exact answer:
+    /// 1 for full answers; for observed-only answers the product of the
+    /// attributes' measured observed fractions (exact under MCAR with
+    /// independent columns; unmeasured attributes count as fully observed).
+    pub(crate) fn scale_for(&self, attrs: &[usize]) -> f64 {
+        match &self.observed {
+            None => 1.0,
+            Some(o) => attrs.iter().map(|&a| o.fraction[a].unwrap_or(1.0)).product(),
+        }
+    }
+
+    /// Estimation options with the fit's known total (observed-only fits).
+    pub(crate) fn estimate_options(&self, iters: usize) -> EstimateOptions {
+        EstimateOptions { iters, total: self.observed.as_ref().map(|o| o.total), ..Default::default() }
+    }
+
+    /// Charges, then selects with the exponential mechanism (ε-DP, charged
+    /// as ε²/8-zCDP to a zCDP budget).
     pub(crate) fn select(&mut self, what: &str, scores: &[f64], epsilon: f64, sensitivity: f64) -> Result<usize> {
-        let record = MechanismRecord::exponential(what, sensitivity, epsilon, true)
+        let zcdp = matches!(self.accountant.filter().budget(), crate::privacy::Budget::Zcdp { .. });
+        let record = MechanismRecord::exponential(what, sensitivity, epsilon, zcdp)
             .with_params(serde_json::json!({ "epsilon": epsilon, "candidates": scores.len() }));
         self.accountant.charge(&[record])?;
         let mech = ExponentialMechanism::new(epsilon, sensitivity)?;
@@ -165,8 +226,7 @@ impl FitContext<'_> {
         warm: Option<&GraphicalModel>,
         iters: usize,
     ) -> GraphicalModel {
-        let opts = EstimateOptions { iters, ..Default::default() };
-        estimate(&self.sizes, measurements, &opts, warm).model
+        estimate(&self.sizes, measurements, &self.estimate_options(iters), warm).model
     }
 }
 
@@ -178,9 +238,14 @@ pub trait Synthesizer {
     /// The exact marginals (sorted attribute ids) the fit will read.
     fn required_marginals(&self, domain: &Domain, workload: &Workload) -> Vec<Vec<usize>>;
 
-    /// Fits within `ctx.rho`.
+    /// Fits within `ctx.rho` (or `ctx.epsilon` for pure-DP synthesizers).
     #[allow(private_interfaces)]
     fn fit(&self, ctx: &mut FitContext<'_>) -> Result<Fitted>;
+
+    /// Whether it accounts in pure ε-DP (Laplace noise) rather than zCDP.
+    fn pure_dp(&self) -> bool {
+        false
+    }
 }
 
 /// All 1-way attribute sets.

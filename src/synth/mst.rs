@@ -12,7 +12,7 @@ use anyhow::Result;
 use super::compress::Compression;
 use super::{FitContext, FitMetadata, Fitted, MeasurementLog, Synthesizer, l1, one_way, two_way};
 use crate::domain::Domain;
-use crate::pgm::{EstimateOptions, Measurement, estimate};
+use crate::pgm::{Measurement, estimate};
 use crate::synth::workload::Workload;
 
 /// The MST synthesizer.
@@ -56,14 +56,15 @@ impl Synthesizer for Mst {
         }
         let c_ones: Vec<Measurement> = ones.iter().map(|m| compression.compress_one_way(m)).collect();
         // (2) Selection on the compressed domain.
-        let opts = EstimateOptions { iters: ctx.options.iters.min(2500), ..Default::default() };
+        let opts = ctx.estimate_options(ctx.options.iters.min(2500));
         let indep = estimate(&csizes, &c_ones, &opts, None).model;
         let beliefs = indep.beliefs();
         let pairs = two_way(d);
         let mut weights = Vec::with_capacity(pairs.len());
         for p in &pairs {
             let exact = compression.compress_table(p, &ctx.sizes, ctx.answers.get(p)?);
-            let est = beliefs.marginal_any(p, &csizes).values;
+            let c = ctx.scale_for(p);
+            let est: Vec<f64> = beliefs.marginal_any(p, &csizes).values.iter().map(|v| v * c).collect();
             weights.push(l1(&exact, &est));
         }
         let mut comp: Vec<usize> = (0..d).collect();
@@ -105,7 +106,7 @@ impl Synthesizer for Mst {
             measurements.push(m);
         }
         (ctx.progress)(&format!("mst: selected {} edges; estimating", tree.len()));
-        let opts = EstimateOptions { iters: ctx.options.iters, ..Default::default() };
+        let opts = ctx.estimate_options(ctx.options.iters);
         let model = estimate(&csizes, &measurements, &opts, None).model;
         Ok(Fitted {
             model,

@@ -49,7 +49,7 @@ impl Synthesizer for MwemPgm {
                 }
                 let est = beliefs.marginal_any(r, &ctx.sizes).values;
                 // Before any measurement the model's total is 1: scale to the noisy total.
-                let scale = if measurements.is_empty() { 0.0 } else { 1.0 };
+                let scale = if measurements.is_empty() { 0.0 } else { ctx.scale_for(r) };
                 let est: Vec<f64> = est.iter().map(|v| v * scale).collect();
                 let n_r = ctx.answers.cells(r) as f64;
                 scores.push(l1(ctx.answers.get(r)?, &est) - n_r);

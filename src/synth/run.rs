@@ -9,15 +9,16 @@ use datafusion::execution::context::SessionContext;
 use datafusion::physical_plan::ExecutionPlan;
 use dpflow_udfs::domain::{DecodeMode, Domain};
 use dpflow_udfs::marginal::NullMode;
-use dpflow_udfs::noise::DpRng;
-use dpflow_udfs::synth::{SamplingPlan, SyntheticExec};
+use dpflow_udfs::noise::{DpRng, NoiseDistribution};
+use dpflow_udfs::synth::{ColumnFill, FillPlan, SamplingPlan, SyntheticExec};
 use serde::{Deserialize, Serialize};
 
 use super::compress::Compression;
-use super::{Answers, FitContext, FitMetadata, Fitted, SynthOptions, Synthesizer, Workload};
-use crate::dataset::Dataset;
+use super::{Answers, FitContext, FitMetadata, Fitted, Observed, SynthOptions, Synthesizer, Workload};
+use crate::dataset::{CodeSource, Dataset};
+use crate::missing::{Amplification, AmplificationRequest, ImputeMethod, Strategy, StrategyOptions};
 use crate::io::write_stream;
-use crate::measure::ReleaseAccountant;
+use crate::measure::{Accountant, ReleaseAccountant};
 use crate::pgm::{GraphicalModel, ModelFile, sampling_plan};
 use crate::privacy::{Budget, Ledger, MechanismRecord, PrivacyFilter, PrivacyLoss};
 
@@ -33,16 +34,23 @@ pub enum Mechanism {
     Mst,
     /// Independent 1-way marginals.
     Independent,
+    /// PrivBayes (NOTES §5; pure ε-DP); PrivBayesE with `--missing adaptive`.
+    Privbayes,
+    /// PrivBayes's noisy marginals estimated with Private-PGM.
+    PrivbayesPgm,
 }
 
 impl Mechanism {
     /// The implementation.
-    pub fn synthesizer(&self) -> Box<dyn Synthesizer + Send + Sync> {
+    pub fn synthesizer(&self, options: &SynthOptions) -> Box<dyn Synthesizer + Send + Sync> {
+        let pb = |pgm| super::privbayes::PrivBayes { degree: options.degree, pgm, ..Default::default() };
         match self {
             Mechanism::Aim => Box::new(super::aim::Aim::default()),
             Mechanism::Mwem => Box::new(super::mwem::MwemPgm),
             Mechanism::Mst => Box::new(super::mst::Mst),
             Mechanism::Independent => Box::new(super::independent::Independent),
+            Mechanism::Privbayes => Box::new(pb(false)),
+            Mechanism::PrivbayesPgm => Box::new(pb(true)),
         }
     }
 }
@@ -154,6 +162,12 @@ pub struct SynthRequest {
     pub options: SynthOptions,
     /// Decode numeric bins as midpoints instead of uniform draws.
     pub decode: DecodeMode,
+    /// Missing-data strategy (000 §4).
+    pub missing: Strategy,
+    /// Its options.
+    pub missing_options: StrategyOptions,
+    /// Report the ground-truth ε̄ under this declared missingness (000 §5.2).
+    pub amplification: Option<AmplificationRequest>,
 }
 
 /// The release record of a synthesis run.
@@ -169,8 +183,24 @@ pub struct SynthRecord {
     pub budget: Budget,
     /// zCDP ρ the mechanism ran with.
     pub rho: f64,
-    /// ρ actually charged (sum of every mechanism; ≤ ρ).
+    /// ρ actually charged (sum of every mechanism; ≤ ρ). For a pure-ε
+    /// synthesizer, the ρ = ε²/2 its ε-DP implies.
     pub rho_spent: f64,
+    /// Pure ε of a pure-DP synthesizer (PrivBayes).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub epsilon: Option<f64>,
+    /// ε actually charged by a pure-DP synthesizer.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub epsilon_spent: Option<f64>,
+    /// Missing-data strategy.
+    #[serde(default)]
+    pub missing: String,
+    /// Ground-truth ε̄ under declared MCAR missingness (000 §5.2), when it applies.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub amplification: Option<Amplification>,
+    /// Why no amplification is reported, when one was asked for.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub amplification_note: Option<String>,
     /// Workload spec.
     pub workload: String,
     /// Rows written.
@@ -202,7 +232,67 @@ pub struct TimingRecord {
     pub generate: f64,
 }
 
+/// A fit's budget in the synthesizer's own unit.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub(crate) enum FitBudget {
+    /// ρ-zCDP (AIM, MST, MWEM, Independent).
+    Zcdp(f64),
+    /// Pure ε-DP (PrivBayes).
+    Pure(f64),
+}
+
+impl FitBudget {
+    fn of(budget: &Budget, pure: bool) -> Result<Self> {
+        if pure {
+            return Ok(FitBudget::Pure(match *budget {
+                Budget::Pure { epsilon } | Budget::Approx { epsilon, .. } => epsilon,
+                // ε-DP implies ε²/2-zCDP, so ε = √(2ρ) fits a ρ budget.
+                Budget::Zcdp { rho } => (2.0 * rho).sqrt(),
+            }));
+        }
+        Ok(FitBudget::Zcdp(rho_of(budget)?))
+    }
+
+    /// The amount in its unit.
+    pub(crate) fn amount(&self) -> f64 {
+        match *self {
+            FitBudget::Zcdp(x) | FitBudget::Pure(x) => x,
+        }
+    }
+
+    fn scaled(&self, f: f64) -> Self {
+        match *self {
+            FitBudget::Zcdp(x) => FitBudget::Zcdp(x * f),
+            FitBudget::Pure(x) => FitBudget::Pure(x * f),
+        }
+    }
+
+    fn filter_budget(&self) -> Budget {
+        match *self {
+            FitBudget::Zcdp(rho) => Budget::Zcdp { rho },
+            FitBudget::Pure(epsilon) => Budget::Pure { epsilon },
+        }
+    }
+
+    fn loss(&self) -> PrivacyLoss {
+        match *self {
+            FitBudget::Zcdp(rho) => PrivacyLoss::Zcdp { rho },
+            FitBudget::Pure(epsilon) => PrivacyLoss::Pure { epsilon },
+        }
+    }
+
+    /// Noise for a sensitivity-1 count spending this budget.
+    fn count_noise(&self) -> NoiseDistribution {
+        match *self {
+            FitBudget::Zcdp(rho) => NoiseDistribution::Gaussian { sigma: (1.0 / (2.0 * rho)).sqrt() },
+            FitBudget::Pure(eps) => NoiseDistribution::Laplace { scale: 1.0 / eps },
+        }
+    }
+}
+
 /// Runs the synthesizer on exact answers already computed (crate-private data).
+#[cfg(test)]
+#[allow(clippy::too_many_arguments)]
 pub(crate) fn fit_with_answers(
     synth: &dyn Synthesizer,
     domain: &Domain,
@@ -213,35 +303,77 @@ pub(crate) fn fit_with_answers(
     rng: &mut DpRng,
     progress: &dyn Fn(&str),
 ) -> Result<(Fitted, ReleaseAccountant)> {
-    let mut accountant = ReleaseAccountant::new(PrivacyFilter::new(Budget::Zcdp { rho }));
-    let fitted = {
-        let mut ctx = FitContext {
-            domain,
-            sizes: domain.cardinalities(),
-            answers,
-            accountant: &mut accountant,
-            rng,
-            workload,
-            rho,
-            options,
-            progress,
-        };
-        synth.fit(&mut ctx)?
-    };
+    let budget = if synth.pure_dp() { FitBudget::Pure(rho) } else { FitBudget::Zcdp(rho) };
+    let mut accountant = ReleaseAccountant::new(PrivacyFilter::new(budget.filter_budget()));
+    let fitted = fit_in(synth, domain, answers, workload, budget, options, rng, progress, &mut accountant, None)?;
     Ok((fitted, accountant))
+}
+
+/// Fits `synth` charging `accountant`, within `budget`.
+#[allow(clippy::too_many_arguments)]
+pub(crate) fn fit_in(
+    synth: &dyn Synthesizer,
+    domain: &Domain,
+    answers: &Answers,
+    workload: &Workload,
+    budget: FitBudget,
+    options: &SynthOptions,
+    rng: &mut DpRng,
+    progress: &dyn Fn(&str),
+    accountant: &mut ReleaseAccountant,
+    observed: Option<Observed>,
+) -> Result<Fitted> {
+    let (rho, epsilon) = match budget {
+        FitBudget::Zcdp(r) => (r, 0.0),
+        FitBudget::Pure(e) => (0.0, e),
+    };
+    let mut ctx = FitContext {
+        domain,
+        sizes: domain.cardinalities(),
+        answers,
+        accountant,
+        rng,
+        workload,
+        rho,
+        epsilon,
+        options,
+        progress,
+        observed,
+    };
+    synth.fit(&mut ctx)
 }
 
 /// Computes exact answers for `sets` in one scan.
 pub(crate) async fn exact_answers(ctx: &SessionContext, dataset: &Dataset, sets: &[Vec<usize>]) -> Result<Answers> {
-    let names = dataset.domain().names();
-    let queries: Vec<(Vec<String>, NullMode)> =
-        sets.iter().map(|s| (s.iter().map(|&a| names[a].to_string()).collect(), NullMode::Cells)).collect();
-    let exact = dataset.exact_marginals(ctx, &queries).await?;
-    let mut answers = Answers { sizes: dataset.domain().cardinalities(), map: Default::default() };
+    Ok(exact_answers_from(ctx, dataset, sets, NullMode::Cells, &CodeSource::Plain).await?.0)
+}
+
+/// Exact answers for `sets` over `source` in `mode`, and the number of rows
+/// the source has (all crate-private), in one scan.
+pub(crate) async fn exact_answers_from(
+    ctx: &SessionContext,
+    dataset: &Dataset,
+    sets: &[Vec<usize>],
+    mode: NullMode,
+    source: &CodeSource,
+) -> Result<(Answers, u64)> {
+    let domain = dataset.domain();
+    let names = domain.names();
+    let mut queries: Vec<(Vec<String>, NullMode)> =
+        sets.iter().map(|s| (s.iter().map(|&a| names[a].to_string()).collect(), mode)).collect();
+    // One more 1-way in null-as-cell mode counts the source's rows.
+    queries.push((vec![names[0].to_string()], NullMode::Cells));
+    let mut exact = dataset.exact_marginals_from(ctx, &queries, source).await?;
+    let rows = exact.pop().map_or(0, |m| m.observed);
+    let sizes = match mode {
+        NullMode::Cells => domain.cardinalities(),
+        NullMode::Observed => domain.columns().iter().map(|c| c.size()).collect(),
+    };
+    let mut answers = Answers { sizes, map: Default::default() };
     for (s, m) in sets.iter().zip(exact) {
         answers.map.insert(s.clone(), m.counts.iter().map(|&c| c as f64).collect());
     }
-    Ok(answers)
+    Ok((answers, rows))
 }
 
 fn rho_of(budget: &Budget) -> Result<f64> {
@@ -250,14 +382,206 @@ fn rho_of(budget: &Budget) -> Result<f64> {
         .context("synthesizers account in zCDP: give --epsilon with --delta, or --rho (a pure-ε budget cannot pay for Gaussian noise)")
 }
 
+/// Charges `budget` for a sensitivity-1 count and returns it noisy.
+fn noisy_count(
+    accountant: &mut ReleaseAccountant,
+    rng: &mut DpRng,
+    budget: FitBudget,
+    target: &str,
+    exact: u64,
+) -> Result<f64> {
+    let noise = budget.count_noise();
+    let record = match noise {
+        NoiseDistribution::Gaussian { sigma } => MechanismRecord::gaussian(target, 1.0, sigma),
+        NoiseDistribution::Laplace { scale } => MechanismRecord::laplace(target, 1.0, scale),
+    };
+    accountant.charge(&[record])?;
+    Ok((exact as i128 + noise.integer_sampler().sample(rng)) as f64)
+}
+
+/// What the missing-data strategy produced before the main fit.
+struct Prepared {
+    answers: Answers,
+    observed: Option<Observed>,
+    fit_budget: FitBudget,
+    stability: Option<f64>,
+    notes: Vec<String>,
+}
+
+/// Computes the synthesizer's answers under the missing-data strategy,
+/// spending any imputation or row-count budget through `accountant`.
+#[allow(clippy::too_many_arguments)]
+async fn prepare(
+    ctx: &SessionContext,
+    req: &SynthRequest,
+    synth: &dyn Synthesizer,
+    model_domain: &Domain,
+    workload: &Workload,
+    budget: FitBudget,
+    accountant: &mut ReleaseAccountant,
+    rng: &mut DpRng,
+    progress: &dyn Fn(&str),
+) -> Result<Prepared> {
+    let required = synth.required_marginals(model_domain, workload);
+    let dataset = &req.dataset;
+    let domain = dataset.domain();
+    let mopts = &req.missing_options;
+    let nullable: Vec<usize> = (0..domain.len()).filter(|&i| domain.columns()[i].nullable).collect();
+    let plain = |answers| Prepared { answers, observed: None, fit_budget: budget, stability: None, notes: vec![] };
+    match req.missing {
+        Strategy::Reproduce => {
+            Ok(plain(exact_answers_from(ctx, dataset, &required, NullMode::Cells, &CodeSource::Plain).await?.0))
+        }
+        Strategy::CompleteRow => {
+            let (answers, _) =
+                exact_answers_from(ctx, dataset, &required, NullMode::Observed, &CodeSource::CompleteRows).await?;
+            Ok(plain(answers))
+        }
+        Strategy::Adaptive => {
+            let (answers, rows) =
+                exact_answers_from(ctx, dataset, &required, NullMode::Observed, &CodeSource::Plain).await?;
+            let share = mopts.total_share;
+            let total = noisy_count(accountant, rng, budget.scaled(share), "row count (adaptive N̂)", rows)?.max(1.0);
+            progress(&format!("adaptive: {} observed-only marginals; noisy row count {total:.0}", required.len()));
+            Ok(Prepared {
+                answers,
+                observed: Some(Observed { total, fraction: vec![None; domain.len()] }),
+                fit_budget: budget.scaled(1.0 - share),
+                stability: None,
+                notes: vec![format!("adaptive: N̂ measured with {:.1}% of the budget", share * 100.0)],
+            })
+        }
+        Strategy::ImputeFirst(method) => {
+            let mut notes = Vec::new();
+            let mut fit_budget = budget;
+            let mut stability = None;
+            let fills: Vec<ColumnFill>;
+            let mut model_plan = None;
+            match method {
+                ImputeMethod::Random => {
+                    fills = (0..domain.len())
+                        .map(|i| if nullable.contains(&i) { ColumnFill::Uniform } else { ColumnFill::Keep })
+                        .collect();
+                    notes.push("impute-first:random: nulls drawn uniformly from each column's values (free)".into());
+                }
+                ImputeMethod::Mode | ImputeMethod::ModeStability => {
+                    let sets: Vec<Vec<usize>> = nullable.iter().map(|&i| vec![i]).collect();
+                    let (ones, _) =
+                        exact_answers_from(ctx, dataset, &sets, NullMode::Observed, &CodeSource::Plain).await?;
+                    let mut modes = vec![0u32; domain.len()];
+                    if method == ImputeMethod::Mode {
+                        let share = mopts.impute_share;
+                        let k = nullable.len().max(1) as f64;
+                        let each = budget.scaled(share / k);
+                        for &i in &nullable {
+                            let exact = ones.get(&[i])?;
+                            let noise = each.count_noise();
+                            let target = format!("observed-only marginal({}) for its DP mode", domain.names()[i]);
+                            let record = match noise {
+                                NoiseDistribution::Gaussian { sigma } => MechanismRecord::gaussian(target, 1.0, sigma),
+                                NoiseDistribution::Laplace { scale } => MechanismRecord::laplace(target, 1.0, scale),
+                            };
+                            accountant.charge(&[record])?;
+                            let sampler = noise.integer_sampler();
+                            let noisy: Vec<f64> =
+                                exact.iter().map(|&c| (c as i128 + sampler.sample(rng)) as f64).collect();
+                            modes[i] = argmax(&noisy);
+                        }
+                        fit_budget = budget.scaled(1.0 - share);
+                        notes.push(format!("impute-first:mode: DP modes with {:.0}% of the budget", share * 100.0));
+                    } else {
+                        let m = mopts.max_missing_cells.context(
+                            "impute-first:mode-stability needs --max-missing-cells M, a public bound on the number of missing cells (000 Thm 4.3)",
+                        )?;
+                        for &i in &nullable {
+                            modes[i] = argmax(ones.get(&[i])?);
+                        }
+                        let c = 1.0 + m as f64;
+                        // A c-stable transformation multiplies ε by c and ρ by c² (group privacy).
+                        fit_budget = match budget {
+                            FitBudget::Zcdp(r) => FitBudget::Zcdp(r / (c * c)),
+                            FitBudget::Pure(e) => FitBudget::Pure(e / c),
+                        };
+                        stability = Some(c);
+                        notes.push(format!(
+                            "impute-first:mode-stability: exact modes make the input {c}-stable (000 Lemma 4.2 / Thm 4.3); the synthesizer runs with {:.3e} instead of {:.3e}",
+                            fit_budget.amount(),
+                            budget.amount()
+                        ));
+                    }
+                    fills = (0..domain.len())
+                        .map(|i| if nullable.contains(&i) { ColumnFill::Constant(modes[i]) } else { ColumnFill::Keep })
+                        .collect();
+                }
+                ImputeMethod::Model => {
+                    let share = mopts.impute_share;
+                    let imp_budget = budget.scaled(share);
+                    // A DP tree model of the observed values (MST under zCDP, PrivBayes k=1 under pure ε),
+                    // fitted adaptively on observed-only marginals.
+                    let imputer: Box<dyn Synthesizer + Send + Sync> = match budget {
+                        FitBudget::Zcdp(_) => Box::new(super::mst::Mst),
+                        FitBudget::Pure(_) => {
+                            Box::new(super::privbayes::PrivBayes { degree: 1, ..Default::default() })
+                        }
+                    };
+                    let imp_workload = Workload::parse("all-2way", model_domain)?;
+                    let req_sets = imputer.required_marginals(model_domain, &imp_workload);
+                    let (answers, rows) =
+                        exact_answers_from(ctx, dataset, &req_sets, NullMode::Observed, &CodeSource::Plain).await?;
+                    let total =
+                        noisy_count(accountant, rng, imp_budget.scaled(0.05), "row count (imputation model N̂)", rows)?
+                            .max(1.0);
+                    let imp_opts = SynthOptions { iters: req.options.iters.min(1000), ..req.options.clone() };
+                    let fitted = fit_in(
+                        imputer.as_ref(),
+                        model_domain,
+                        &answers,
+                        &imp_workload,
+                        imp_budget.scaled(0.95),
+                        &imp_opts,
+                        rng,
+                        progress,
+                        accountant,
+                        Some(Observed { total, fraction: vec![None; domain.len()] }),
+                    )?;
+                    model_plan =
+                        Some(plan_for(&fitted.model, fitted.compression.as_ref(), model_domain, DecodeMode::Midpoint)?);
+                    fills = (0..domain.len())
+                        .map(|i| if nullable.contains(&i) { ColumnFill::Model } else { ColumnFill::Keep })
+                        .collect();
+                    fit_budget = budget.scaled(1.0 - share);
+                    notes.push(format!(
+                        "impute-first:model: nulls drawn from a DP {} model of the observed values ({:.0}% of the budget)",
+                        imputer.name(),
+                        share * 100.0
+                    ));
+                }
+            }
+            let seed = match req.unsafe_seed {
+                Some(s) => s ^ 0x5EED_F111,
+                None => rand::Rng::next_u64(&mut DpRng::from_os()?),
+            };
+            let plan = Arc::new(FillPlan { domain: domain.clone(), fills, model: model_plan, seed });
+            let (answers, _) =
+                exact_answers_from(ctx, dataset, &required, NullMode::Observed, &CodeSource::Filled(plan)).await?;
+            Ok(Prepared { answers, observed: None, fit_budget, stability, notes })
+        }
+    }
+}
+
+fn argmax(v: &[f64]) -> u32 {
+    v.iter().enumerate().max_by(|a, b| a.1.total_cmp(b.1)).map_or(0, |(i, _)| i as u32)
+}
+
 /// Runs a synthesis request end to end.
 pub async fn run_synth(ctx: &SessionContext, req: &SynthRequest, progress: &dyn Fn(&str)) -> Result<SynthRecord> {
     budget_check(&req.budget)?;
-    let rho = rho_of(&req.budget)?;
+    let synth = req.mechanism.synthesizer(&req.options);
+    let budget = FitBudget::of(&req.budget, synth.pure_dp())?;
     let mut rng = DpRng::new(req.unsafe_seed)?;
     let domain = req.dataset.domain().clone();
-    let workload = Workload::parse(&req.workload, &domain)?;
-    let synth = req.mechanism.synthesizer();
+    let model_domain = if req.missing.models_nulls() { domain.clone() } else { domain.without_nulls() };
+    let workload = Workload::parse(&req.workload, &model_domain)?;
 
     // Reserve the whole release budget in the ledger before touching data.
     let mut ledger_state = None;
@@ -272,43 +596,101 @@ pub async fn run_synth(ctx: &SessionContext, req: &SynthRequest, progress: &dyn 
             target: format!("synthetic data of {}", req.dataset.name),
             sensitivity: None,
             noise: None,
-            loss: PrivacyLoss::Zcdp { rho },
-            params: serde_json::json!({ "workload": req.workload }),
+            loss: budget.loss(),
+            params: serde_json::json!({ "workload": req.workload, "missing": req.missing.to_string() }),
         };
         let r = ledger.reserve(ds, &release_id, &[record], None)?;
-        progress(&format!("ledger: reserved ρ={rho:.6} as charge #{} ({:.6} left)", r.charge_id, r.remaining));
+        progress(&format!(
+            "ledger: reserved {:.6} as charge #{} ({:.6} left)",
+            budget.amount(),
+            r.charge_id,
+            r.remaining
+        ));
         ledger_state = Some((ledger, r.charge_id));
     }
-    let release = |ledger_state: &mut Option<(Ledger, i64)>, why: &str| {
-        if let Some((l, id)) = ledger_state.take() {
-            let _ = l.release(id, why);
-        }
-    };
 
     let t0 = Instant::now();
-    let required = synth.required_marginals(&domain, &workload);
-    let answers = match exact_answers(ctx, &req.dataset, &required).await {
-        Ok(a) => a,
+    let mut accountant = ReleaseAccountant::new(PrivacyFilter::new(budget.filter_budget()));
+    let prepared = match prepare(
+        ctx,
+        req,
+        synth.as_ref(),
+        &model_domain,
+        &workload,
+        budget,
+        &mut accountant,
+        &mut rng,
+        progress,
+    )
+    .await
+    {
+        Ok(p) => p,
         Err(e) => {
-            // Nothing was computed from the data that could leak: a clean failure.
-            release(&mut ledger_state, &format!("failed before fitting: {e:#}"));
+            if accountant.records().is_empty() {
+                // Nothing was computed from the data that could leak: a clean failure.
+                if let Some((l, id)) = ledger_state.take() {
+                    let _ = l.release(id, &format!("failed before any noise was drawn: {e:#}"));
+                }
+            }
             return Err(e);
         }
     };
     let t_answers = t0.elapsed().as_secs_f64();
-    progress(&format!("computed {} exact marginals in {t_answers:.1}s", required.len()));
+    progress(&format!("computed exact marginals ({}) in {t_answers:.1}s", req.missing));
 
     let t1 = Instant::now();
-    let (fitted, accountant) =
-        fit_with_answers(synth.as_ref(), &domain, &answers, &workload, rho, &req.options, &mut rng, progress)?;
+    let Prepared { answers, observed, fit_budget, stability, notes } = prepared;
+    let spent_before = accountant.filter().spent_amount();
+    let mut fitted = fit_in(
+        synth.as_ref(),
+        &model_domain,
+        &answers,
+        &workload,
+        fit_budget,
+        &req.options,
+        &mut rng,
+        progress,
+        &mut accountant,
+        observed,
+    )?;
     drop(answers);
+    if let Some(c) = stability {
+        // The synthesizer's charges hold for the imputed data; for the input they cost c× (ε) or c²× (ρ).
+        let spent = accountant.filter().spent_amount() - spent_before;
+        let factor = match budget {
+            FitBudget::Zcdp(_) => c * c,
+            FitBudget::Pure(_) => c,
+        };
+        let surcharge = match budget {
+            FitBudget::Zcdp(_) => PrivacyLoss::Zcdp { rho: spent * (factor - 1.0) },
+            FitBudget::Pure(_) => PrivacyLoss::Pure { epsilon: spent * (factor - 1.0) },
+        };
+        accountant.charge(&[MechanismRecord {
+            mechanism: "stability".into(),
+            target: format!("imputation-first with exact statistics: stability {c} (000 Lemma 4.2 / Thm 4.3)"),
+            sensitivity: None,
+            noise: None,
+            loss: surcharge,
+            params: serde_json::json!({ "stability": c }),
+        }])?;
+    }
+    fitted.metadata.notes.extend(notes);
     let t_fit = t1.elapsed().as_secs_f64();
-    let rho_spent = accountant.filter().spent_amount();
+    let spent = accountant.filter().spent_amount();
+
+    let names = domain.names();
+    let (amplification, amplification_note) = match &req.amplification {
+        None => (None, None),
+        Some(a) => match crate::missing::strategy::amplification_for(req.missing, accountant.records(), &names, a) {
+            Ok(x) => (Some(x), None),
+            Err(e) => (None, Some(format!("{e:#}"))),
+        },
+    };
 
     let t2 = Instant::now();
     let total = fitted.model.total;
     let rows = req.rows.unwrap_or(total.round().max(1.0) as u64);
-    let plan = plan_for(&fitted.model, fitted.compression.as_ref(), &domain, req.decode)?;
+    let plan = plan_for(&fitted.model, fitted.compression.as_ref(), &model_domain, req.decode)?;
     let seed = match req.unsafe_seed {
         Some(s) => s,
         None => {
@@ -323,7 +705,7 @@ pub async fn run_synth(ctx: &SessionContext, req: &SynthRequest, progress: &dyn 
     if let Some(mo) = &req.model_out {
         let saved = SavedModel {
             format: "dpflow-model-v1".into(),
-            domain: domain.clone(),
+            domain: model_domain.clone(),
             model: ModelFile::from(&fitted.model),
             compression: fitted.compression.clone(),
             mechanism: synth.name().into(),
@@ -341,6 +723,10 @@ pub async fn run_synth(ctx: &SessionContext, req: &SynthRequest, progress: &dyn 
         l.commit(id)?;
         ledger_charge = Some(id);
     }
+    let (rho, rho_spent, epsilon, epsilon_spent) = match budget {
+        FitBudget::Zcdp(r) => (r, spent, None, None),
+        FitBudget::Pure(e) => (e * e / 2.0, e * e / 2.0 * (spent / e).min(1.0), Some(e), Some(spent)),
+    };
     let record = SynthRecord {
         dpflow_version: env!("CARGO_PKG_VERSION").into(),
         mechanism: synth.name().into(),
@@ -348,6 +734,11 @@ pub async fn run_synth(ctx: &SessionContext, req: &SynthRequest, progress: &dyn 
         budget: req.budget,
         rho,
         rho_spent,
+        epsilon,
+        epsilon_spent,
+        missing: req.missing.to_string(),
+        amplification,
+        amplification_note,
         workload: req.workload.clone(),
         rows: written,
         mechanisms: accountant.into_records(),

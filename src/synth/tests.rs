@@ -43,7 +43,7 @@ fn answers_for(domain: &Domain, rows: &[Vec<u32>], sets: &[Vec<usize>]) -> Answe
 fn run(mech: Mechanism, rho: f64, seed: u64, n: usize, workload: &str) -> (Fitted, f64, Answers, Domain) {
     let (domain, rows) = data(n, seed);
     let w = Workload::parse(workload, &domain).unwrap();
-    let s = mech.synthesizer();
+    let s = mech.synthesizer(&SynthOptions::default());
     let mut req = s.required_marginals(&domain, &w);
     for q in &w.queries {
         if !req.contains(&q.attrs) {
@@ -51,7 +51,8 @@ fn run(mech: Mechanism, rho: f64, seed: u64, n: usize, workload: &str) -> (Fitte
         }
     }
     let answers = answers_for(&domain, &rows, &req);
-    let opts = SynthOptions { iters: 300, ..Default::default() };
+    let iters = if mech == Mechanism::PrivbayesPgm { 2000 } else { 300 };
+    let opts = SynthOptions { iters, ..Default::default() };
     let mut rng = DpRng::unsafe_seeded(seed);
     let (fitted, acct) = fit_with_answers(s.as_ref(), &domain, &answers, &w, rho, &opts, &mut rng, &|_| {}).unwrap();
     (fitted, acct.filter().spent_amount(), answers, domain)
@@ -59,7 +60,15 @@ fn run(mech: Mechanism, rho: f64, seed: u64, n: usize, workload: &str) -> (Fitte
 
 #[test]
 fn every_mechanism_spends_exactly_its_budget() {
-    for mech in [Mechanism::Aim, Mechanism::Mst, Mechanism::Mwem, Mechanism::Independent] {
+    for mech in [
+        Mechanism::Aim,
+        Mechanism::Mst,
+        Mechanism::Mwem,
+        Mechanism::Independent,
+        Mechanism::Privbayes,
+        Mechanism::PrivbayesPgm,
+    ] {
+        // (ρ for zCDP synthesizers, ε for PrivBayes.)
         for rho in [0.01, 0.5] {
             let (_, spent, _, _) = run(mech, rho, 1, 2000, "all-2way");
             assert!(spent <= rho * (1.0 + 1e-12), "{mech:?} overspent: {spent} > {rho}");
@@ -70,11 +79,11 @@ fn every_mechanism_spends_exactly_its_budget() {
 
 #[test]
 fn large_epsilon_converges_to_the_real_marginals() {
-    for mech in [Mechanism::Aim, Mechanism::Mst] {
+    for mech in [Mechanism::Aim, Mechanism::Mst, Mechanism::Privbayes, Mechanism::PrivbayesPgm] {
         let (fitted, _, answers, _) = run(mech, 5000.0, 3, 3000, "all-2way");
         let b = fitted.model.beliefs();
-        // AIM ends up measuring every 2-way marginal at this ε; MST measures a
-        // spanning tree, so only the tree's edges (and 1-way marginals) converge.
+        // AIM ends up measuring every 2-way marginal at this ε; MST and PrivBayes
+        // measure a network, so only its measured marginals converge.
         let names = ["a", "b", "c", "d"];
         let measured: Vec<Vec<usize>> = fitted
             .metadata

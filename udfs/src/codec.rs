@@ -16,7 +16,7 @@ use serde::{Deserialize, Serialize};
 
 use crate::domain::{Domain, DomainOutput, EncodeExec};
 use crate::marginal::{MarginalConfig, MarginalExec, MarginalMode, MarginalNode};
-use crate::synth::{SamplingPlan, SyntheticExec};
+use crate::synth::{FillNullsExec, FillPlan, SamplingPlan, SyntheticExec};
 
 #[derive(Serialize, Deserialize)]
 #[serde(tag = "node", rename_all = "snake_case")]
@@ -48,6 +48,9 @@ enum PhysicalPayload {
         partitions: usize,
         chunk_rows: usize,
         seed: u64,
+    },
+    Fill {
+        plan: FillPlan,
     },
 }
 
@@ -124,6 +127,13 @@ impl PhysicalExtensionCodec for DpflowCodec {
                 plan.domain = plan.domain.reindex().map_err(DataFusionError::Internal)?;
                 Arc::new(SyntheticExec::try_new(Arc::new(plan), rows, partitions, chunk_rows, seed)?)
             }
+            PhysicalPayload::Fill { mut plan } => {
+                plan.domain = plan.domain.reindex().map_err(DataFusionError::Internal)?;
+                if let Some(m) = plan.model.as_mut() {
+                    m.domain = m.domain.clone().reindex().map_err(DataFusionError::Internal)?;
+                }
+                Arc::new(FillNullsExec::try_new(input()?, Arc::new(plan))?)
+            }
         })
     }
 
@@ -144,6 +154,8 @@ impl PhysicalExtensionCodec for DpflowCodec {
         } else if let Some(s) = node.downcast_ref::<SyntheticExec>() {
             let (rows, partitions, chunk_rows, seed) = s.params();
             PhysicalPayload::Synthetic { plan: s.plan().as_ref().clone(), rows, partitions, chunk_rows, seed }
+        } else if let Some(f) = node.downcast_ref::<FillNullsExec>() {
+            PhysicalPayload::Fill { plan: f.plan().as_ref().clone() }
         } else {
             return Err(DataFusionError::NotImplemented(format!(
                 "dpflow codec cannot encode operator {}",

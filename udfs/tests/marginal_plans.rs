@@ -250,3 +250,36 @@ async fn typed_table_projection() {
     let b = ctx.sql("SELECT y FROM t").await.unwrap().collect().await.unwrap();
     assert_eq!(b.iter().map(|b| b.num_rows()).sum::<usize>(), 600);
 }
+
+#[tokio::test]
+async fn fill_operator_round_trips_through_proto() {
+    use dpflow_udfs::domain::EncodeExec;
+    use dpflow_udfs::marginal::plan_marginals;
+    use dpflow_udfs::synth::{ColumnFill, FillNullsExec, FillPlan};
+    let ctx = dpflow_context(SessionConfig::new().with_target_partitions(2));
+    let batch = raw_data();
+    let raw = Arc::new(MemTable::try_new(batch.schema(), vec![vec![batch]]).unwrap());
+    ctx.register_table("raw", raw).unwrap();
+    let scan = ctx.table("raw").await.unwrap().create_physical_plan().await.unwrap();
+    let d = domain();
+    let enc = Arc::new(EncodeExec::try_new(scan, d.clone()).unwrap());
+    // x's nulls become "c" (code 2); z's nulls uniform over its values.
+    let fills = vec![ColumnFill::Constant(2), ColumnFill::Keep, ColumnFill::Uniform];
+    let plan = Arc::new(FillPlan { domain: d.as_ref().clone(), fills, model: None, seed: 9 });
+    let fill: Arc<dyn datafusion::physical_plan::ExecutionPlan> = Arc::new(FillNullsExec::try_new(enc, plan).unwrap());
+    let config = config_for(&d, &parse_sets("x; z", NullMode::Observed).unwrap()).unwrap();
+    let m = plan_marginals(fill, config).unwrap();
+    let before = datafusion::physical_plan::collect(m.clone(), ctx.task_ctx()).await.unwrap();
+    let bytes = physical_plan_to_bytes_with_extension_codec(m, &DpflowCodec).unwrap();
+    let decoded = physical_plan_from_bytes_with_extension_codec(&bytes, &ctx.task_ctx(), &DpflowCodec).unwrap();
+    let after = datafusion::physical_plan::collect(decoded, ctx.task_ctx()).await.unwrap();
+    let a: Vec<_> = before.iter().flat_map(|b| batch_to_counts(b).unwrap()).collect();
+    let b: Vec<_> = after.iter().flat_map(|b| batch_to_counts(b).unwrap()).collect();
+    assert_eq!(a, b, "same seed, same fills after the round trip");
+    // Every row is observed after filling; x's 86 nulls (i % 7 == 0) all went to "c".
+    assert_eq!(a[0].2, 600);
+    let nulls = (0..600).filter(|i| i % 7 == 0).count() as u64;
+    let c_rows = (0..600).filter(|i| i % 7 == 3).count() as u64;
+    assert_eq!(a[0].1[2], c_rows + nulls);
+    assert_eq!(a[1].2, 600);
+}

@@ -282,6 +282,17 @@ impl Domain {
         self.columns.iter().map(|c| c.name.as_str()).collect()
     }
 
+    /// The same columns without null codes: the domain of a model of the
+    /// observed values (complete-row, imputation-first and adaptive synthesis),
+    /// whose codes equal the value codes of this domain.
+    pub fn without_nulls(&self) -> Domain {
+        let mut d = self.clone();
+        for c in &mut d.columns {
+            c.nullable = false;
+        }
+        d
+    }
+
     /// The sub-domain of the named columns (in the given order).
     pub fn project(&self, names: &[&str]) -> Result<Domain, String> {
         let cols = names
