@@ -235,6 +235,12 @@ pub struct EvalArgs {
     /// Workload spec.
     #[arg(long, default_value = "all-3way")]
     pub workload: String,
+    /// Also measure ML efficacy for predicting this column (train on synthetic, test on real; F1).
+    #[arg(long)]
+    pub ml_target: Option<String>,
+    /// Most synthetic rows used to train the ML models.
+    #[arg(long, default_value_t = 50_000)]
+    pub ml_max_train: usize,
     /// Output format.
     #[arg(long, value_enum, default_value_t)]
     pub format: OutputFormat,
@@ -245,8 +251,18 @@ pub(super) async fn eval(a: EvalArgs) -> Result<i32> {
     let synth = Dataset::open("synthetic", &a.synth, None, &a.domain)?;
     let ctx = session_context();
     let r = crate::eval::evaluate(&ctx, &real, &synth, &a.workload).await?;
+    let ml = match &a.ml_target {
+        Some(t) => Some(crate::eval::ml::ml_efficacy(&ctx, &real, &synth, t, a.ml_max_train).await?),
+        None => None,
+    };
     match a.format {
-        OutputFormat::Json => println!("{}", serde_json::to_string_pretty(&r)?),
+        OutputFormat::Json => {
+            let mut v = serde_json::to_value(&r)?;
+            if let Some(m) = &ml {
+                v["ml"] = serde_json::to_value(m)?;
+            }
+            println!("{}", serde_json::to_string_pretty(&v)?)
+        }
         OutputFormat::Table => {
             println!("{}", r.notice);
             println!("workload {}: error {:.4}", r.workload, r.workload_error);
@@ -257,6 +273,17 @@ pub(super) async fn eval(a: EvalArgs) -> Result<i32> {
                 r.tvd_3way.map_or("-".into(), |v| format!("{v:.4}"))
             );
             println!("rows: real {} synthetic {}", r.rows_real, r.rows_synthetic);
+            if let Some(m) = &ml {
+                println!(
+                    "ML efficacy ({}, {}): logistic regression {:.4} (real {:.4}), decision tree {:.4} (real {:.4})",
+                    m.target,
+                    m.metric,
+                    m.logistic_regression_f1,
+                    m.real_logistic_regression_f1,
+                    m.decision_tree_f1,
+                    m.real_decision_tree_f1
+                );
+            }
         }
     }
     Ok(0)

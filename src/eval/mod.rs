@@ -5,6 +5,8 @@
 //! These compare against the real data: they are curator-side evaluation
 //! tools, not private releases.
 
+pub mod ml;
+
 use anyhow::Result;
 use datafusion::execution::context::SessionContext;
 use serde::Serialize;

@@ -165,6 +165,9 @@ pub struct Amplification {
     pub epsilon: f64,
     /// The paper's linearised factor Σ p_i w_i / Σ w_i (w = ε, or ρ for zCDP parts).
     pub linear_factor: f64,
+    /// The same over the marginal measurements only (000 Table 2's convention,
+    /// which leaves out structure selection and counts).
+    pub marginal_linear_factor: f64,
     /// The amplification groups.
     pub groups: Vec<Group>,
     /// The public missing rates used.
@@ -271,6 +274,12 @@ fn evaluate(
         .map(|(m, a)| m.cost.linear_weight() * a.map_or(1.0, |l| inclusion_probability(phi, &blocks[l])))
         .sum();
     let linear_factor = if total_w > 0.0 { lin / total_w } else { 1.0 };
+    let (mut mw, mut ml) = (0.0, 0.0);
+    for (m, a) in mechs.iter().zip(assign).filter(|(m, _)| !m.attrs.is_empty()) {
+        mw += m.cost.linear_weight();
+        ml += m.cost.linear_weight() * a.map_or(1.0, |l| inclusion_probability(phi, &blocks[l]));
+    }
+    let marginal_linear_factor = if mw > 0.0 { ml / mw } else { 1.0 };
 
     // Exact: one (ε_G, δ_G) per group (δ of zCDP parts shared equally), amplified by Thm 5.3.
     let mut used: Vec<usize> = assign.iter().flatten().copied().collect();
@@ -319,6 +328,7 @@ fn evaluate(
         delta: delta_out,
         epsilon,
         linear_factor,
+        marginal_linear_factor,
         groups,
         rates: rates.map(),
     }

@@ -210,7 +210,19 @@ impl Pipeline {
                     ("sql", engine.cost(query, Some(*budget)).await.with_context(|| format!("step {name}"))?)
                 }
                 Step::Synthesize { name, mechanism, budget, .. } => {
-                    let rho = budget.as_rho().context("synthesize needs a zCDP-convertible budget")?;
+                    let pure = matches!(
+                        mechanism,
+                        crate::synth::run::Mechanism::Privbayes | crate::synth::run::Mechanism::PrivbayesPgm
+                    );
+                    // PrivBayes is pure ε-DP (the ε of its budget); the others account in zCDP.
+                    let loss = match (pure, *budget) {
+                        (true, Budget::Pure { epsilon } | Budget::Approx { epsilon, .. }) => {
+                            PrivacyLoss::Pure { epsilon }
+                        }
+                        _ => PrivacyLoss::Zcdp {
+                            rho: budget.as_rho().context("synthesize needs a zCDP-convertible budget")?,
+                        },
+                    };
                     (
                         "synthesize",
                         vec![MechanismRecord {
@@ -218,7 +230,7 @@ impl Pipeline {
                             target: format!("synthetic data ({name})"),
                             sensitivity: None,
                             noise: None,
-                            loss: PrivacyLoss::Zcdp { rho },
+                            loss,
                             params: serde_json::Value::Null,
                         }],
                     )

@@ -1,4 +1,4 @@
-//! The release pipeline spec (YAML; schema in `docs/PIPELINES.md`) and its
+//! The release pipeline spec (YAML; schema in `docs/pipeline.md`) and its
 //! validation. Every error names the file, the line and the key.
 
 use std::collections::BTreeMap;
