@@ -1,15 +1,18 @@
 //! Machine-learning efficacy (000 §6.1): train a classifier on the synthetic
-//! data, test it on the real data, report F1. Logistic regression on one-hot
-//! codes and a CART decision tree on codes, both from `smartcore`. A
-//! curator-side evaluation (it reads the real data), not a private release.
+//! data, test it on the real data, report F1. A CART decision tree on codes
+//! from `smartcore`, and a multinomial logistic regression on one-hot codes.
+//! The regression is our own sparse implementation (mini-batch Adam, L2):
+//! smartcore's dense L-BFGS took about 3 minutes per fit on Adult's 48,842 ×
+//! 250 one-hot matrix, ours well under a second. A curator-side evaluation
+//! (it reads the real data), not a private release.
 
 use anyhow::{Context, Result, bail};
 use datafusion::arrow::array::UInt32Array;
 use datafusion::execution::context::SessionContext;
 use datafusion::physical_plan::collect;
 use serde::Serialize;
+use rand::SeedableRng;
 use smartcore::linalg::basic::matrix::DenseMatrix;
-use smartcore::linear::logistic_regression::{LogisticRegression, LogisticRegressionParameters};
 use smartcore::tree::decision_tree_classifier::{DecisionTreeClassifier, DecisionTreeClassifierParameters};
 
 use crate::dataset::Dataset;
@@ -62,31 +65,117 @@ pub fn f1(truth: &[u32], pred: &[u32], k: usize) -> f64 {
 }
 
 struct Features {
-    onehot: DenseMatrix<f64>,
+    /// Active one-hot feature per (row, feature column), row-major.
+    onehot: Vec<u32>,
+    /// Features per row in `onehot`.
+    per_row: usize,
+    /// One-hot width.
+    width: usize,
     codes: DenseMatrix<f64>,
     y: Vec<u32>,
+}
+
+/// Multinomial logistic regression on one-hot features (softmax, L2).
+struct Softmax {
+    k: usize,
+    /// width × k weights, then k biases.
+    w: Vec<f64>,
+}
+
+impl Softmax {
+    fn scores(&self, active: &[u32], out: &mut [f64]) {
+        let k = self.k;
+        let bias = &self.w[self.w.len() - k..];
+        out.copy_from_slice(bias);
+        for &f in active {
+            let row = &self.w[f as usize * k..(f as usize + 1) * k];
+            out.iter_mut().zip(row).for_each(|(o, w)| *o += w);
+        }
+    }
+
+    /// Mini-batch Adam on the cross-entropy + λ‖w‖²/2, rows visited in a seeded order.
+    fn fit(f: &Features, k: usize, epochs: usize, seed: u64) -> Self {
+        let mut m = Softmax { k, w: vec![0.0; (f.width + 1) * k] };
+        let n = f.y.len();
+        let (lr, b1, b2, eps, lambda, batch): (f64, f64, f64, f64, f64, usize) = (0.05, 0.9, 0.999, 1e-8, 1e-4, 256);
+        let mut mom = vec![0.0; m.w.len()];
+        let mut vel = vec![0.0; m.w.len()];
+        let mut grad = vec![0.0; m.w.len()];
+        let mut order: Vec<usize> = (0..n).collect();
+        let mut rng = rand::rngs::SmallRng::seed_from_u64(seed);
+        let mut p = vec![0.0; k];
+        let mut t = 0i32;
+        for _ in 0..epochs {
+            for i in (1..n).rev() {
+                let j = rand::RngExt::random_range(&mut rng, 0..=i);
+                order.swap(i, j);
+            }
+            for chunk in order.chunks(batch) {
+                grad.iter_mut().for_each(|g| *g = 0.0);
+                for &r in chunk {
+                    let active = &f.onehot[r * f.per_row..(r + 1) * f.per_row];
+                    m.scores(active, &mut p);
+                    let mx = p.iter().copied().fold(f64::NEG_INFINITY, f64::max);
+                    let z: f64 = p.iter_mut().map(|v| {
+                        *v = (*v - mx).exp();
+                        *v
+                    }).sum();
+                    p.iter_mut().for_each(|v| *v /= z);
+                    p[f.y[r] as usize] -= 1.0;
+                    for &a in active {
+                        grad[a as usize * k..(a as usize + 1) * k].iter_mut().zip(&p).for_each(|(g, d)| *g += d);
+                    }
+                    let nb = grad.len() - k;
+                    grad[nb..].iter_mut().zip(&p).for_each(|(g, d)| *g += d);
+                }
+                t += 1;
+                let scale = 1.0 / chunk.len() as f64;
+                let (c1, c2) = (1.0 - b1.powi(t), 1.0 - b2.powi(t));
+                for i in 0..m.w.len() {
+                    let g = grad[i] * scale + lambda * m.w[i];
+                    mom[i] = b1 * mom[i] + (1.0 - b1) * g;
+                    vel[i] = b2 * vel[i] + (1.0 - b2) * g * g;
+                    m.w[i] -= lr * (mom[i] / c1) / ((vel[i] / c2).sqrt() + eps);
+                }
+            }
+        }
+        m
+    }
+
+    fn predict(&self, f: &Features) -> Vec<u32> {
+        let mut p = vec![0.0; self.k];
+        (0..f.y.len())
+            .map(|r| {
+                self.scores(&f.onehot[r * f.per_row..(r + 1) * f.per_row], &mut p);
+                p.iter().enumerate().max_by(|a, b| a.1.total_cmp(b.1)).map_or(0, |(i, _)| i as u32)
+            })
+            .collect()
+    }
 }
 
 fn features(cols: &[Vec<u32>], sizes: &[usize], target: usize, rows: &[usize]) -> Result<Features> {
     let feats: Vec<usize> = (0..cols.len()).filter(|&c| c != target).collect();
     let width: usize = feats.iter().map(|&c| sizes[c]).sum();
     let n = rows.len();
-    // Column-major buffers.
-    let mut onehot = vec![0.0; n * width];
-    let mut codes = vec![0.0; n * feats.len()];
+    let per_row = feats.len();
+    let mut onehot = vec![0u32; n * per_row];
+    // Column-major codes for the tree.
+    let mut codes = vec![0.0; n * per_row];
     let mut offset = 0;
     for (j, &c) in feats.iter().enumerate() {
         for (i, &r) in rows.iter().enumerate() {
             let v = cols[c][r] as usize;
             codes[j * n + i] = v as f64;
-            onehot[(offset + v.min(sizes[c] - 1)) * n + i] = 1.0;
+            onehot[i * per_row + j] = (offset + v.min(sizes[c] - 1)) as u32;
         }
         offset += sizes[c];
     }
     let y: Vec<u32> = rows.iter().map(|&r| cols[target][r]).collect();
     Ok(Features {
-        onehot: DenseMatrix::new(n, width, onehot, true).map_err(|e| anyhow::anyhow!("{e}"))?,
-        codes: DenseMatrix::new(n, feats.len(), codes, true).map_err(|e| anyhow::anyhow!("{e}"))?,
+        onehot,
+        per_row,
+        width,
+        codes: DenseMatrix::new(n, per_row, codes, true).map_err(|e| anyhow::anyhow!("{e}"))?,
         y,
     })
 }
@@ -105,9 +194,8 @@ fn train_and_score(train: &Features, test: &Features, k: usize) -> Result<(f64, 
         let f = f1(&test.y, &pred, k);
         return Ok((f, f));
     }
-    let lr = LogisticRegression::fit(&train.onehot, &train.y, LogisticRegressionParameters::default().with_alpha(1.0))
-        .map_err(|e| anyhow::anyhow!("logistic regression: {e}"))?;
-    let lr_pred: Vec<u32> = lr.predict(&test.onehot).map_err(|e| anyhow::anyhow!("{e}"))?;
+    let lr = Softmax::fit(train, k, 10, 7);
+    let lr_pred = lr.predict(test);
     let tree = DecisionTreeClassifier::fit(
         &train.codes,
         &train.y,
