@@ -138,7 +138,7 @@ impl BenchModel {
     /// The model for a seed (structure fixed, tables drawn from the seed).
     pub fn new(seed: u64) -> Self {
         let columns = columns();
-        let mut rng = SmallRng::seed_from_u64(seed ^ 0x5EED_0F_BE7C_0DA7);
+        let mut rng = SmallRng::seed_from_u64(seed ^ 0x005E_ED0F_BE7C_0DA7);
         let mut cpt = Vec::new();
         for c in &columns {
             let rows = c.parent.map_or(1, |p| columns[p].size);

@@ -5,17 +5,17 @@
 use std::sync::Arc;
 
 use anyhow::{Context, Result};
+use datafusion::common::ScalarValue;
 use datafusion::dataframe::DataFrame;
 use datafusion::execution::context::SessionContext;
-use datafusion::common::ScalarValue;
 use datafusion::logical_expr::Operator;
 use datafusion::physical_expr::PhysicalExpr;
 use datafusion::physical_expr::expressions::{BinaryExpr, Column as PhysColumn, Literal};
 use datafusion::physical_plan::filter::FilterExec;
 use datafusion::physical_plan::{ExecutionPlan, collect};
 use dpflow_udfs::domain::EncodeExec;
-use dpflow_udfs::synth::{FillNullsExec, FillPlan};
 use dpflow_udfs::marginal::{NullMode, batch_to_counts, config_for, plan_marginals};
+use dpflow_udfs::synth::{FillNullsExec, FillPlan};
 
 use crate::domain::{Domain, DomainSpec};
 use crate::io::{InputFormat, open_inputs};

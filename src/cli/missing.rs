@@ -62,13 +62,15 @@ pub(super) async fn run(a: MissingArgs) -> Result<i32> {
     match a.command {
         MissingCommand::Inject(a) => {
             let dataset = Dataset::open("data", &a.input, a.input_format, &a.domain)?;
-            let spec = InjectSpec { mechanism: a.mechanism, rate: a.rate, columns: a.columns.clone(), seed: a.unsafe_seed };
+            let spec =
+                InjectSpec { mechanism: a.mechanism, rate: a.rate, columns: a.columns.clone(), seed: a.unsafe_seed };
             let ctx = crate::io::session_context();
             let report = inject(&ctx, &dataset, &spec, &a.out).await?;
             if let Some(d) = &a.domain_out {
                 let mut nullable = dataset.domain().clone();
                 nullable = crate::domain::with_all_nullable(&nullable);
-                let text = crate::domain::to_yaml(&nullable, dataset.spec.name.as_deref()).map_err(anyhow::Error::msg)?;
+                let text =
+                    crate::domain::to_yaml(&nullable, dataset.spec.name.as_deref()).map_err(anyhow::Error::msg)?;
                 std::fs::write(d, text).map_err(|e| anyhow::anyhow!("writing {d}: {e}"))?;
             }
             match a.format {

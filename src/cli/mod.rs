@@ -4,8 +4,8 @@ mod bench;
 mod bench_data;
 pub mod budget;
 mod impute;
-mod missing;
 pub mod inspect;
+mod missing;
 mod pipeline;
 mod sql;
 mod synth;
@@ -27,6 +27,7 @@ pub struct Cli {
 
 /// dpflow's commands.
 #[derive(Debug, Subcommand)]
+#[allow(clippy::large_enum_variant)] // parsed once per process
 pub enum Command {
     /// Curator-only report on an input: rows, nulls and out-of-domain values per column (NOT private).
     Inspect(inspect::InspectArgs),

@@ -220,10 +220,8 @@ impl DomainSpec {
             let t = l.trim_start().trim_start_matches(['{', '"', '\'']);
             t.starts_with("columns")
         });
-        if !looks_like_spec {
-            if let Ok(PgmDomain(cols)) = serde_saphyr::from_str::<PgmDomain>(text) {
-                return Self::from_pgm(cols, file);
-            }
+        if !looks_like_spec && let Ok(PgmDomain(cols)) = serde_saphyr::from_str::<PgmDomain>(text) {
+            return Self::from_pgm(cols, file);
         }
         let raw: RawSpec = serde_saphyr::from_str(text).map_err(|e| SpecError {
             file: file.to_string(),
@@ -374,10 +372,10 @@ fn integer_edges(rc: &RawColumn) -> Result<Vec<i64>, KeyErr> {
         if edges.windows(2).any(|w| w[0] >= w[1]) {
             return Err(("bins.edges", "edges must be strictly increasing".into()));
         }
-        if let Some((lo, hi)) = rc.bounds {
-            if as_int(lo, "bounds")? != edges[0] || as_int(hi, "bounds")? != *edges.last().unwrap() {
-                return Err(("bounds", "bounds must equal the first and last edge".into()));
-            }
+        if let Some((lo, hi)) = rc.bounds
+            && (as_int(lo, "bounds")? != edges[0] || as_int(hi, "bounds")? != *edges.last().unwrap())
+        {
+            return Err(("bounds", "bounds must equal the first and last edge".into()));
         }
         // The last bin is closed: [e_{k-1}, e_k].
         *edges.last_mut().unwrap() += 1;
@@ -428,10 +426,10 @@ fn float_edges(rc: &RawColumn) -> Result<Vec<f64>, KeyErr> {
         if e.len() < 2 || e.iter().any(|x| !x.is_finite()) || e.windows(2).any(|w| w[0] >= w[1]) {
             return Err(("bins.edges", "need at least two finite, strictly increasing edges".into()));
         }
-        if let Some((lo, hi)) = rc.bounds {
-            if lo != e[0] || hi != *e.last().unwrap() {
-                return Err(("bounds", "bounds must equal the first and last edge".into()));
-            }
+        if let Some((lo, hi)) = rc.bounds
+            && (lo != e[0] || hi != *e.last().unwrap())
+        {
+            return Err(("bounds", "bounds must equal the first and last edge".into()));
         }
         return Ok(e.clone());
     }
@@ -455,7 +453,7 @@ fn float_edges(rc: &RawColumn) -> Result<Vec<f64>, KeyErr> {
         }
         Some(RawBins { count: Some(k), width: None, edges: None }) => {
             let k = *k as usize;
-            if k < 1 || k > 10_000_000 {
+            if !(1..=10_000_000).contains(&k) {
                 return Err(("bins.count", "count must be between 1 and 10^7".into()));
             }
             let mut edges: Vec<f64> = (0..k).map(|i| lo + (hi - lo) * i as f64 / k as f64).collect();

@@ -75,7 +75,10 @@ pub fn to_yaml(domain: &Domain, name: Option<&str>) -> Result<String, String> {
             }
             ColumnKind::Float { edges } => {
                 parts.push("kind: float".into());
-                parts.push(format!("bins: {{edges: [{}]}}", edges.iter().map(|x| num(*x)).collect::<Vec<_>>().join(", ")));
+                parts.push(format!(
+                    "bins: {{edges: [{}]}}",
+                    edges.iter().map(|x| num(*x)).collect::<Vec<_>>().join(", ")
+                ));
             }
             ColumnKind::Boolean => parts.push("kind: boolean".into()),
         }

@@ -10,8 +10,8 @@ use anyhow::{Context, Result, bail};
 use datafusion::arrow::array::UInt32Array;
 use datafusion::execution::context::SessionContext;
 use datafusion::physical_plan::collect;
-use serde::Serialize;
 use rand::SeedableRng;
+use serde::Serialize;
 use smartcore::linalg::basic::matrix::DenseMatrix;
 use smartcore::tree::decision_tree_classifier::{DecisionTreeClassifier, DecisionTreeClassifierParameters};
 
@@ -116,10 +116,13 @@ impl Softmax {
                     let active = &f.onehot[r * f.per_row..(r + 1) * f.per_row];
                     m.scores(active, &mut p);
                     let mx = p.iter().copied().fold(f64::NEG_INFINITY, f64::max);
-                    let z: f64 = p.iter_mut().map(|v| {
-                        *v = (*v - mx).exp();
-                        *v
-                    }).sum();
+                    let z: f64 = p
+                        .iter_mut()
+                        .map(|v| {
+                            *v = (*v - mx).exp();
+                            *v
+                        })
+                        .sum();
                     p.iter_mut().for_each(|v| *v /= z);
                     p[f.y[r] as usize] -= 1.0;
                     for &a in active {

@@ -140,22 +140,11 @@ pub async fn run(
             .collect();
         let w = [-0.6, -0.5, 0.4, 0.5];
         let score: Vec<f64> = feats.iter().map(|f| f.iter().zip(&w).map(|(a, b)| a * b).sum()).collect();
-        let target = 0.15;
-        let (mut blo, mut bhi) = (-20.0f64, 20.0f64);
-        for _ in 0..60 {
-            let b = (blo + bhi) / 2.0;
-            let m = score.iter().map(|s| 1.0 / (1.0 + (-(s + b)).exp())).sum::<f64>() / n as f64;
-            if m > target {
-                bhi = b;
-            } else {
-                blo = b;
-            }
-        }
-        let b = (blo + bhi) / 2.0;
+        let b = crate::missing::inject::fit_bias(&score, 0.15);
         let mut masked = cols.clone();
         let mut missing = 0usize;
-        for r in 0..n {
-            if rng.random::<f64>() < 1.0 / (1.0 + (-(score[r] + b)).exp()) {
+        for (r, s) in score.iter().enumerate() {
+            if rng.random::<f64>() < crate::missing::inject::sigmoid(s + b) {
                 masked.get_mut("PINCP").expect("present")[r] = None;
                 missing += 1;
             }

@@ -368,7 +368,7 @@ pub(crate) async fn prepare(ctx: &SessionContext, spec: &spec::ImputeSpec) -> Re
     needed.dedup();
     let match_cols: Vec<String> = spec.grouping.iter().map(|(c, _)| c.clone()).collect();
     let mut all = needed.clone();
-    all.extend(match_cols.iter().map(|c| format!("{c}")));
+    all.extend(match_cols.iter().map(|c| c.to_string()));
     all.sort();
     all.dedup();
     let mut cols = load_columns(ctx, &ds, &needed, &[]).await?;

@@ -240,7 +240,7 @@ impl ImputeSpec {
                 ColumnKind::Categorical { .. } | ColumnKind::Boolean => AttrKind::Categorical,
                 _ => AttrKind::Ordinal,
             });
-            if m.group == 0 || !(m.weight >= 0.0) {
+            if m.group == 0 || m.weight.is_nan() || m.weight < 0.0 {
                 anyhow::bail!("{path}: match.{}: group must be ≥ 1 and weight ≥ 0", m.column);
             }
             attrs.push(MatchAttr {
@@ -266,10 +266,10 @@ impl ImputeSpec {
             } else {
                 QueryKind::Count
             };
-            if let QueryKind::Mean { lo, hi, .. } | QueryKind::Variance { lo, hi, .. } = &kind {
-                if lo >= hi {
-                    anyhow::bail!("{path}: query {}: lo must be below hi", q.name);
-                }
+            if let QueryKind::Mean { lo, hi, .. } | QueryKind::Variance { lo, hi, .. } = &kind
+                && lo >= hi
+            {
+                anyhow::bail!("{path}: query {}: lo must be below hi", q.name);
             }
             queries.push(QuerySpec { name: q.name.clone(), kind, predicate: predicates(&domain, &q.filter)? });
         }

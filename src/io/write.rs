@@ -27,12 +27,11 @@ impl ParquetSink {
     pub async fn create(ctx: &SessionContext, location: &str, schema: SchemaRef) -> Result<Self> {
         let url = resolve_url(location)?;
         register_stores_for(ctx, &url)?;
-        if url.scheme() == "file" {
-            if let Ok(p) = url.to_file_path() {
-                if let Some(dir) = p.parent() {
-                    std::fs::create_dir_all(dir).with_context(|| format!("cannot create {}", dir.display()))?;
-                }
-            }
+        if url.scheme() == "file"
+            && let Ok(p) = url.to_file_path()
+            && let Some(dir) = p.parent()
+        {
+            std::fs::create_dir_all(dir).with_context(|| format!("cannot create {}", dir.display()))?;
         }
         let store = store_for(ctx, &url)?;
         let path = ObjectPath::from_url_path(url.path()).with_context(|| format!("bad output path {location}"))?;
@@ -67,12 +66,11 @@ pub async fn write_csv_stream(
     use tokio::io::AsyncWriteExt;
     let url = resolve_url(location)?;
     register_stores_for(ctx, &url)?;
-    if url.scheme() == "file" {
-        if let Ok(p) = url.to_file_path() {
-            if let Some(dir) = p.parent() {
-                std::fs::create_dir_all(dir).with_context(|| format!("cannot create {}", dir.display()))?;
-            }
-        }
+    if url.scheme() == "file"
+        && let Ok(p) = url.to_file_path()
+        && let Some(dir) = p.parent()
+    {
+        std::fs::create_dir_all(dir).with_context(|| format!("cannot create {}", dir.display()))?;
     }
     let store = store_for(ctx, &url)?;
     let path = ObjectPath::from_url_path(url.path()).with_context(|| format!("bad output path {location}"))?;
@@ -98,12 +96,11 @@ pub async fn write_csv_stream(
 pub async fn write_bytes(ctx: &SessionContext, location: &str, bytes: Vec<u8>) -> Result<()> {
     let url = resolve_url(location)?;
     register_stores_for(ctx, &url)?;
-    if url.scheme() == "file" {
-        if let Ok(p) = url.to_file_path() {
-            if let Some(dir) = p.parent() {
-                std::fs::create_dir_all(dir).with_context(|| format!("cannot create {}", dir.display()))?;
-            }
-        }
+    if url.scheme() == "file"
+        && let Ok(p) = url.to_file_path()
+        && let Some(dir) = p.parent()
+    {
+        std::fs::create_dir_all(dir).with_context(|| format!("cannot create {}", dir.display()))?;
     }
     let store = store_for(ctx, &url)?;
     let path = ObjectPath::from_url_path(url.path()).with_context(|| format!("bad output path {location}"))?;

@@ -67,9 +67,9 @@ impl Missingness {
                  (the release is still DP for the ground truth at its nominal ε by 000 Thm 5.2)",
                 self.name()
             ),
-            Missingness::Unknown => bail!(
-                "no amplified ground-truth ε̄: declare the missingness mechanism (mcar) and public missing rates"
-            ),
+            Missingness::Unknown => {
+                bail!("no amplified ground-truth ε̄: declare the missingness mechanism (mcar) and public missing rates")
+            }
         }
     }
 
@@ -285,7 +285,8 @@ fn evaluate(
     let mut used: Vec<usize> = assign.iter().flatten().copied().collect();
     used.sort_unstable();
     used.dedup();
-    let unamplified: Vec<&SubMechanism> = mechs.iter().zip(assign).filter(|(_, a)| a.is_none()).map(|(m, _)| m).collect();
+    let unamplified: Vec<&SubMechanism> =
+        mechs.iter().zip(assign).filter(|(_, a)| a.is_none()).map(|(m, _)| m).collect();
     let parts = used.len() + usize::from(!unamplified.is_empty());
     let mut groups = Vec::new();
     let mut eps_bar = 0.0;
@@ -320,8 +321,11 @@ fn evaluate(
         }
     }
     // Amplification never makes things worse: fall back to the nominal guarantee.
-    let (epsilon, delta_out) =
-        if eps_bar < nominal_eps && delta_bar <= nominal_delta * (1.0 + 1e-12) { (eps_bar, nominal_delta) } else { (nominal_eps, nominal_delta) };
+    let (epsilon, delta_out) = if eps_bar < nominal_eps && delta_bar <= nominal_delta * (1.0 + 1e-12) {
+        (eps_bar, nominal_delta)
+    } else {
+        (nominal_eps, nominal_delta)
+    };
     Amplification {
         method: method.to_string(),
         nominal_epsilon: nominal_eps,
@@ -567,10 +571,7 @@ pub fn column_wise(order: &[usize], costs: &[f64], rates: &Rates) -> Result<Ampl
         })
         .collect();
     let phi = rates.phi();
-    let best = (0..order.len())
-        .max_by(|&x, &y| {
-            (costs[x] * phi[order[x]]).total_cmp(&(costs[y] * phi[order[y]]))
-        });
+    let best = (0..order.len()).max_by(|&x, &y| (costs[x] * phi[order[x]]).total_cmp(&(costs[y] * phi[order[y]])));
     let mut assign = vec![None; order.len()];
     let mut blocks = Vec::new();
     if let Some(j) = best.filter(|&j| phi[order[j]] > 0.0) {

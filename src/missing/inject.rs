@@ -85,7 +85,7 @@ pub(crate) struct Masks {
     pub(crate) inputs: Vec<usize>,
 }
 
-fn sigmoid(z: f64) -> f64 {
+pub(crate) fn sigmoid(z: f64) -> f64 {
     1.0 / (1.0 + (-z).exp())
 }
 
@@ -297,7 +297,7 @@ mod tests {
     /// x0, x1 inputs (sizes 3 and 4), y strongly dependent on them (size 5), z noise.
     fn table(n: usize) -> Vec<Vec<u32>> {
         let mut rng = DpRng::unsafe_seeded(11);
-        let mut cols = vec![Vec::with_capacity(n); 4];
+        let mut cols: Vec<Vec<u32>> = (0..4).map(|_| Vec::with_capacity(n)).collect();
         for _ in 0..n {
             let x0 = rng.random_range(0..3u32);
             let x1 = rng.random_range(0..4u32);
@@ -362,7 +362,8 @@ mod tests {
                 }
                 if mech == InjectMechanism::Mnar {
                     // The inputs are masked MCAR at the same rate (exactly).
-                    let k: usize = m.inputs.iter().map(|&c| m.masks[c].as_ref().unwrap().iter().filter(|b| **b).count()).sum();
+                    let k: usize =
+                        m.inputs.iter().map(|&c| m.masks[c].as_ref().unwrap().iter().filter(|b| **b).count()).sum();
                     assert_eq!(k as u64, (rate * (2 * n) as f64).round() as u64);
                 } else {
                     assert!(m.inputs.iter().all(|&c| m.masks[c].is_none()), "MAR inputs stay observed");

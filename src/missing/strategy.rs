@@ -182,9 +182,9 @@ pub fn amplification_for(
     match strategy {
         Strategy::CompleteRow => Ok(amplify::complete_row(&mechs, &rates, request.delta)),
         Strategy::Adaptive => Ok(amplify::optimal(&mechs, &rates, request.delta)),
-        Strategy::Reproduce => bail!(
-            "no MCAR amplification: with null as a value every row is read, so missingness subsamples nothing"
-        ),
+        Strategy::Reproduce => {
+            bail!("no MCAR amplification: with null as a value every row is read, so missingness subsamples nothing")
+        }
         Strategy::ImputeFirst(_) => {
             bail!("no MCAR amplification: imputation-first reads every row (filled), so missingness subsamples nothing")
         }

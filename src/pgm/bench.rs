@@ -85,7 +85,7 @@ pub async fn write_measurements(input: &str, domain: &str, out: &str, sigma: f64
         .collect();
     weighted.sort_by(|a, b| b.0.total_cmp(&a.0));
     let mut comp: Vec<usize> = (0..d).collect();
-    fn root(c: &mut Vec<usize>, x: usize) -> usize {
+    fn root(c: &mut [usize], x: usize) -> usize {
         let mut r = x;
         while c[r] != r {
             r = c[r];

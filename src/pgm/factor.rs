@@ -278,7 +278,7 @@ mod tests {
         assert_eq!(s.values, want);
         let s = x.sum_to(&[0, 2]);
         assert_eq!(s.shape, vec![2, 4]);
-        assert_eq!(s.values[1 * 4 + 3], (0..3).map(|j| (12 + j * 4 + 3) as f64).sum::<f64>());
+        assert_eq!(s.values[4 + 3], (0..3).map(|j| (12 + j * 4 + 3) as f64).sum::<f64>());
         assert_eq!(x.sum_to(&[]).values, vec![(0..24).sum::<usize>() as f64]);
     }
 

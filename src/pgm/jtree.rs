@@ -149,7 +149,7 @@ pub fn max_spanning_tree(cliques: &[Vec<usize>]) -> Vec<(usize, usize)> {
     // Heaviest first; ties by index for determinism.
     cand.sort_by(|a, b| b.0.cmp(&a.0).then(a.1.cmp(&b.1)).then(a.2.cmp(&b.2)));
     let mut parent: Vec<usize> = (0..n).collect();
-    fn find(p: &mut Vec<usize>, x: usize) -> usize {
+    fn find(p: &mut [usize], x: usize) -> usize {
         let mut r = x;
         while p[r] != r {
             r = p[r];

@@ -275,6 +275,7 @@ fn synthetic_rows_match_model_marginals() {
         let shape: Vec<usize> = q.iter().map(|&a| sizes[a]).collect();
         let st = strides(&shape);
         let mut obs = vec![0.0; shape.iter().product()];
+        #[allow(clippy::needless_range_loop)]
         for row in 0..n {
             let idx: usize = q.iter().zip(&st).map(|(&a, s)| codes[a][row] as usize * s).sum();
             obs[idx] += 1.0;

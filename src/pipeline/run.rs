@@ -253,18 +253,18 @@ impl Pipeline {
     }
 
     fn open_ledger(&self) -> Result<Ledger> {
-        if !self.ledger.exists() {
-            if let Some(m) = &self.create_ledger {
-                if let Some(dir) = self.ledger.parent() {
-                    std::fs::create_dir_all(dir).ok();
-                }
-                let l = Ledger::create(&self.ledger)?;
-                for (ds, b) in m {
-                    l.add_dataset(ds, "row", *b)?;
-                }
-                eprintln!("note: created ledger {} with the pipeline's demo budgets", self.ledger.display());
-                return Ok(l);
+        if !self.ledger.exists()
+            && let Some(m) = &self.create_ledger
+        {
+            if let Some(dir) = self.ledger.parent() {
+                std::fs::create_dir_all(dir).ok();
             }
+            let l = Ledger::create(&self.ledger)?;
+            for (ds, b) in m {
+                l.add_dataset(ds, "row", *b)?;
+            }
+            eprintln!("note: created ledger {} with the pipeline's demo budgets", self.ledger.display());
+            return Ok(l);
         }
         Ok(Ledger::open(&self.ledger)?)
     }
@@ -514,10 +514,10 @@ pub async fn delete_prefix(ctx: &datafusion::execution::context::SessionContext,
     for o in objects {
         store.delete(&o.location).await.ok();
     }
-    if url.scheme() == "file" {
-        if let Ok(p) = url.to_file_path() {
-            let _ = std::fs::remove_dir_all(p);
-        }
+    if url.scheme() == "file"
+        && let Ok(p) = url.to_file_path()
+    {
+        let _ = std::fs::remove_dir_all(p);
     }
     Ok(())
 }

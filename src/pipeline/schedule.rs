@@ -171,21 +171,21 @@ async fn pipeline_loop(
     state.stopped = None;
     // Missed run: the last scheduled time before now was not run.
     let now = Utc::now().with_timezone(&p.timezone);
-    if let Some(last) = state.last_scheduled {
-        if let Ok(prev) = cron.find_previous_occurrence(&now, false) {
-            let prev = prev.with_timezone(&Utc);
-            if prev > last {
-                log::info!("{}: missed the run of {prev}; running it now", p.name);
-                match budget_covers(&p).await? {
-                    Ok(()) => run_once(&p, prev, &opts, &mut state).await?,
-                    Err(why) => {
-                        state.stopped = Some(why);
-                        save_state(&opts.state_dir, &state)?;
-                        return Ok(state);
-                    }
+    if let Some(last) = state.last_scheduled
+        && let Ok(prev) = cron.find_previous_occurrence(&now, false)
+    {
+        let prev = prev.with_timezone(&Utc);
+        if prev > last {
+            log::info!("{}: missed the run of {prev}; running it now", p.name);
+            match budget_covers(&p).await? {
+                Ok(()) => run_once(&p, prev, &opts, &mut state).await?,
+                Err(why) => {
+                    state.stopped = Some(why);
+                    save_state(&opts.state_dir, &state)?;
+                    return Ok(state);
                 }
-                save_state(&opts.state_dir, &state)?;
             }
+            save_state(&opts.state_dir, &state)?;
         }
     }
     loop {

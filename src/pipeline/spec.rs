@@ -349,20 +349,21 @@ impl Pipeline {
         let domain = resolve(base, &d.domain.value);
         let spec = crate::domain::DomainSpec::load(&domain)
             .map_err(|e| err(line(&d.domain.referenced), "dataset.domain", e.to_string()))?;
-        if let Some(u) = &d.privacy_unit {
-            if u.value != "row" && spec.domain.column(&u.value).is_some() {
-                return Err(err(
-                    line(&u.referenced),
-                    "dataset.privacy_unit",
-                    "the unit column must not be a domain attribute".into(),
-                ));
-            }
+        if let Some(u) = &d.privacy_unit
+            && u.value != "row"
+            && spec.domain.column(&u.value).is_some()
+        {
+            return Err(err(
+                line(&u.referenced),
+                "dataset.privacy_unit",
+                "the unit column must not be a domain attribute".into(),
+            ));
         }
         let output = raw.output.value.clone();
-        if let Some((scheme, _)) = output.split_once("://") {
-            if !matches!(scheme, "file" | "s3" | "memory") {
-                return Err(err(line(&raw.output.referenced), "output", format!("unsupported URL scheme {scheme:?}")));
-            }
+        if let Some((scheme, _)) = output.split_once("://")
+            && !matches!(scheme, "file" | "s3" | "memory")
+        {
+            return Err(err(line(&raw.output.referenced), "output", format!("unsupported URL scheme {scheme:?}")));
         }
         let mut steps = Vec::new();
         let mut names = std::collections::HashSet::new();
@@ -394,7 +395,9 @@ impl Pipeline {
                     }
                     let missing = match &x.missing {
                         None => crate::missing::Strategy::default(),
-                        Some(m) => m.parse().map_err(|e: anyhow::Error| err(l, &key("synthesize.missing"), e.to_string()))?,
+                        Some(m) => {
+                            m.parse().map_err(|e: anyhow::Error| err(l, &key("synthesize.missing"), e.to_string()))?
+                        }
                     };
                     crate::synth::Workload::parse(&x.workload, &spec.domain)
                         .map_err(|e| err(l, &key("synthesize.workload"), e.to_string()))?;

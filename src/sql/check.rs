@@ -122,10 +122,10 @@ impl Checker<'_> {
             }
             P::Filter(x) => {
                 let f = self.flow(&x.input)?;
-                if let Flow::Protected(t) = &f {
-                    if let Some(why) = find_forbidden_in_rows(&x.predicate) {
-                        return refuse(format!("{why} (WHERE `{}` on protected table {t})", x.predicate));
-                    }
+                if let Flow::Protected(t) = &f
+                    && let Some(why) = find_forbidden_in_rows(&x.predicate)
+                {
+                    return refuse(format!("{why} (WHERE `{}` on protected table {t})", x.predicate));
                 }
                 Ok(f)
             }
@@ -142,12 +142,12 @@ impl Checker<'_> {
                                     "non-DP aggregate `{e}` on protected table {t}: use dp_count, dp_sum, dp_avg, dp_var or dp_quantile"
                                 ));
                             }
-                            if let Expr::AggregateFunction(f) = e.clone().unalias() {
-                                if f.params.distinct {
-                                    return refuse(format!(
-                                        "DISTINCT inside `{e}` is not supported (it breaks contribution bounds)"
-                                    ));
-                                }
+                            if let Expr::AggregateFunction(f) = e.clone().unalias()
+                                && f.params.distinct
+                            {
+                                return refuse(format!(
+                                    "DISTINCT inside `{e}` is not supported (it breaks contribution bounds)"
+                                ));
                             }
                         }
                         if a.aggr_expr.is_empty() {
@@ -248,10 +248,10 @@ impl Checker<'_> {
                         let mut pairs: Vec<(Expr, Expr)> = j.on.clone();
                         if let Some(f) = &j.filter {
                             for c in datafusion::logical_expr::utils::split_conjunction(f) {
-                                if let Expr::BinaryExpr(b) = c {
-                                    if b.op == datafusion::logical_expr::Operator::Eq {
-                                        pairs.push(((*b.left).clone(), (*b.right).clone()));
-                                    }
+                                if let Expr::BinaryExpr(b) = c
+                                    && b.op == datafusion::logical_expr::Operator::Eq
+                                {
+                                    pairs.push(((*b.left).clone(), (*b.right).clone()));
                                 }
                             }
                         }
@@ -362,12 +362,11 @@ pub fn site_ids(plan: &LogicalPlan) -> Vec<String> {
     let _ = plan.apply(|node| {
         if let LogicalPlan::Aggregate(a) = node {
             for e in &a.aggr_expr {
-                if let Expr::AggregateFunction(f) = e.clone().unalias() {
-                    if DP_AGGREGATES.contains(&f.func.name()) {
-                        if let Some(Expr::Literal(v, _)) = f.params.args.last() {
-                            out.push(v.to_string());
-                        }
-                    }
+                if let Expr::AggregateFunction(f) = e.clone().unalias()
+                    && DP_AGGREGATES.contains(&f.func.name())
+                    && let Some(Expr::Literal(v, _)) = f.params.args.last()
+                {
+                    out.push(v.to_string());
                 }
             }
         }

@@ -690,21 +690,17 @@ impl SqlEngine {
                 }
                 let node = node.map_expressions(|e| {
                     e.transform_up(|x| {
-                        if let Expr::ScalarFunction(ScalarFunction { func, args }) = &x {
-                            if func.name() == "dp_ci_low" || func.name() == "dp_ci_high" {
-                                if let Some(r) = ci_requests.iter().find(|r| r.matches(func.name(), args)) {
-                                    return Ok(Transformed::yes(col(Column::new_unqualified(r.hidden.clone()))));
-                                }
-                            }
+                        if let Expr::ScalarFunction(ScalarFunction { func, args }) = &x
+                            && (func.name() == "dp_ci_low" || func.name() == "dp_ci_high")
+                            && let Some(r) = ci_requests.iter().find(|r| r.matches(func.name(), args))
+                        {
+                            return Ok(Transformed::yes(col(Column::new_unqualified(r.hidden.clone()))));
                         }
                         Ok(Transformed::no(x))
                     })
                 })?;
-                if node.transformed {
-                    Ok(Transformed::yes(node.data.recompute_schema()?))
-                } else {
-                    Ok(Transformed::yes(node.data.recompute_schema()?))
-                }
+                // Always recompute: rewritten expressions below may change the schema.
+                Ok(Transformed::yes(node.data.recompute_schema()?))
             })?
             .data;
         let out = self.ctx.execute_logical_plan(final_plan).await?.collect().await?;
@@ -717,7 +713,7 @@ impl SqlEngine {
         let input = agg.input.as_ref().clone();
         let PrivacyUnit::Column(unit) = &entry.unit else { return Ok(input) };
         let unit_col = col(Column::new_unqualified(unit));
-        let fields: Vec<Expr> = input.schema().columns().into_iter().map(|c| col(c)).collect();
+        let fields: Vec<Expr> = input.schema().columns().into_iter().map(col).collect();
         let mut partition = vec![unit_col.clone()];
         partition.extend(agg.group_expr.iter().cloned().map(|e| e.unalias()));
         let rn = datafusion::functions_window::expr_fn::row_number()
@@ -962,32 +958,30 @@ fn ci_requests(plan: &LogicalPlan, planned: &[Planned], default_level: f64) -> V
     let _ = plan.apply(|node| {
         for e in node.expressions() {
             let _ = e.apply(|x| {
-                if let Expr::ScalarFunction(ScalarFunction { func, args }) = x {
-                    if func.name() == "dp_ci_low" || func.name() == "dp_ci_high" {
-                        if let Some(Expr::Column(c)) = args.first() {
-                            if let Some(agg) = planned.iter().position(|p| p.field == c.name) {
-                                let level = args
-                                    .get(1)
-                                    .and_then(|l| parse_f64(l, "level", func.name()).ok())
-                                    .filter(|l| *l > 0.0 && *l < 1.0)
-                                    .unwrap_or(default_level);
-                                let side_high = func.name() == "dp_ci_high";
-                                if !out.iter().any(|r| {
-                                    r.side_high == side_high && r.agg == agg && r.level_arg.as_ref() == args.get(1)
-                                }) {
-                                    let hidden =
-                                        format!("__ci_{}_{agg}_{}", if side_high { "hi" } else { "lo" }, out.len());
-                                    out.push(CiRequest {
-                                        side_high,
-                                        agg,
-                                        level,
-                                        field: c.name.clone(),
-                                        level_arg: args.get(1).cloned(),
-                                        hidden,
-                                    });
-                                }
-                            }
-                        }
+                if let Expr::ScalarFunction(ScalarFunction { func, args }) = x
+                    && (func.name() == "dp_ci_low" || func.name() == "dp_ci_high")
+                    && let Some(Expr::Column(c)) = args.first()
+                    && let Some(agg) = planned.iter().position(|p| p.field == c.name)
+                {
+                    let level = args
+                        .get(1)
+                        .and_then(|l| parse_f64(l, "level", func.name()).ok())
+                        .filter(|l| *l > 0.0 && *l < 1.0)
+                        .unwrap_or(default_level);
+                    let side_high = func.name() == "dp_ci_high";
+                    if !out
+                        .iter()
+                        .any(|r| r.side_high == side_high && r.agg == agg && r.level_arg.as_ref() == args.get(1))
+                    {
+                        let hidden = format!("__ci_{}_{agg}_{}", if side_high { "hi" } else { "lo" }, out.len());
+                        out.push(CiRequest {
+                            side_high,
+                            agg,
+                            level,
+                            field: c.name.clone(),
+                            level_arg: args.get(1).cloned(),
+                            hidden,
+                        });
                     }
                 }
                 Ok(TreeNodeRecursion::Continue)

@@ -167,16 +167,20 @@ impl Synthesizer for Aim {
         if ctx.observed.is_some() {
             notes.push("observed-only (adaptive) fit: no AIM error bounds are reported (they would bound the error on observed rows only)".into());
         }
-        let error_bounds = if ctx.observed.is_some() { vec![] } else { workload_bounds(
-            &workload,
-            &names,
-            &ctx.sizes,
-            &measured_for_bounds,
-            &rounds,
-            &last_candidate,
-            &model,
-            ctx.options.confidence,
-        ) };
+        let error_bounds = if ctx.observed.is_some() {
+            vec![]
+        } else {
+            workload_bounds(
+                &workload,
+                &names,
+                &ctx.sizes,
+                &measured_for_bounds,
+                &rounds,
+                &last_candidate,
+                &model,
+                ctx.options.confidence,
+            )
+        };
         Ok(Fitted {
             model,
             compression: None,

@@ -141,8 +141,7 @@ impl Compression {
                 for _ in 0..combos {
                     let crow: usize = idx.iter().enumerate().map(|(k, &c)| parent_maps[k][c] * cstrides[k]).sum();
                     let row = &s.table[crow * csize..(crow + 1) * csize];
-                    for v in 0..dsize {
-                        let k = fwd[v];
+                    for &k in fwd.iter().take(dsize) {
                         table.push(row[k] / group_len[k] as f64);
                     }
                     for k in (0..idx.len()).rev() {

@@ -79,7 +79,8 @@ pub(crate) fn n_mutual_information(set: &[usize], x: usize, shape: &[usize], cou
     let n: f64 = counts.iter().sum();
     let cx = f.sum_to(&[x]);
     let cp = f.sum_to(&parents);
-    counts.iter().map(|&c| xlogx(c)).sum::<f64>() - cx.values.iter().map(|&c| xlogx(c)).sum::<f64>()
+    counts.iter().map(|&c| xlogx(c)).sum::<f64>()
+        - cx.values.iter().map(|&c| xlogx(c)).sum::<f64>()
         - cp.values.iter().map(|&c| xlogx(c)).sum::<f64>()
         + xlogx(n)
 }
@@ -126,7 +127,7 @@ impl Synthesizer for PrivBayes {
     fn fit(&self, ctx: &mut FitContext<'_>) -> Result<Fitted> {
         let d = ctx.sizes.len();
         let eps = ctx.epsilon;
-        if !(eps > 0.0) {
+        if eps.is_nan() || eps <= 0.0 {
             bail!("privbayes needs a pure ε budget");
         }
         let sizes = ctx.sizes.clone();
@@ -176,7 +177,8 @@ impl Synthesizer for PrivBayes {
                     cand.push((x, parents));
                 }
             }
-            let pick = ctx.select(&format!("privbayes structure step {step}"), &scores, eps1 / (d - 1) as f64, delta)?;
+            let pick =
+                ctx.select(&format!("privbayes structure step {step}"), &scores, eps1 / (d - 1) as f64, delta)?;
             let (x, parents) = cand[pick].clone();
             chosen.push(x);
             network.push((x, parents));
@@ -195,9 +197,7 @@ impl Synthesizer for PrivBayes {
         // Total: the fit's N̂ (observed-only fits) or the mean noisy total.
         let total = match &ctx.observed {
             Some(o) => o.total,
-            None => {
-                (measurements.iter().map(|m| m.values.iter().sum::<f64>()).sum::<f64>() / d as f64).max(1.0)
-            }
+            None => (measurements.iter().map(|m| m.values.iter().sum::<f64>()).sum::<f64>() / d as f64).max(1.0),
         };
         let model = if self.pgm {
             let opts = EstimateOptions { iters: ctx.options.iters, total: Some(total), ..Default::default() };
@@ -241,7 +241,11 @@ fn bayes_net_model(
         let mut z = f.sum_to(&p);
         // Empty parent configurations: uniform over x.
         let size_x = sizes[*x] as f64;
-        let empty = Factor { attrs: z.attrs.clone(), shape: z.shape.clone(), values: z.values.iter().map(|&v| if v > 0.0 { 0.0 } else { 1.0 / size_x }).collect() };
+        let empty = Factor {
+            attrs: z.attrs.clone(),
+            shape: z.shape.clone(),
+            values: z.values.iter().map(|&v| if v > 0.0 { 0.0 } else { 1.0 / size_x }).collect(),
+        };
         f.add_assign_sub(&empty);
         z = f.sum_to(&p);
         f.div_assign_sub(&z);
@@ -294,7 +298,8 @@ mod tests {
     fn bayes_net_model_reproduces_its_conditionals() {
         // x0 ~ (0.3, 0.7); x1 | x0 given by the counts below (no noise).
         let sizes = [2, 3];
-        let m0 = Measurement { attrs: vec![0], values: vec![30.0, 70.0], sigma: 1.0, query: crate::pgm::Query::Identity };
+        let m0 =
+            Measurement { attrs: vec![0], values: vec![30.0, 70.0], sigma: 1.0, query: crate::pgm::Query::Identity };
         let m1 = Measurement {
             attrs: vec![0, 1],
             values: vec![10.0, 10.0, 10.0, 7.0, 0.0, 63.0],

@@ -16,9 +16,9 @@ use serde::{Deserialize, Serialize};
 use super::compress::Compression;
 use super::{Answers, FitContext, FitMetadata, Fitted, Observed, SynthOptions, Synthesizer, Workload};
 use crate::dataset::{CodeSource, Dataset};
-use crate::missing::{Amplification, AmplificationRequest, ImputeMethod, Strategy, StrategyOptions};
 use crate::io::write_stream;
 use crate::measure::{Accountant, ReleaseAccountant};
+use crate::missing::{Amplification, AmplificationRequest, ImputeMethod, Strategy, StrategyOptions};
 use crate::pgm::{GraphicalModel, ModelFile, sampling_plan};
 use crate::privacy::{Budget, Ledger, MechanismRecord, PrivacyFilter, PrivacyLoss};
 
@@ -520,9 +520,7 @@ async fn prepare(
                     // fitted adaptively on observed-only marginals.
                     let imputer: Box<dyn Synthesizer + Send + Sync> = match budget {
                         FitBudget::Zcdp(_) => Box::new(super::mst::Mst),
-                        FitBudget::Pure(_) => {
-                            Box::new(super::privbayes::PrivBayes { degree: 1, ..Default::default() })
-                        }
+                        FitBudget::Pure(_) => Box::new(super::privbayes::PrivBayes { degree: 1, ..Default::default() }),
                     };
                     let imp_workload = Workload::parse("all-2way", model_domain)?;
                     let req_sets = imputer.required_marginals(model_domain, &imp_workload);
@@ -611,30 +609,21 @@ pub async fn run_synth(ctx: &SessionContext, req: &SynthRequest, progress: &dyn 
 
     let t0 = Instant::now();
     let mut accountant = ReleaseAccountant::new(PrivacyFilter::new(budget.filter_budget()));
-    let prepared = match prepare(
-        ctx,
-        req,
-        synth.as_ref(),
-        &model_domain,
-        &workload,
-        budget,
-        &mut accountant,
-        &mut rng,
-        progress,
-    )
-    .await
-    {
-        Ok(p) => p,
-        Err(e) => {
-            if accountant.records().is_empty() {
-                // Nothing was computed from the data that could leak: a clean failure.
-                if let Some((l, id)) = ledger_state.take() {
-                    let _ = l.release(id, &format!("failed before any noise was drawn: {e:#}"));
+    let prepared =
+        match prepare(ctx, req, synth.as_ref(), &model_domain, &workload, budget, &mut accountant, &mut rng, progress)
+            .await
+        {
+            Ok(p) => p,
+            Err(e) => {
+                if accountant.records().is_empty() {
+                    // Nothing was computed from the data that could leak: a clean failure.
+                    if let Some((l, id)) = ledger_state.take() {
+                        let _ = l.release(id, &format!("failed before any noise was drawn: {e:#}"));
+                    }
                 }
+                return Err(e);
             }
-            return Err(e);
-        }
-    };
+        };
     let t_answers = t0.elapsed().as_secs_f64();
     progress(&format!("computed exact marginals ({}) in {t_answers:.1}s", req.missing));
 

@@ -135,9 +135,9 @@ pub fn index_from_batches(spec: &KnnSpec, batches: &[RecordBatch]) -> Result<(Kn
             .collect();
         let rids = rid_values(b.column(schema.index_of(&spec.rid).expect("checked")))?;
         let a: Vec<&ArrayRef> = spec.imputed.iter().map(|n| b.column(schema.index_of(n).expect("checked"))).collect();
-        for r in 0..b.num_rows() {
+        for (r, &rid) in rids.iter().enumerate().take(b.num_rows()) {
             rec.keys.push(codes.iter().map(|c| c.value(r)).collect());
-            rec.rid.push(rids[r]);
+            rec.rid.push(rid);
             rec.complete.push(a.iter().all(|c| c.is_valid(r)));
         }
         for (i, c) in a.iter().enumerate() {

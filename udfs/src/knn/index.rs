@@ -257,9 +257,9 @@ impl Assignment {
         };
         let mut add_to_donor_class = 0;
         let mut add_to_donee_class = 0;
-        for c in 0..nclass {
-            let v = changed_by(&self.classes[c]);
-            if has_donor[c] {
+        for (class, &donor) in self.classes.iter().zip(&has_donor).take(nclass) {
+            let v = changed_by(class);
+            if donor {
                 add_to_donor_class = add_to_donor_class.max(v);
             } else {
                 add_to_donee_class = add_to_donee_class.max(v);

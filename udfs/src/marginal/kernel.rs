@@ -89,13 +89,10 @@ impl MarginalConfig {
             if c.cardinality == 0 {
                 return Err(DataFusionError::Plan(format!("column {} has an empty domain", c.name)));
             }
-            if let Some(n) = c.null_code {
-                if n + 1 != c.cardinality {
-                    return Err(DataFusionError::Plan(format!(
-                        "column {}: the null code must be the last code",
-                        c.name
-                    )));
-                }
+            if let Some(n) = c.null_code
+                && n + 1 != c.cardinality
+            {
+                return Err(DataFusionError::Plan(format!("column {}: the null code must be the last code", c.name)));
             }
         }
         for (i, s) in self.sets.iter().enumerate() {

@@ -229,7 +229,8 @@ impl ExecutionPlan for FillNullsExec {
         let input = self.input.execute(partition, context)?;
         let plan = self.plan.clone();
         // One stream of draws per partition, derived from the plan's seed.
-        let mut rng = rand::rngs::ChaCha20Rng::seed_from_u64(plan.seed ^ (partition as u64).wrapping_mul(0x9E37_79B9_7F4A_7C15));
+        let mut rng =
+            rand::rngs::ChaCha20Rng::seed_from_u64(plan.seed ^ (partition as u64).wrapping_mul(0x9E37_79B9_7F4A_7C15));
         let stream = input.map(move |b| plan.fill(&b?, &mut rng));
         Ok(Box::pin(RecordBatchStreamAdapter::new(self.schema(), stream)))
     }
