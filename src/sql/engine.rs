@@ -582,9 +582,13 @@ impl SqlEngine {
             (None, Some((_, b, tau))) => {
                 let sampler = NoiseDistribution::Laplace { scale: *b }.integer_sampler();
                 let mut kept = Vec::new();
+                // Draw in key order, not in the engine's (partition-dependent) row order, so seeded runs
+                // reproduce on any machine and the released order says nothing about the data layout.
+                let mut order = order;
+                order.sort_by(|a, b| a.partial_cmp(b).unwrap_or(std::cmp::Ordering::Equal));
                 for key in order {
                     let units = exact.get(&key).map_or(0.0, |v| v[n_helpers]);
-                    // Laplace noise at a fine grid: units are integers; use integer noise on a 1/1024 grid.
+                    // Unit counts are integers: discrete Laplace noise of scale b (exact, no floats).
                     let noisy = units + (sampler.sample(&mut self.rng) as f64);
                     if noisy > *tau {
                         kept.push(key);
