@@ -488,6 +488,14 @@ impl Pipeline {
         // Last: its presence means the release is complete.
         write_bytes(ctx, &manifest_url, serde_json::to_vec_pretty(&manifest)?).await?;
         delete_prefix(ctx, &loc.staging).await.ok();
+        if self.staging.is_none()
+            && let Ok(url) = resolve_url(&join(&loc.output, "_staging"))
+            && url.scheme() == "file"
+            && let Ok(p) = url.to_file_path()
+        {
+            // The default staging parent, if no other release is staging there (remove_dir needs it empty).
+            let _ = std::fs::remove_dir(p);
+        }
         Ok(RunOutcome::Completed { manifest: manifest_url, spent: charge.cost, remaining: status.remaining })
     }
 }
