@@ -97,6 +97,16 @@ pub enum BenchCommand {
         #[arg(long)]
         inverse_variance: bool,
     },
+    /// A plain (non-DP) SQL query in DataFusion over one Parquet file registered as table `t`:
+    /// the baseline of the DP SQL overhead benchmark (`benches/sql_overhead.sh`). Prints timing only.
+    PlainSql {
+        /// Parquet file (local path).
+        #[arg(long)]
+        input: String,
+        /// The query.
+        #[arg(long)]
+        query: String,
+    },
     /// All k-way marginals of a dataset (exact counts; the result is discarded).
     Marginals {
         /// Input (Parquet or CSV).
@@ -157,6 +167,15 @@ pub(super) async fn run(a: BenchArgs) -> Result<i32> {
             let mut summary = serde_json::to_value(&r)?;
             summary.as_object_mut().expect("object").remove("estimates");
             println!("{}", serde_json::to_string_pretty(&summary)?);
+        }
+        BenchCommand::PlainSql { input, query } => {
+            let ctx = session_context();
+            let start = Instant::now();
+            ctx.register_parquet("t", &input, datafusion::prelude::ParquetReadOptions::default()).await?;
+            let batches = ctx.sql(&query).await?.collect().await?;
+            let rows: usize = batches.iter().map(|b| b.num_rows()).sum();
+            let report = json!({ "seconds": start.elapsed().as_secs_f64(), "result_rows": rows });
+            println!("{}", serde_json::to_string_pretty(&report)?);
         }
         BenchCommand::KnnSpeed { input, domain } => {
             let report = crate::impute::experiment::speed(&input, &domain).await?;

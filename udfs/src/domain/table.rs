@@ -76,20 +76,46 @@ impl TableProvider for EncodedTable {
         _filters: &[Expr],
         _limit: Option<usize>,
     ) -> Result<Arc<dyn ExecutionPlan>> {
-        // Every domain column is read, so that drop-row and error policies give
-        // the same rows whatever is projected; no filter or limit pushdown (both
-        // would change which rows are counted).
+        // Read the projected domain columns plus every `drop-row` column, so that the row set
+        // is the same whatever is projected (a dropped row is dropped for every query); no
+        // filter or limit pushdown (both would change which rows are counted). Columns with
+        // the other policies are read only when used: `clip`/`null` never change the row set,
+        // and an `error` column is validated by the queries that read it.
+        let n = self.domain.len();
+        let keep: Vec<bool> = match projection {
+            None => vec![true; n],
+            Some(p) => {
+                let mut k: Vec<bool> =
+                    self.domain.columns().iter().map(|c| c.out_of_domain == super::OutOfDomain::DropRow).collect();
+                for &i in p.iter().filter(|&&i| i < n) {
+                    k[i] = true;
+                }
+                if !k.iter().any(|&x| x) && n > 0 {
+                    k[0] = true; // something to count rows with
+                }
+                k
+            }
+        };
+        let names: Vec<&str> =
+            self.domain.names().into_iter().zip(&keep).filter(|(_, k)| **k).map(|(c, _)| c).collect();
+        let sub = Arc::new(self.domain.project(&names).map_err(DataFusionError::Plan)?);
         let raw = self.inner.schema();
-        let mut raw_cols: Vec<usize> =
-            self.domain.names().iter().map(|n| raw.index_of(n)).collect::<std::result::Result<_, _>>()?;
+        let mut raw_cols: Vec<usize> = names.iter().map(|n| raw.index_of(n)).collect::<std::result::Result<_, _>>()?;
         for p in &self.passthrough {
             raw_cols.push(raw.index_of(p)?);
         }
         let scan = self.inner.scan(state, Some(&raw_cols), &[], None).await?;
         let encoded: Arc<dyn ExecutionPlan> =
-            Arc::new(EncodeExec::with_passthrough(scan, self.domain.clone(), self.output, self.passthrough.clone())?);
-        let encoded = crate::marginal::project(encoded, projection)?;
-        Ok(encoded)
+            Arc::new(EncodeExec::with_passthrough(scan, sub, self.output, self.passthrough.clone())?);
+        let Some(projection) = projection else { return Ok(encoded) };
+        // Map the caller's projection (over the full domain + passthrough) onto the sub-layout.
+        let mut position = vec![usize::MAX; n];
+        for (j, i) in (0..n).filter(|&i| keep[i]).enumerate() {
+            position[i] = j;
+        }
+        let mapped: Vec<usize> =
+            projection.iter().map(|&i| if i < n { position[i] } else { names.len() + (i - n) }).collect();
+        crate::marginal::project(encoded, Some(&mapped))
     }
 
     fn statistics(&self) -> Option<datafusion::common::Statistics> {

@@ -221,3 +221,41 @@ fn binned_float_edges_and_uniform_width() {
     assert_eq!(codes(&out, 0), vec![0, 1, 1, 2]);
     let _ = UInt32Array::from(vec![0u32]);
 }
+
+#[tokio::test]
+async fn encoded_table_projection_keeps_the_drop_row_set() {
+    use datafusion::datasource::MemTable;
+    use datafusion::prelude::SessionContext;
+    // i: drop-row (two rows out of domain); j: error policy with one bad value; k: clean.
+    let data = batch(vec![
+        ("i", Arc::new(Int64Array::from(vec![Some(-5), Some(1), Some(99), None, Some(2)]))),
+        ("j", Arc::new(Int64Array::from(vec![1, 15, 25, 99, 5000]))),
+        ("k", Arc::new(Int64Array::from(vec![0, 1, 2, 3, 0]))),
+    ]);
+    let domain = Arc::new(
+        Domain::new(vec![
+            int_col(vec![0, 1, 2, 3], true, OutOfDomain::DropRow),
+            Column { name: "j".into(), ..int_col(vec![0, 10, 20, 100], false, OutOfDomain::Error) },
+            Column { name: "k".into(), ..int_col(vec![0, 1, 2, 3, 4], false, OutOfDomain::Error) },
+        ])
+        .unwrap(),
+    );
+    let mem = Arc::new(MemTable::try_new(data.schema(), vec![vec![data]]).unwrap());
+    let ctx = SessionContext::new();
+    ctx.register_table("t", Arc::new(EncodedTable::typed(mem, domain).unwrap())).unwrap();
+    let rows = |q: &'static str| {
+        let ctx = ctx.clone();
+        async move {
+            let b = ctx.sql(q).await.unwrap().collect().await.unwrap();
+            b.iter().map(|b| b.num_rows()).sum::<usize>()
+        }
+    };
+    // Rows 0 and 2 are dropped for every projection, including one that does not read i.
+    assert_eq!(rows("SELECT k FROM t").await, 3);
+    assert_eq!(rows("SELECT i, k FROM t").await, 3);
+    let n = ctx.sql("SELECT count(*) AS n FROM t").await.unwrap().collect().await.unwrap();
+    assert_eq!(n[0].column(0).as_primitive::<Int64Type>().value(0), 3);
+    // j (error policy) is validated by the queries that read it.
+    let err = ctx.sql("SELECT j FROM t").await.unwrap().collect().await.unwrap_err();
+    assert!(err.to_string().contains("outside the public domain"), "{err}");
+}
