@@ -423,3 +423,57 @@ fn releases_read_partitioned_parquet_from_s3_and_write_to_s3() {
     let l = Ledger::open(dir.path().join("ledger.sqlite")).unwrap();
     assert_eq!(l.history(None).unwrap().len(), 1);
 }
+
+#[test]
+fn impute_step_releases_statistics_of_imputed_data_charged_to_the_dataset() {
+    let dir = tempfile::tempdir().unwrap();
+    let d = dir.path();
+    // x is missing for every 5th row; donors match on g and k.
+    let mut s = String::from("g,k,x\n");
+    for i in 0..400 {
+        let x = if i % 5 == 0 { String::new() } else { ((i * 7) % 50).to_string() };
+        s += &format!("{},{},{x}\n", ["a", "b", "c"][i % 3], i % 5);
+    }
+    std::fs::write(d.join("data.csv"), s).unwrap();
+    std::fs::write(
+        d.join("domain.yaml"),
+        "columns:\n  - {name: g, kind: categorical, values: [a, b, c]}\n  - {name: k, kind: integer, bounds: [0, 4]}\n  - {name: x, kind: integer, bounds: [0, 49], nullable: true}\n",
+    )
+    .unwrap();
+    let spec = |input: &str| {
+        format!(
+            "input: {input}\ndomain: domain.yaml\nimpute: [x]\nmatch:\n  - {{column: g}}\n  - {{column: k, kind: ordinal}}\nmetric: euclidean\nbudget: {{epsilon: 5.0}}\nqueries:\n  - name: mean_x\n    mean: {{value: x, lo: 0, hi: 49}}\n"
+        )
+    };
+    std::fs::write(d.join("impute.yaml"), spec("data.csv")).unwrap();
+    std::fs::write(d.join("other.csv"), "g,k,x\na,0,1\n").unwrap();
+    std::fs::write(d.join("impute-other.yaml"), spec("other.csv")).unwrap();
+    let pipeline = |spec_file: &str| {
+        format!(
+            "name: imp\nledger: ledger.sqlite\ncreate_ledger_if_missing:\n  small: {{epsilon: 10.0}}\ndataset: {{name: small, sources: [data.csv], domain: domain.yaml}}\nbudget: {{epsilon: 3.0}}\noutput: out/{{release_id}}\nsteps:\n  - impute: {{name: imputed, spec: {spec_file}, budget: {{epsilon: 1.0}}, output: imputed.csv}}\n"
+        )
+    };
+    // A spec reading another file would charge the wrong dataset: refused at validation.
+    std::fs::write(d.join("bad.yaml"), pipeline("impute-other.yaml")).unwrap();
+    let out = dpflow().args(["validate", d.join("bad.yaml").to_str().unwrap()]).output().unwrap();
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(!out.status.success() && err.contains("impute.spec") && err.contains("not one of"), "{err}");
+    // The good one: two released numbers (count, mean) at ε = 1 each (the step's override).
+    let p = d.join("good.yaml");
+    std::fs::write(&p, pipeline("impute.yaml")).unwrap();
+    let out = dpflow().args(["run", p.to_str().unwrap(), "--release-id", "r1", "--unsafe-seed", "3"]).output().unwrap();
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    let csv = std::fs::read_to_string(d.join("out/r1/imputed.csv")).unwrap();
+    let row: Vec<&str> = csv.lines().nth(1).unwrap().split(',').collect();
+    assert_eq!(row[0], "mean_x");
+    let mean: f64 = row[1].parse().unwrap();
+    assert!((0.0..=49.0).contains(&mean), "the mean is clamped to its bounds: {mean}");
+    let manifest: serde_json::Value =
+        serde_json::from_slice(&std::fs::read(d.join("out/r1/manifest.json")).unwrap()).unwrap();
+    let step = &manifest["steps"][0];
+    assert_eq!(step["kind"], "impute");
+    assert_eq!(step["mechanisms"].as_array().unwrap().len(), 2);
+    let l = Ledger::open(d.join("ledger.sqlite")).unwrap();
+    let h = l.history(None).unwrap();
+    assert_eq!(h.len(), 1);
+}

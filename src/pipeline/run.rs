@@ -235,6 +235,14 @@ impl Pipeline {
                         }],
                     )
                 }
+                Step::Impute { name, spec, estimator, budget, .. } => {
+                    let mut spec =
+                        crate::impute::spec::ImputeSpec::load(spec).with_context(|| format!("step {name}"))?;
+                    if let Some(b) = budget {
+                        spec.budget = *b;
+                    }
+                    ("impute", crate::impute::planned_records(&spec, *estimator)?)
+                }
                 Step::Evaluate { .. } => ("evaluate", vec![]),
             };
             for m in &mechanisms {
@@ -403,6 +411,30 @@ impl Pipeline {
                         "rho_spent": rec.rho_spent, "rows": rec.rows, "mechanisms": rec.mechanisms,
                         "measurements": rec.fit.measurements, "error_bounds": rec.fit.error_bounds,
                         "outputs": outs, "seconds": t.elapsed().as_secs_f64(),
+                    }));
+                }
+                Step::Impute { name, spec, estimator, budget, output } => {
+                    let mut spec =
+                        crate::impute::spec::ImputeSpec::load(spec).with_context(|| format!("step {name}"))?;
+                    if let Some(b) = budget {
+                        spec.budget = *b;
+                    }
+                    let mechanisms = crate::impute::planned_records(&spec, *estimator)?;
+                    let mut rng = dpflow_udfs::noise::DpRng::new(opts.unsafe_seed)?;
+                    let report = crate::impute::run(ctx, &spec, *estimator, &mut rng)
+                        .await
+                        .with_context(|| format!("step {name}"))?;
+                    let mut csv = String::from("query,value,noisy_count\n");
+                    for r in &report.results {
+                        let v = r.value.map_or(String::new(), |v| v.to_string());
+                        let c = r.count.map_or(String::new(), |c| c.to_string());
+                        csv += &format!("{},{v},{c}\n", r.name);
+                    }
+                    write_bytes(ctx, &join(&loc.staging, output), csv.into_bytes()).await?;
+                    records.push(serde_json::json!({
+                        "step": name, "kind": "impute", "estimator": estimator, "mechanisms": mechanisms,
+                        "note": "statistics of kNN-imputed data with smooth-sensitivity noise (004); the imputed rows are not released",
+                        "outputs": [output], "seconds": t.elapsed().as_secs_f64(),
                     }));
                 }
                 Step::Evaluate { name, synthetic, workload, private_output } => {

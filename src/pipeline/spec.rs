@@ -82,7 +82,22 @@ struct RawPublic {
 enum RawStep {
     Sql(RawSql),
     Synthesize(RawSynth),
+    Impute(RawImpute),
     Evaluate(RawEval),
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct RawImpute {
+    name: String,
+    /// A `dpflow impute` spec file (its input must be one of the dataset's sources).
+    spec: String,
+    #[serde(default)]
+    estimator: Option<crate::impute::Estimator>,
+    /// Budget of every released number (overrides the spec's).
+    #[serde(default)]
+    budget: Option<RawBudget>,
+    output: String,
 }
 
 #[derive(Debug, Deserialize)]
@@ -174,6 +189,19 @@ pub enum Step {
         /// Missing-data strategy.
         missing: crate::missing::Strategy,
     },
+    /// DP statistics on kNN-imputed data (004): the imputed rows are never published.
+    Impute {
+        /// Step name.
+        name: String,
+        /// The impute spec file (resolved).
+        spec: String,
+        /// Estimator (smooth or ignore-missing).
+        estimator: crate::impute::Estimator,
+        /// Budget of every released number (None: the spec's).
+        budget: Option<Budget>,
+        /// Output CSV (relative).
+        output: String,
+    },
     /// Curator-only evaluation of a synthesize step's output (not published).
     Evaluate {
         /// Step name.
@@ -191,7 +219,10 @@ impl Step {
     /// The step's name.
     pub fn name(&self) -> &str {
         match self {
-            Step::Sql { name, .. } | Step::Synthesize { name, .. } | Step::Evaluate { name, .. } => name,
+            Step::Sql { name, .. }
+            | Step::Synthesize { name, .. }
+            | Step::Impute { name, .. }
+            | Step::Evaluate { name, .. } => name,
         }
     }
 }
@@ -413,6 +444,54 @@ impl Pipeline {
                         max_model_size: x.max_model_size,
                         missing,
                     }
+                }
+                RawStep::Impute(x) => {
+                    let file = resolve(base, &x.spec);
+                    let mut spec = crate::impute::spec::ImputeSpec::load(&file)
+                        .map_err(|e| err(l, &key("impute.spec"), e.to_string()))?;
+                    let budget = match &x.budget {
+                        Some(b) => Some(b.budget("budget").map_err(|e| err(l, &key("impute.budget"), e.to_string()))?),
+                        None => None,
+                    };
+                    if let Some(b) = budget {
+                        spec.budget = b;
+                    }
+                    let same = |a: &str, b: &str| {
+                        a == b
+                            || matches!(
+                                (std::fs::canonicalize(a), std::fs::canonicalize(b)),
+                                (Ok(x), Ok(y)) if x == y
+                            )
+                    };
+                    // The spec must read this pipeline's dataset, so that the charge lands on it.
+                    if !sources.iter().any(|s| same(s, &spec.input)) {
+                        return Err(err(
+                            l,
+                            &key("impute.spec"),
+                            format!(
+                                "{file}: input {:?} is not one of this pipeline's dataset sources (the charge would land on the wrong dataset)",
+                                spec.input
+                            ),
+                        ));
+                    }
+                    if !same(&domain, &spec.domain) {
+                        return Err(err(
+                            l,
+                            &key("impute.spec"),
+                            format!("{file}: domain {:?} is not the dataset's domain file", spec.domain),
+                        ));
+                    }
+                    let estimator = x.estimator.unwrap_or(crate::impute::Estimator::Smooth);
+                    if estimator == crate::impute::Estimator::GlobalSensitivity {
+                        return Err(err(
+                            l,
+                            &key("impute.estimator"),
+                            "global-sensitivity is an evaluation baseline (its bound uses a private count); use smooth or ignore-missing".into(),
+                        ));
+                    }
+                    crate::impute::planned_records(&spec, estimator)
+                        .map_err(|e| err(l, &key("impute.spec"), e.to_string()))?;
+                    Step::Impute { name: x.name.clone(), spec: file, estimator, budget, output: x.output.clone() }
                 }
                 RawStep::Evaluate(x) => {
                     if !names.contains(&x.synthetic) {
