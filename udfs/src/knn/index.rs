@@ -169,25 +169,34 @@ impl Assignment {
             if info[c].donees.is_empty() && info[c].donors.is_empty() {
                 continue;
             }
-            // Donor classes by distance, grouped into equal-distance levels.
+            // Donor classes by distance, grouped into equal-distance levels; only the nearest
+            // levels that hold k donors are built (the donees never look further).
             let mut by_dist: Vec<(f64, usize)> =
                 donor_classes.iter().map(|&d| (cfg.distance(&classes[c], &classes[d]), d)).collect();
-            by_dist.sort_by(|a, b| a.0.total_cmp(&b.0).then(a.1.cmp(&b.1)));
-            dmin[c] = by_dist.first().map_or(f64::INFINITY, |x| x.0);
+            let nearest = by_dist.iter().map(|x| x.0).fold(f64::INFINITY, f64::min);
+            dmin[c] = nearest;
             if info[c].donees.is_empty() {
                 continue;
             }
+            let at_nearest: usize = by_dist.iter().filter(|x| x.0 == nearest).map(|&(_, d)| info[d].donors.len()).sum();
+            if at_nearest >= cfg.k {
+                // Common case (k = 1 always): one level, no sort of all classes.
+                by_dist.retain(|x| x.0 == nearest);
+            }
+            by_dist.sort_by(|a, b| a.0.total_cmp(&b.0).then(a.1.cmp(&b.1)));
             let mut levels: Vec<Vec<(f64, usize)>> = Vec::new();
             let mut last = f64::NAN;
+            let mut have = 0usize;
             for (d, dc) in by_dist {
                 if d != last {
+                    if have >= cfg.k {
+                        break;
+                    }
                     levels.push(Vec::new());
                     last = d;
                 }
                 levels.last_mut().expect("pushed").extend(info[dc].donors.iter().copied());
-                if levels.iter().map(|l| l.len()).sum::<usize>() >= cfg.k && cfg.k > 0 {
-                    // Enough donors at this distance or closer; finish this level only.
-                }
+                have += info[dc].donors.len();
             }
             for l in &mut levels {
                 l.sort_by(|a, b| a.0.total_cmp(&b.0));
