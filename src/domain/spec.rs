@@ -23,7 +23,7 @@ use serde_saphyr::Spanned;
 #[derive(Debug, Clone, thiserror::Error, PartialEq)]
 #[error("{file}{}: {key}: {message}", line.map(|l| format!(":{l}")).unwrap_or_default())]
 pub struct SpecError {
-    /// The file (or "<inline>").
+    /// The file (or `"<inline>"`).
     pub file: String,
     /// 1-based line, when known.
     pub line: Option<u32>,

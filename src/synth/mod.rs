@@ -5,7 +5,7 @@
 //!
 //! Every synthesizer reads the private data only through exact marginal
 //! answers computed once by `MarginalExec` and held in crate-private
-//! [`Answers`]; every noisy measurement and selection is charged to the
+//! `Answers`; every noisy measurement and selection is charged to the
 //! release's accountant *before* its result is used.
 
 pub mod aim;

@@ -46,14 +46,14 @@ pub enum ColumnKind {
         #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
         aliases: BTreeMap<String, String>,
     },
-    /// Integers binned by `edges`: bin i is [edges[i], edges[i+1] − 1]; the
-    /// public bounds are [edges[0], edges[last] − 1].
+    /// Integers binned by `edges`: bin i is `[edges[i], edges[i+1] − 1]`; the
+    /// public bounds are `[edges[0], edges[last] − 1]`.
     Integer {
         /// Strictly increasing bin edges (k + 1 of them for k bins).
         edges: Vec<i64>,
     },
-    /// Reals binned by `edges`: bin i is [edges[i], edges[i+1]), the last bin
-    /// is closed; the public bounds are [edges[0], edges[last]].
+    /// Reals binned by `edges`: bin i is `[edges[i], edges[i+1])`, the last bin
+    /// is closed; the public bounds are `[edges[0], edges[last]]`.
     Float {
         /// Strictly increasing bin edges.
         edges: Vec<f64>,
