@@ -3,9 +3,8 @@
 use anyhow::Result;
 use clap::{Args, Subcommand};
 
+use super::InputArgs;
 use super::OutputFormat;
-use crate::dataset::Dataset;
-use crate::io::InputFormat;
 use crate::missing::inject::{InjectMechanism, InjectSpec, inject};
 
 /// Arguments of `dpflow missing`.
@@ -26,15 +25,9 @@ pub enum MissingCommand {
 /// Arguments of `dpflow missing inject`.
 #[derive(Debug, Args)]
 pub struct InjectArgs {
-    /// Input data (file, prefix, glob or URL).
-    #[arg(long)]
-    pub input: String,
-    /// Input format (default: from the extension).
-    #[arg(long, value_enum)]
-    pub input_format: Option<InputFormat>,
-    /// Public domain file.
-    #[arg(long)]
-    pub domain: String,
+    /// Input data and its public domain.
+    #[command(flatten)]
+    pub data: InputArgs,
     /// Mechanism.
     #[arg(long, value_enum)]
     pub mechanism: InjectMechanism,
@@ -61,7 +54,7 @@ pub struct InjectArgs {
 pub(super) async fn run(a: MissingArgs) -> Result<i32> {
     match a.command {
         MissingCommand::Inject(a) => {
-            let dataset = Dataset::open("data", &a.input, a.input_format, &a.domain)?;
+            let dataset = a.data.open("data")?;
             let spec =
                 InjectSpec { mechanism: a.mechanism, rate: a.rate, columns: a.columns.clone(), seed: a.unsafe_seed };
             let ctx = crate::io::session_context();

@@ -86,6 +86,27 @@ pub enum OutputFormat {
     Json,
 }
 
+/// The private input of a command: data location, its format and the public domain.
+#[derive(Debug, clap::Args)]
+pub struct InputArgs {
+    /// Input data (file, prefix, glob or URL).
+    #[arg(long)]
+    pub input: String,
+    /// Input format (default: from the extension).
+    #[arg(long, value_enum)]
+    pub input_format: Option<crate::io::InputFormat>,
+    /// Public domain file.
+    #[arg(long)]
+    pub domain: String,
+}
+
+impl InputArgs {
+    /// Opens the input as a dataset named `name`.
+    pub fn open(&self, name: &str) -> Result<crate::dataset::Dataset> {
+        crate::dataset::Dataset::open(name, &self.input, self.input_format, &self.domain)
+    }
+}
+
 /// Peak RSS of this process in MB (for benchmark reports).
 pub fn bench_peak_rss_mb() -> f64 {
     bench::peak_rss_mb()

@@ -4,10 +4,11 @@ use anyhow::{Context, Result};
 use clap::Args;
 use indicatif::{ProgressBar, ProgressStyle};
 
+use super::InputArgs;
 use super::OutputFormat;
 use super::budget::BudgetSpec;
 use crate::dataset::Dataset;
-use crate::io::{InputFormat, session_context, write_stream};
+use crate::io::{session_context, write_stream};
 use crate::synth::SynthOptions;
 use crate::synth::run::{Mechanism, SavedModel, SynthRequest, run_synth, synthetic_exec};
 use dpflow_udfs::domain::DecodeMode;
@@ -15,15 +16,9 @@ use dpflow_udfs::domain::DecodeMode;
 /// Arguments of `dpflow synth`.
 #[derive(Debug, Args)]
 pub struct SynthArgs {
-    /// Input data (file, prefix, glob or URL).
-    #[arg(long)]
-    pub input: String,
-    /// Input format (default: from the extension).
-    #[arg(long, value_enum)]
-    pub input_format: Option<InputFormat>,
-    /// Public domain file.
-    #[arg(long)]
-    pub domain: String,
+    /// Input data and its public domain.
+    #[command(flatten)]
+    pub data: InputArgs,
     /// Synthesizer.
     #[arg(long, value_enum)]
     pub mechanism: Mechanism,
@@ -109,7 +104,7 @@ pub(super) async fn run(a: SynthArgs) -> Result<i32> {
     if a.ledger.is_none() {
         eprintln!("note: no --ledger given: this release's privacy cost is not recorded in a budget ledger.");
     }
-    let dataset = Dataset::open(a.dataset.as_deref().unwrap_or("data"), &a.input, a.input_format, &a.domain)?;
+    let dataset = a.data.open(a.dataset.as_deref().unwrap_or("data"))?;
     let budget = a.budget.budget()?;
     let req = SynthRequest {
         dataset,
