@@ -235,14 +235,7 @@ impl Pipeline {
                         }],
                     )
                 }
-                Step::Impute { name, spec, estimator, budget, .. } => {
-                    let mut spec =
-                        crate::impute::spec::ImputeSpec::load(spec).with_context(|| format!("step {name}"))?;
-                    if let Some(b) = budget {
-                        spec.budget = *b;
-                    }
-                    ("impute", crate::impute::planned_records(&spec, *estimator)?)
-                }
+                Step::Impute { spec, estimator, .. } => ("impute", crate::impute::planned_records(spec, *estimator)?),
                 Step::Evaluate { .. } => ("evaluate", vec![]),
             };
             for m in &mechanisms {
@@ -413,15 +406,10 @@ impl Pipeline {
                         "outputs": outs, "seconds": t.elapsed().as_secs_f64(),
                     }));
                 }
-                Step::Impute { name, spec, estimator, budget, output } => {
-                    let mut spec =
-                        crate::impute::spec::ImputeSpec::load(spec).with_context(|| format!("step {name}"))?;
-                    if let Some(b) = budget {
-                        spec.budget = *b;
-                    }
-                    let mechanisms = crate::impute::planned_records(&spec, *estimator)?;
+                Step::Impute { name, spec, estimator, output } => {
+                    let mechanisms = crate::impute::planned_records(spec, *estimator)?;
                     let mut rng = dpflow_udfs::noise::DpRng::new(opts.unsafe_seed)?;
-                    let report = crate::impute::run(ctx, &spec, *estimator, &mut rng)
+                    let report = crate::impute::run(ctx, spec, *estimator, &mut rng)
                         .await
                         .with_context(|| format!("step {name}"))?;
                     let mut csv = String::from("query,value,noisy_count\n");

@@ -193,12 +193,10 @@ pub enum Step {
     Impute {
         /// Step name.
         name: String,
-        /// The impute spec file (resolved).
-        spec: String,
+        /// The impute spec, with the step's budget override applied.
+        spec: Box<crate::impute::spec::ImputeSpec>,
         /// Estimator (smooth or ignore-missing).
         estimator: crate::impute::Estimator,
-        /// Budget of every released number (None: the spec's).
-        budget: Option<Budget>,
         /// Output CSV (relative).
         output: String,
     },
@@ -449,12 +447,8 @@ impl Pipeline {
                     let file = resolve(base, &x.spec);
                     let mut spec = crate::impute::spec::ImputeSpec::load(&file)
                         .map_err(|e| err(l, &key("impute.spec"), e.to_string()))?;
-                    let budget = match &x.budget {
-                        Some(b) => Some(b.budget("budget").map_err(|e| err(l, &key("impute.budget"), e.to_string()))?),
-                        None => None,
-                    };
-                    if let Some(b) = budget {
-                        spec.budget = b;
+                    if let Some(b) = &x.budget {
+                        spec.budget = b.budget("budget").map_err(|e| err(l, &key("impute.budget"), e.to_string()))?;
                     }
                     let same = |a: &str, b: &str| {
                         a == b
@@ -491,7 +485,7 @@ impl Pipeline {
                     }
                     crate::impute::planned_records(&spec, estimator)
                         .map_err(|e| err(l, &key("impute.spec"), e.to_string()))?;
-                    Step::Impute { name: x.name.clone(), spec: file, estimator, budget, output: x.output.clone() }
+                    Step::Impute { name: x.name.clone(), spec: Box::new(spec), estimator, output: x.output.clone() }
                 }
                 RawStep::Evaluate(x) => {
                     if !names.contains(&x.synthetic) {
