@@ -14,7 +14,7 @@ use rand::{RngExt, SeedableRng};
 use serde::Serialize;
 
 use super::spec::{Predicate, QueryKind, QuerySpec};
-use super::{Estimator, answer, exact, impute_columns, load_columns};
+use super::{Estimator, answer, donor_search, exact, impute_columns, load_columns};
 use crate::dataset::Dataset;
 
 /// Summary of one (query, estimator) pair.
@@ -227,24 +227,16 @@ pub async fn speed(input: &str, domain: &str) -> Result<serde_json::Value> {
     let match_codes: Vec<Vec<u32>> = (0..n)
         .map(|r| match_cols.iter().zip(groups).map(|(c, g)| codes[c][r].unwrap_or(0.0) as u32 / g).collect())
         .collect();
-    // The two phases timed apart (the same calls `impute_columns` makes).
-    let complete: Vec<bool> = vals["income"].iter().map(|v| v.is_some()).collect();
-    let rec = dpflow_udfs::knn::KnnRecords { keys: match_codes, rid: (0..n).map(|i| i as f64).collect(), complete };
-    let t = std::time::Instant::now();
-    let asg = dpflow_udfs::knn::Assignment::build(&cfg, &rec);
-    let search = t.elapsed().as_secs_f64();
-    let t = std::time::Instant::now();
-    let l1 = asg.l1(&cfg, &rec, 2_000_000).map_err(anyhow::Error::msg)?;
-    let l1_secs = t.elapsed().as_secs_f64();
+    let s = donor_search(&vals, &["income".to_string()], match_codes, &cfg, 2_000_000)?;
     Ok(serde_json::json!({
         "rows": n,
-        "donees": rec.complete.iter().filter(|c| !**c).count(),
-        "classes": asg.classes.len(),
-        "l1": l1,
+        "donees": s.rec.complete.iter().filter(|c| !**c).count(),
+        "classes": s.asg.classes.len(),
+        "l1": s.l1,
         "seconds_load": load,
-        "seconds_donor_search": search,
-        "seconds_l1": l1_secs,
-        "seconds_donor_search_and_l1": search + l1_secs,
+        "seconds_donor_search": s.seconds_search,
+        "seconds_l1": s.seconds_l1,
+        "seconds_donor_search_and_l1": s.seconds_search + s.seconds_l1,
         "peak_rss_mb": crate::cli::bench_peak_rss_mb(),
     }))
 }

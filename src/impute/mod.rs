@@ -90,6 +90,39 @@ pub(crate) async fn load_columns(
     Ok(out)
 }
 
+/// The donor search and L1(D) of one imputation, each phase timed (for benchmarks).
+pub(crate) struct DonorSearch {
+    /// Records (rows complete on `a` are donors).
+    pub rec: KnnRecords,
+    /// Donors of every donee.
+    pub asg: Assignment,
+    /// L1(D).
+    pub l1: L1Report,
+    /// Seconds spent in the donor search.
+    pub seconds_search: f64,
+    /// Seconds spent computing L1(D).
+    pub seconds_l1: f64,
+}
+
+/// Donor search over the rows of `columns` (donors: complete on `a`) and L1(D).
+pub(crate) fn donor_search(
+    columns: &HashMap<String, Vec<Option<f64>>>,
+    a: &[String],
+    match_codes: Vec<Vec<u32>>,
+    cfg: &KnnConfig,
+    enumerate_limit: u64,
+) -> Result<DonorSearch> {
+    let n = match_codes.len();
+    let complete: Vec<bool> = (0..n).map(|r| a.iter().all(|x| columns[x][r].is_some())).collect();
+    let rec = KnnRecords { keys: match_codes, rid: (0..n).map(|i| i as f64).collect(), complete };
+    let t = std::time::Instant::now();
+    let asg = Assignment::build(cfg, &rec);
+    let seconds_search = t.elapsed().as_secs_f64();
+    let t = std::time::Instant::now();
+    let l1 = asg.l1(cfg, &rec, enumerate_limit).map_err(anyhow::Error::msg)?;
+    Ok(DonorSearch { rec, asg, l1, seconds_search, seconds_l1: t.elapsed().as_secs_f64() })
+}
+
 /// Imputes `a` in `columns` with kNN on the matching attributes (class codes
 /// from `match_codes`), k = 1 copy by default; returns the imputed data and L1(D).
 pub(crate) fn impute_columns(
@@ -100,10 +133,7 @@ pub(crate) fn impute_columns(
     enumerate_limit: u64,
 ) -> Result<Imputed> {
     let n = match_codes.len();
-    let complete: Vec<bool> = (0..n).map(|r| a.iter().all(|x| columns[x][r].is_some())).collect();
-    let rec = KnnRecords { keys: match_codes, rid: (0..n).map(|i| i as f64).collect(), complete };
-    let asg = Assignment::build(cfg, &rec);
-    let l1 = asg.l1(cfg, &rec, enumerate_limit).map_err(anyhow::Error::msg)?;
+    let DonorSearch { rec, asg, l1, .. } = donor_search(&columns, a, match_codes, cfg, enumerate_limit)?;
     let observed = columns.clone();
     let mut cols = columns;
     let imputed: Vec<bool> = (0..n).map(|r| !rec.complete[r]).collect();
