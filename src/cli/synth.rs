@@ -143,7 +143,10 @@ pub(super) async fn run(a: SynthArgs) -> Result<i32> {
     };
     let pb = spinner();
     let ctx = session_context();
-    let progress = |m: &str| pb.set_message(m.to_string());
+    let progress = |m: &str| {
+        log::info!("{m}");
+        pb.set_message(m.to_string());
+    };
     let record = run_synth(&ctx, &req, &progress).await;
     pb.finish_and_clear();
     let record = record?;

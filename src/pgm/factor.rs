@@ -58,6 +58,59 @@ pub fn for_each_pair(shape: &[usize], sub_strides: &[usize], mut f: impl FnMut(u
     }
 }
 
+/// Calls `f(a, b, out)` for every cell of a table of `shape`, with three
+/// strided indices (each advances by its `*_strides[d]` along dimension `d`;
+/// 0 for dimensions that table lacks). Used to contract two factors into a
+/// third without materialising their product.
+#[inline]
+pub fn for_each_triple(
+    shape: &[usize],
+    a_strides: &[usize],
+    b_strides: &[usize],
+    o_strides: &[usize],
+    mut f: impl FnMut(usize, usize, usize),
+) {
+    let nd = shape.len();
+    if nd == 0 {
+        f(0, 0, 0);
+        return;
+    }
+    if shape.contains(&0) {
+        return;
+    }
+    let last = nd - 1;
+    let (inner, sa, sb, so) = (shape[last], a_strides[last], b_strides[last], o_strides[last]);
+    let mut counter = vec![0usize; nd];
+    let (mut a, mut b, mut o) = (0usize, 0usize, 0usize);
+    loop {
+        let (mut x, mut y, mut z) = (a, b, o);
+        for _ in 0..inner {
+            f(x, y, z);
+            x += sa;
+            y += sb;
+            z += so;
+        }
+        let mut d = last;
+        loop {
+            if d == 0 {
+                return;
+            }
+            d -= 1;
+            counter[d] += 1;
+            a += a_strides[d];
+            b += b_strides[d];
+            o += o_strides[d];
+            if counter[d] < shape[d] {
+                break;
+            }
+            a -= a_strides[d] * shape[d];
+            b -= b_strides[d] * shape[d];
+            o -= o_strides[d] * shape[d];
+            counter[d] = 0;
+        }
+    }
+}
+
 /// Row-major strides of a shape.
 pub fn strides(shape: &[usize]) -> Vec<usize> {
     let mut s = vec![1usize; shape.len()];
@@ -217,6 +270,26 @@ impl Factor {
         out
     }
 
+    /// Σ over the attributes not in `keep` of `self · other`, without
+    /// materialising the product: memory is the output's size, however large
+    /// the union of the two factors is. `keep` (sorted) must be a subset of
+    /// the union.
+    pub fn product_sum_to(&self, other: &Factor, keep: &[usize], sizes: &[usize]) -> Factor {
+        let mut union: Vec<usize> = self.attrs.iter().chain(&other.attrs).copied().collect();
+        union.sort_unstable();
+        union.dedup();
+        let shape: Vec<usize> = union.iter().map(|&a| sizes[a]).collect();
+        let on = |attrs: &[usize], sh: &[usize]| -> Vec<usize> {
+            let st = strides(sh);
+            union.iter().map(|a| attrs.iter().position(|b| b == a).map_or(0, |k| st[k])).collect()
+        };
+        let mut out = Factor::zeros(keep, sizes);
+        let (sa, sb, so) = (on(&self.attrs, &self.shape), on(&other.attrs, &other.shape), on(keep, &out.shape));
+        let (x, y, o) = (&self.values, &other.values, &mut out.values);
+        for_each_triple(&shape, &sa, &sb, &so, |i, j, k| o[k] += x[i] * y[j]);
+        out
+    }
+
     /// log Σ exp(values).
     pub fn logsumexp(&self) -> f64 {
         let m = self.values.iter().copied().fold(f64::NEG_INFINITY, f64::max);
@@ -266,6 +339,21 @@ mod tests {
     fn f(attrs: &[usize], shape: &[usize]) -> Factor {
         let n: usize = shape.iter().product();
         Factor { attrs: attrs.to_vec(), shape: shape.to_vec(), values: (0..n).map(|x| x as f64).collect() }
+    }
+
+    #[test]
+    fn product_sum_to_equals_product_then_sum() {
+        let sizes = [2, 3, 4, 2];
+        let a = Factor { values: (0..24).map(|x| x as f64 * 0.5 + 1.0).collect(), ..Factor::zeros(&[0, 1, 2], &sizes) };
+        let b = Factor { values: (0..24).map(|x| (x % 5) as f64 - 1.5).collect(), ..Factor::zeros(&[1, 2, 3], &sizes) };
+        for keep in [vec![], vec![0], vec![3], vec![0, 3], vec![1, 3], vec![0, 1, 2, 3], vec![2]] {
+            let fused = a.product_sum_to(&b, &keep, &sizes);
+            let direct = a.product(&b, &sizes).sum_to(&keep);
+            assert_eq!(fused.attrs, direct.attrs);
+            for (x, y) in fused.values.iter().zip(&direct.values) {
+                assert!((x - y).abs() < 1e-9, "keep {keep:?}: {x} vs {y}");
+            }
+        }
     }
 
     #[test]

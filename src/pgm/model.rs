@@ -210,32 +210,41 @@ impl Beliefs {
             }
             k += 1;
         }
-        let total = self.total.max(f64::MIN_POSITIVE);
-        let mut msgs: Vec<Option<Factor>> = vec![None; n];
+        // Messages are contracted clique by clique with fused product-sums
+        // (never the product of a clique with a message): a clique is first
+        // summed down to the attributes still needed (its separator to the
+        // parent, `attrs`, and those of incoming messages), so memory stays at
+        // the size of the messages (separator × `attrs`), not clique × `attrs`.
+        let mut msgs: Vec<Vec<Factor>> = vec![Vec::new(); n];
         for &i in order.iter().rev() {
-            let mut f = self.cliques[i].clone();
-            f.values.iter_mut().for_each(|v| *v /= total);
-            if let Some(m) = msgs[i].take() {
-                f = f.product(&m, sizes);
+            let incoming = std::mem::take(&mut msgs[i]);
+            let sep: Vec<usize> = if i == root {
+                Vec::new()
+            } else {
+                let p = parent[i];
+                jt.cliques[i].iter().copied().filter(|a| jt.cliques[p].contains(a)).collect()
+            };
+            let wanted = |a: &usize, rest: &[Factor]| {
+                sep.contains(a) || attrs.contains(a) || rest.iter().any(|m| m.attrs.contains(a))
+            };
+            let pre: Vec<usize> = jt.cliques[i].iter().copied().filter(|a| wanted(a, &incoming)).collect();
+            let mut cur = self.cliques[i].sum_to(&pre);
+            for (k, m) in incoming.iter().enumerate() {
+                let rest = &incoming[k + 1..];
+                let mut keep: Vec<usize> =
+                    cur.attrs.iter().chain(&m.attrs).copied().filter(|a| wanted(a, rest)).collect();
+                keep.sort_unstable();
+                keep.dedup();
+                cur = cur.product_sum_to(m, &keep, sizes);
             }
             if i == root {
-                let mut out = f.sum_to(attrs);
-                out.values.iter_mut().for_each(|v| *v *= total);
-                return out;
+                // Every attribute of `attrs` is in a terminal clique of the subtree.
+                return cur.sum_to(attrs);
             }
-            let p = parent[i];
-            let sep: Vec<usize> = jt.cliques[i].iter().copied().filter(|a| jt.cliques[p].contains(a)).collect();
-            let mut sep_belief = self.cliques[p].sum_to(&sep);
-            sep_belief.values.iter_mut().for_each(|v| *v /= total);
-            f.div_assign_sub(&sep_belief);
-            let mut keep: Vec<usize> =
-                f.attrs.iter().copied().filter(|a| sep.contains(a) || attrs.contains(a)).collect();
-            keep.sort_unstable();
-            let m = f.sum_to(&keep);
-            msgs[p] = Some(match msgs[p].take() {
-                Some(prev) => prev.product(&m, sizes),
-                None => m,
-            });
+            // μ_C / μ_S: the conditional of the clique given its separator.
+            let sep_belief = self.cliques[parent[i]].sum_to(&sep);
+            cur.div_assign_sub(&sep_belief);
+            msgs[parent[i]].push(cur);
         }
         unreachable!("the root returns")
     }
