@@ -15,6 +15,7 @@ use datafusion_proto::physical_plan::{PhysicalExtensionCodec, PhysicalProtoConve
 use serde::{Deserialize, Serialize};
 
 use crate::domain::{Domain, DomainOutput, EncodeExec};
+use crate::knn::{KnnDonorExec, KnnSpec};
 use crate::marginal::{MarginalConfig, MarginalExec, MarginalMode, MarginalNode};
 use crate::synth::{FillNullsExec, FillPlan, SamplingPlan, SyntheticExec};
 
@@ -51,6 +52,9 @@ enum PhysicalPayload {
     },
     Fill {
         plan: FillPlan,
+    },
+    Knn {
+        spec: KnnSpec,
     },
 }
 
@@ -134,6 +138,7 @@ impl PhysicalExtensionCodec for DpflowCodec {
                 }
                 Arc::new(FillNullsExec::try_new(input()?, Arc::new(plan))?)
             }
+            PhysicalPayload::Knn { spec } => Arc::new(KnnDonorExec::try_new(input()?, spec)?),
         })
     }
 
@@ -156,6 +161,8 @@ impl PhysicalExtensionCodec for DpflowCodec {
             PhysicalPayload::Synthetic { plan: s.plan().as_ref().clone(), rows, partitions, chunk_rows, seed }
         } else if let Some(f) = node.downcast_ref::<FillNullsExec>() {
             PhysicalPayload::Fill { plan: f.plan().as_ref().clone() }
+        } else if let Some(k) = node.downcast_ref::<KnnDonorExec>() {
+            PhysicalPayload::Knn { spec: k.spec().clone() }
         } else {
             return Err(DataFusionError::NotImplemented(format!(
                 "dpflow codec cannot encode operator {}",
