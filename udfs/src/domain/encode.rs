@@ -277,6 +277,11 @@ pub struct BatchEncoder {
     enforce: bool,
     /// Input columns copied unchanged after the domain columns in typed output.
     passthrough: Vec<usize>,
+    /// Canonical labels of categorical columns (for the vectorised typed path).
+    label_sets: Vec<Option<super::fast::LabelSet>>,
+    /// Typed string type per column: categorical columns read as string views
+    /// stay views (no copy); others are `Utf8`.
+    text_types: Vec<DataType>,
 }
 
 impl BatchEncoder {
@@ -292,7 +297,33 @@ impl BatchEncoder {
         }
         let output_schema = encoded_schema(&domain);
         let stats = EncodeStats { columns: vec![ColumnStats::default(); domain.len()], ..Default::default() };
-        Ok(Self { domain, input_index, output_schema, stats, enforce: true, passthrough: vec![] })
+        let label_sets = domain
+            .columns()
+            .iter()
+            .map(|c| match &c.kind {
+                ColumnKind::Categorical { values, .. } => {
+                    Some(super::fast::LabelSet::new(values.iter().map(|v| v.as_str())))
+                }
+                _ => None,
+            })
+            .collect();
+        let text_types = input_index
+            .iter()
+            .map(|&i| match input_schema.field(i).data_type() {
+                DataType::Utf8View => DataType::Utf8View,
+                _ => DataType::Utf8,
+            })
+            .collect();
+        Ok(Self {
+            domain,
+            input_index,
+            output_schema,
+            stats,
+            enforce: true,
+            passthrough: vec![],
+            label_sets,
+            text_types,
+        })
     }
 
     /// Copies the named input columns unchanged after the domain columns in
@@ -312,8 +343,16 @@ impl BatchEncoder {
 
     /// Schema of [`BatchEncoder::typed`] output for inputs with `input_schema`.
     pub fn typed_schema(&self, input_schema: &Schema) -> SchemaRef {
-        let mut fields: Vec<Field> =
-            super::decode::decoded_schema(&self.domain).fields().iter().map(|f| f.as_ref().clone()).collect();
+        let mut fields: Vec<Field> = super::decode::decoded_schema(&self.domain)
+            .fields()
+            .iter()
+            .zip(self.domain.columns())
+            .zip(&self.text_types)
+            .map(|((f, c), t)| match c.kind {
+                ColumnKind::Categorical { .. } => f.as_ref().clone().with_data_type(t.clone()),
+                _ => f.as_ref().clone(),
+            })
+            .collect();
         for &p in &self.passthrough {
             fields.push(input_schema.field(p).clone());
         }
@@ -345,7 +384,7 @@ impl BatchEncoder {
 
     /// Encodes one batch.
     pub fn encode(&mut self, batch: &RecordBatch) -> Result<RecordBatch, EncodeError> {
-        let (codes, _, keep) = self.classify_batch(batch)?;
+        let (codes, _, keep) = self.classify_batch(batch, &[])?;
         let outputs: Vec<ArrayRef> = codes.into_iter().map(|c| Arc::new(UInt32Array::from(c)) as ArrayRef).collect();
         let encoded = RecordBatch::try_new(self.output_schema.clone(), outputs).expect("encoded schema matches");
         let out = match keep {
@@ -362,20 +401,52 @@ impl BatchEncoder {
     /// labels (aliases resolved, text trimmed), integers as Int64, reals as
     /// Float64, booleans; null tokens become nulls and out-of-domain values
     /// follow the column's policy (clip clamps the raw value to the bounds).
+    ///
+    /// Columns whose values are all canonical and in the domain are checked
+    /// with whole-array kernels and passed through without per-row work
+    /// (`fast_typed`); the others are classified row by row.
     pub fn typed(&mut self, batch: &RecordBatch) -> Result<RecordBatch, EncodeError> {
-        let (codes, clipped, keep) = self.classify_batch(batch)?;
         let domain = self.domain.clone();
+        let mut fast: Vec<Option<ArrayRef>> = domain
+            .columns()
+            .iter()
+            .enumerate()
+            .map(|(ci, col)| {
+                super::fast::fast_typed(
+                    col,
+                    self.label_sets[ci].as_ref(),
+                    &self.text_types[ci],
+                    batch.column(self.input_index[ci]),
+                )
+            })
+            .collect();
+        if !self.enforce {
+            fast.iter_mut().for_each(|f| *f = None);
+        }
+        let skip: Vec<bool> = fast.iter().map(|f| f.is_some()).collect();
+        let (codes, clipped, keep) = self.classify_batch(batch, &skip)?;
         let mut outputs: Vec<ArrayRef> = Vec::with_capacity(domain.len());
         for (ci, col) in domain.columns().iter().enumerate() {
+            if let Some(a) = fast[ci].take() {
+                outputs.push(a);
+                continue;
+            }
             let null = col.null_code();
             let array = batch.column(self.input_index[ci]);
             let is_null = |i: usize| Some(codes[ci][i]) == null;
             let out: ArrayRef = match &col.kind {
-                ColumnKind::Categorical { values, .. } => Arc::new(
-                    (0..codes[ci].len())
-                        .map(|i| (!is_null(i)).then(|| values[codes[ci][i] as usize].as_str()))
-                        .collect::<datafusion::arrow::array::StringArray>(),
-                ),
+                ColumnKind::Categorical { values, .. } => {
+                    let labels: ArrayRef = Arc::new(
+                        (0..codes[ci].len())
+                            .map(|i| (!is_null(i)).then(|| values[codes[ci][i] as usize].as_str()))
+                            .collect::<datafusion::arrow::array::StringArray>(),
+                    );
+                    if self.text_types[ci] == DataType::Utf8 {
+                        labels
+                    } else {
+                        cast(&labels, &self.text_types[ci]).map_err(|_| bad_type(col, &self.text_types[ci]))?
+                    }
+                }
                 ColumnKind::Boolean => Arc::new(
                     (0..codes[ci].len()).map(|i| (!is_null(i)).then(|| codes[ci][i] == 1)).collect::<BooleanArray>(),
                 ),
@@ -427,10 +498,13 @@ impl BatchEncoder {
     }
 
     /// Codes per column, per-row "was clipped" flags, and the rows to keep.
+    /// Columns flagged in `skip` are known to be canonical and in the domain
+    /// (only their nulls are counted; their codes and flags are left empty).
     #[allow(clippy::type_complexity)]
     fn classify_batch(
         &mut self,
         batch: &RecordBatch,
+        skip: &[bool],
     ) -> Result<(Vec<Vec<u32>>, Vec<Vec<bool>>, Option<Vec<bool>>), EncodeError> {
         let n = batch.num_rows();
         let row0 = self.stats.rows_in;
@@ -440,6 +514,12 @@ impl BatchEncoder {
         let domain = self.domain.clone();
         for (ci, col) in domain.columns().iter().enumerate() {
             let array = batch.column(self.input_index[ci]);
+            if skip.get(ci).copied().unwrap_or(false) {
+                self.stats.columns[ci].nulls += array.null_count() as u64;
+                all_codes.push(Vec::new());
+                all_clipped.push(Vec::new());
+                continue;
+            }
             let enc = ColumnEncoder::new(col);
             let classes = classify_array(&enc, array.as_ref())?;
             let mut codes = Vec::with_capacity(n);

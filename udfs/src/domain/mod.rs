@@ -7,6 +7,7 @@ mod column;
 mod decode;
 mod encode;
 mod exec;
+mod fast;
 mod table;
 #[cfg(test)]
 mod tests;

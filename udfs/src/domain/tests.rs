@@ -259,3 +259,56 @@ async fn encoded_table_projection_keeps_the_drop_row_set() {
     let err = ctx.sql("SELECT j FROM t").await.unwrap().collect().await.unwrap_err();
     assert!(err.to_string().contains("outside the public domain"), "{err}");
 }
+
+/// The vectorised pass-through (all values canonical) and the row-by-row path
+/// give the same typed values: the same batch with one alias, null token or
+/// clipped value added takes the row path, and the shared rows must agree.
+#[test]
+fn typed_fast_and_row_paths_agree() {
+    use datafusion::arrow::array::{Float32Array, StringViewArray};
+    let domain = Arc::new(
+        Domain::new(vec![
+            cat_col(true, OutOfDomain::Error),
+            int_col(vec![0, 10, 20, 100], true, OutOfDomain::Clip),
+            float_col(vec![0.0, 0.5, 1.0], false, OutOfDomain::Error),
+            bool_col(true),
+        ])
+        .unwrap(),
+    );
+    let make = |c: Vec<Option<&str>>, i: Vec<Option<i64>>, f: Vec<f32>, b: Vec<Option<bool>>| {
+        batch(vec![
+            ("c", Arc::new(StringViewArray::from(c))),
+            ("i", Arc::new(Int64Array::from(i))),
+            ("f", Arc::new(Float32Array::from(f))),
+            ("b", Arc::new(BooleanArray::from(b))),
+        ])
+    };
+    let canonical = make(
+        vec![Some("a"), None, Some("c"), Some("b")],
+        vec![Some(0), Some(99), None, Some(42)],
+        vec![0.0, 0.25, 1.0, 0.75],
+        vec![Some(true), None, Some(false), Some(true)],
+    );
+    // Extra row: alias "b." (categorical), 150 clipped to 99 (integer).
+    let messy = make(
+        vec![Some("a"), None, Some("c"), Some("b"), Some("b.")],
+        vec![Some(0), Some(99), None, Some(42), Some(150)],
+        vec![0.0, 0.25, 1.0, 0.75, 0.5],
+        vec![Some(true), None, Some(false), Some(true), None],
+    );
+    let mut e = BatchEncoder::new(domain.clone(), &canonical.schema()).unwrap();
+    let fast = e.typed(&canonical).unwrap();
+    assert_eq!(e.stats().columns[0].nulls, 1);
+    let mut e = BatchEncoder::new(domain, &messy.schema()).unwrap();
+    let slow = e.typed(&messy).unwrap();
+    assert_eq!(fast.schema(), slow.schema());
+    for c in 0..4 {
+        assert_eq!(fast.column(c).as_ref(), slow.column(c).slice(0, 4).as_ref(), "column {c}");
+    }
+    assert_eq!(slow.column(0).as_string_view().value(4), "b");
+    assert_eq!(slow.column(1).as_primitive::<Int64Type>().value(4), 99);
+    // Out of bounds under `error` is still refused when it is the only problem.
+    let bad = make(vec![Some("a")], vec![Some(1)], vec![1.5], vec![None]);
+    let d = Arc::new(Domain::new(vec![float_col(vec![0.0, 0.5, 1.0], false, OutOfDomain::Error)]).unwrap());
+    assert!(BatchEncoder::new(d, &bad.schema()).unwrap().typed(&bad).is_err());
+}

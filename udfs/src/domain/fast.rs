@@ -1,0 +1,271 @@
+//! Vectorised pass-through for typed output: a column whose values are all
+//! already canonical in-domain values (integers and reals inside the bounds,
+//! categorical text equal to a domain value, booleans; nulls only where the
+//! column is nullable) is checked with whole-array kernels and returned as is,
+//! without classifying each row. Anything else (aliases, null tokens, text to
+//! parse, out-of-domain values and their policies) returns `None` and takes
+//! the row-by-row path, so the result is the same either way.
+
+use datafusion::arrow::array::{Array, ArrayRef, AsArray, GenericStringArray, OffsetSizeTrait, StringViewArray};
+use datafusion::arrow::compute::{cast, max, min};
+use datafusion::arrow::datatypes::{DataType, Float64Type, Int64Type};
+
+use super::column::{Column, ColumnKind};
+
+/// Canonical labels of a categorical column, for membership tests on raw
+/// bytes: an open-addressing table over labels of up to 16 bytes packed into a
+/// `u128` (length in the top byte), with the rare longer labels compared as
+/// bytes.
+pub(crate) struct LabelSet {
+    slots: Vec<u128>,
+    shift: u32,
+    long: Vec<Vec<u8>>,
+    /// The labels of at most 12 bytes as Arrow string *views* (length in the
+    /// low 32 bits, the bytes inline after it, zero-padded), so a
+    /// `StringViewArray` row is tested on its view alone.
+    views: Vec<u128>,
+}
+
+const EMPTY: u128 = u128::MAX;
+
+#[inline]
+fn pack(b: &[u8]) -> Option<u128> {
+    if b.len() > 15 {
+        return None;
+    }
+    let mut buf = [0u8; 16];
+    buf[..b.len()].copy_from_slice(b);
+    buf[15] = b.len() as u8;
+    Some(u128::from_le_bytes(buf))
+}
+
+#[inline]
+fn slot_of(key: u128, shift: u32) -> usize {
+    let h = ((key as u64) ^ ((key >> 64) as u64).rotate_left(29)).wrapping_mul(0x9E37_79B9_7F4A_7C15);
+    (h >> shift) as usize
+}
+
+impl LabelSet {
+    /// The set of `labels`.
+    pub(crate) fn new<'a>(labels: impl IntoIterator<Item = &'a str>) -> Self {
+        let labels: Vec<&str> = labels.into_iter().collect();
+        let bits = (labels.len().max(1) * 4).next_power_of_two().trailing_zeros().max(4);
+        let mut set =
+            Self { slots: vec![EMPTY; 1 << bits], shift: 64 - bits, long: Vec::new(), views: vec![EMPTY; 1 << bits] };
+        for l in &labels {
+            if let Some(v) = inline_view(l.as_bytes()) {
+                insert(&mut set.views, v, set.shift);
+            }
+        }
+        for l in labels {
+            match pack(l.as_bytes()) {
+                Some(k) => insert(&mut set.slots, k, set.shift),
+                None => set.long.push(l.as_bytes().to_vec()),
+            }
+        }
+        set
+    }
+
+    /// Whether `b` is one of the labels.
+    #[inline]
+    pub(crate) fn contains(&self, b: &[u8]) -> bool {
+        match pack(b) {
+            Some(k) => probe(&self.slots, k, self.shift),
+            None => self.long.iter().any(|l| l == b),
+        }
+    }
+
+    /// Whether an inline string view (≤ 12 bytes) is one of the labels.
+    #[inline]
+    fn contains_view(&self, view: u128) -> bool {
+        probe(&self.views, view, self.shift)
+    }
+}
+
+/// The Arrow view of an inline string (≤ 12 bytes).
+fn inline_view(b: &[u8]) -> Option<u128> {
+    if b.len() > 12 {
+        return None;
+    }
+    let mut buf = [0u8; 16];
+    buf[..4].copy_from_slice(&(b.len() as u32).to_le_bytes());
+    buf[4..4 + b.len()].copy_from_slice(b);
+    Some(u128::from_le_bytes(buf))
+}
+
+fn insert(slots: &mut [u128], k: u128, shift: u32) {
+    let mask = slots.len() - 1;
+    let mut i = slot_of(k, shift);
+    while slots[i] != EMPTY && slots[i] != k {
+        i = (i + 1) & mask;
+    }
+    slots[i] = k;
+}
+
+#[inline]
+fn probe(slots: &[u128], k: u128, shift: u32) -> bool {
+    let mask = slots.len() - 1;
+    let mut i = slot_of(k, shift);
+    loop {
+        let s = slots[i];
+        if s == k {
+            return true;
+        }
+        if s == EMPTY {
+            return false;
+        }
+        i = (i + 1) & mask;
+    }
+}
+
+fn all_labels<O: OffsetSizeTrait>(a: &GenericStringArray<O>, set: &LabelSet) -> bool {
+    let offsets = a.value_offsets();
+    let bytes = a.value_data();
+    let mut prev: Option<&[u8]> = None;
+    for i in 0..a.len() {
+        if a.is_null(i) {
+            continue;
+        }
+        let v = &bytes[offsets[i].as_usize()..offsets[i + 1].as_usize()];
+        if prev == Some(v) {
+            continue;
+        }
+        if !set.contains(v) {
+            return false;
+        }
+        prev = Some(v);
+    }
+    true
+}
+
+fn all_labels_view(a: &StringViewArray, set: &LabelSet) -> bool {
+    let mut prev = EMPTY;
+    for (i, &v) in a.views().iter().enumerate() {
+        if v == prev {
+            continue;
+        }
+        let found = if (v as u32) <= 12 { set.contains_view(v) } else { set.contains(a.value(i).as_bytes()) };
+        // A null's view is unspecified: only a miss needs the validity check.
+        if !found && !a.is_null(i) {
+            return false;
+        }
+        if found {
+            prev = v;
+        }
+    }
+    true
+}
+
+/// The typed output of `array` for `col` if every value is already canonical
+/// and in the domain (see the module docs); `labels` is the canonical label
+/// set of a categorical column and `text` the string type to return it as.
+pub(crate) fn fast_typed(
+    col: &Column,
+    labels: Option<&LabelSet>,
+    text: &DataType,
+    array: &ArrayRef,
+) -> Option<ArrayRef> {
+    let dt = array.data_type();
+    if array.null_count() > 0 && !col.nullable {
+        return None;
+    }
+    match &col.kind {
+        ColumnKind::Integer { edges } if dt.is_integer() => {
+            let a = cast(array, &DataType::Int64).ok()?;
+            // A lossy cast (u64 above i64::MAX) shows up as a new null.
+            if a.null_count() != array.null_count() {
+                return None;
+            }
+            let p = a.as_primitive::<Int64Type>();
+            let (lo, hi) = (edges[0], edges[edges.len() - 1] - 1);
+            match (min(p), max(p)) {
+                (Some(mn), Some(mx)) if mn >= lo && mx <= hi => Some(a),
+                (None, None) => Some(a),
+                _ => None,
+            }
+        }
+        ColumnKind::Float { edges } if dt.is_floating() => {
+            let a = cast(array, &DataType::Float64).ok()?;
+            let p = a.as_primitive::<Float64Type>();
+            let (lo, hi) = (edges[0], edges[edges.len() - 1]);
+            // NaN compares false (arrow's max treats NaN as largest), so it falls through.
+            match (min(p), max(p)) {
+                (Some(mn), Some(mx)) if mn >= lo && mx <= hi => Some(a),
+                (None, None) => Some(a),
+                _ => None,
+            }
+        }
+        ColumnKind::Boolean if *dt == DataType::Boolean => Some(array.clone()),
+        ColumnKind::Categorical { .. } => {
+            let set = labels?;
+            let ok = match dt {
+                DataType::Utf8 => all_labels(array.as_string::<i32>(), set),
+                DataType::LargeUtf8 => all_labels(array.as_string::<i64>(), set),
+                DataType::Utf8View => all_labels_view(array.as_string_view(), set),
+                _ => false,
+            };
+            if !ok {
+                return None;
+            }
+            if dt == text { Some(array.clone()) } else { cast(array, text).ok() }
+        }
+        _ => None,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::sync::Arc;
+
+    #[test]
+    fn label_set_membership_is_exact() {
+        let long = "a label longer than sixteen bytes";
+        let s = LabelSet::new(["", "F", "M", "S01", "25-00503", long]);
+        for l in ["", "F", "M", "S01", "25-00503", long] {
+            assert!(s.contains(l.as_bytes()), "{l:?}");
+        }
+        for l in ["f", " F", "F ", "S1", "S010", "a label longer than sixteen byte", "25-00504"] {
+            assert!(!s.contains(l.as_bytes()), "{l:?}");
+        }
+        // Many labels: no false positives or negatives.
+        let many: Vec<String> = (0..1000).map(|i| format!("v{i}")).collect();
+        let s = LabelSet::new(many.iter().map(|x| x.as_str()));
+        assert!((0..1000).all(|i| s.contains(format!("v{i}").as_bytes())));
+        assert!((1000..3000).all(|i| !s.contains(format!("v{i}").as_bytes())));
+    }
+
+    #[test]
+    fn string_views_of_every_length_are_checked() {
+        use datafusion::arrow::array::StringViewArray;
+        use std::collections::BTreeMap;
+        let labels = ["a", "twelve bytes", "thirteen byte", "a much longer label than that"];
+        let col = Column {
+            name: "c".into(),
+            kind: ColumnKind::Categorical {
+                values: labels.iter().map(|x| x.to_string()).collect(),
+                aliases: BTreeMap::new(),
+            },
+            nullable: true,
+            null_tokens: vec![],
+            out_of_domain: super::super::OutOfDomain::Error,
+        };
+        let set = LabelSet::new(labels);
+        let ok: ArrayRef = Arc::new(StringViewArray::from(vec![
+            Some("a"),
+            None,
+            Some("twelve bytes"),
+            Some("thirteen byte"),
+            Some("a much longer label than that"),
+            Some("a"),
+        ]));
+        let out = fast_typed(&col, Some(&set), &DataType::Utf8, &ok).expect("all canonical");
+        assert_eq!(out.data_type(), &DataType::Utf8);
+        assert_eq!(out.as_string::<i32>().value(3), "thirteen byte");
+        assert!(out.is_null(1));
+        for bad in ["b", "twelve byteS", "thirteen bytes", "a much longer label than this", ""] {
+            let arr: ArrayRef = Arc::new(StringViewArray::from(vec![Some("a"), Some(bad)]));
+            assert!(fast_typed(&col, Some(&set), &DataType::Utf8View, &arr).is_none(), "{bad:?}");
+        }
+    }
+}
