@@ -385,6 +385,12 @@ pub struct ImputeReport {
 /// Loads and imputes the data of a spec (crate-private).
 pub(crate) async fn prepare(ctx: &SessionContext, spec: &spec::ImputeSpec) -> Result<Imputed> {
     let ds = Dataset::open("impute", &spec.input, None, &spec.domain)?;
+    prepare_on(ctx, &ds, spec).await
+}
+
+/// Loads and imputes an opened dataset for `spec`'s columns, donor search and
+/// queries (`spec.input`/`spec.domain` are not read).
+pub(crate) async fn prepare_on(ctx: &SessionContext, ds: &Dataset, spec: &spec::ImputeSpec) -> Result<Imputed> {
     let mut needed: Vec<String> = spec.impute.clone();
     for q in &spec.queries {
         needed.extend(q.predicate.iter().map(|p| p.column.clone()));
@@ -401,8 +407,8 @@ pub(crate) async fn prepare(ctx: &SessionContext, spec: &spec::ImputeSpec) -> Re
     all.extend(match_cols.iter().map(|c| c.to_string()));
     all.sort();
     all.dedup();
-    let mut cols = load_columns(ctx, &ds, &needed, &[]).await?;
-    let codes = load_columns(ctx, &ds, &match_cols, &match_cols).await?;
+    let mut cols = load_columns(ctx, ds, &needed, &[]).await?;
+    let codes = load_columns(ctx, ds, &match_cols, &match_cols).await?;
     let n = cols.values().next().map_or(0, |v| v.len());
     let match_codes: Vec<Vec<u32>> =
         (0..n).map(|r| spec.grouping.iter().map(|(c, g)| (codes[c][r].unwrap_or(0.0) as u32) / g).collect()).collect();
@@ -437,29 +443,24 @@ pub fn planned_records(spec: &spec::ImputeSpec, estimator: Estimator) -> Result<
         crate::privacy::Budget::Approx { epsilon, delta } => PrivacyLoss::Approx { epsilon, delta },
         crate::privacy::Budget::Zcdp { .. } => bail!("smooth-sensitivity releases need an ε (or ε, δ) budget"),
     };
-    let mut out = Vec::new();
-    for q in &spec.queries {
-        let parts: &[&str] = match q.kind {
-            QueryKind::Count => &["count"],
-            QueryKind::Proportion { .. } => &["count", "numerator count"],
-            QueryKind::Mean { .. } => &["count", "mean"],
-            QueryKind::Variance { .. } => &["count", "mean", "variance"],
-        };
-        for p in parts {
-            out.push(MechanismRecord {
-                mechanism: match estimator {
-                    Estimator::Smooth => "smooth_sensitivity".into(),
-                    _ => "laplace".into(),
-                },
-                target: format!("{} ({p})", q.name),
-                sensitivity: None,
-                noise: None,
-                loss: loss.clone(),
-                params: serde_json::json!({ "estimator": estimator }),
-            });
-        }
-    }
-    Ok(out)
+    Ok(spec.queries.iter().flat_map(|q| query_records(q, estimator, &loss)).collect())
+}
+
+/// The mechanisms one query charges, each released number at `loss`.
+pub fn query_records(q: &QuerySpec, estimator: Estimator, loss: &PrivacyLoss) -> Vec<MechanismRecord> {
+    (0..q.kind.released_numbers())
+        .map(|i| MechanismRecord {
+            mechanism: match estimator {
+                Estimator::Smooth => "smooth_sensitivity".into(),
+                _ => "laplace".into(),
+            },
+            target: format!("{} ({})", q.name, q.kind.part_names()[i]),
+            sensitivity: None,
+            noise: None,
+            loss: loss.clone(),
+            params: serde_json::json!({ "estimator": estimator }),
+        })
+        .collect()
 }
 
 #[cfg(test)]

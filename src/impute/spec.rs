@@ -60,6 +60,24 @@ pub enum QueryKind {
     },
 }
 
+impl QueryKind {
+    /// The numbers a query of this kind releases, in order (the count of the
+    /// subpopulation comes first: 004 Cor 5.2/5.5/5.7 divide by it).
+    pub fn part_names(&self) -> &'static [&'static str] {
+        match self {
+            QueryKind::Count => &["count"],
+            QueryKind::Proportion { .. } => &["count", "numerator count"],
+            QueryKind::Mean { .. } => &["count", "mean"],
+            QueryKind::Variance { .. } => &["count", "mean", "variance"],
+        }
+    }
+
+    /// How many numbers a query of this kind releases.
+    pub fn released_numbers(&self) -> usize {
+        self.part_names().len()
+    }
+}
+
 /// One query.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct QuerySpec {
@@ -99,9 +117,10 @@ struct RawSpec {
     queries: Vec<RawQuery>,
 }
 
+/// One `match:` entry (a donor-matching attribute).
 #[derive(Debug, Deserialize)]
 #[serde(deny_unknown_fields)]
-struct RawMatch {
+pub(crate) struct RawMatch {
     column: String,
     #[serde(default)]
     kind: Option<AttrKind>,
@@ -206,6 +225,48 @@ pub fn predicates(
     Ok(out)
 }
 
+/// Checks the imputed columns and builds the donor search (1-NN) and the
+/// per-attribute code grouping from `match:` entries; errors name `what`.
+pub(crate) fn matching(
+    domain: &Domain,
+    impute: &[String],
+    matches: &[RawMatch],
+    metric: Metric,
+    what: &str,
+) -> anyhow::Result<(KnnConfig, Vec<(String, u32)>)> {
+    let path = what;
+    for a in impute {
+        let c = domain.column(a).ok_or_else(|| anyhow::anyhow!("{path}: impute: unknown column {a:?}"))?;
+        if !c.nullable {
+            anyhow::bail!("{path}: impute: column {a:?} is not nullable, nothing to impute");
+        }
+    }
+    let mut attrs = Vec::new();
+    let mut grouping = Vec::new();
+    for m in matches {
+        let c =
+            domain.column(&m.column).ok_or_else(|| anyhow::anyhow!("{path}: match: unknown column {:?}", m.column))?;
+        if impute.contains(&m.column) {
+            anyhow::bail!("{path}: match: {:?} is being imputed", m.column);
+        }
+        let kind = m.kind.unwrap_or(match c.kind {
+            ColumnKind::Categorical { .. } | ColumnKind::Boolean => AttrKind::Categorical,
+            _ => AttrKind::Ordinal,
+        });
+        if m.group == 0 || m.weight.is_nan() || m.weight < 0.0 {
+            anyhow::bail!("{path}: match.{}: group must be ≥ 1 and weight ≥ 0", m.column);
+        }
+        attrs.push(MatchAttr {
+            name: m.column.clone(),
+            kind,
+            weight: m.weight,
+            size: (c.cardinality() as u32).div_ceil(m.group),
+        });
+        grouping.push((m.column.clone(), m.group));
+    }
+    Ok((KnnConfig { attrs, metric, k: 1 }, grouping))
+}
+
 impl ImputeSpec {
     /// Loads a spec (paths relative to the file).
     pub fn load(path: &str) -> anyhow::Result<Self> {
@@ -221,36 +282,7 @@ impl ImputeSpec {
         };
         let domain_file = rel(&raw.domain);
         let domain = crate::domain::DomainSpec::load(&domain_file)?.domain;
-        for a in &raw.impute {
-            let c = domain.column(a).ok_or_else(|| anyhow::anyhow!("{path}: impute: unknown column {a:?}"))?;
-            if !c.nullable {
-                anyhow::bail!("{path}: impute: column {a:?} is not nullable, nothing to impute");
-            }
-        }
-        let mut attrs = Vec::new();
-        let mut grouping = Vec::new();
-        for m in &raw.matching {
-            let c = domain
-                .column(&m.column)
-                .ok_or_else(|| anyhow::anyhow!("{path}: match: unknown column {:?}", m.column))?;
-            if raw.impute.contains(&m.column) {
-                anyhow::bail!("{path}: match: {:?} is being imputed", m.column);
-            }
-            let kind = m.kind.unwrap_or(match c.kind {
-                ColumnKind::Categorical { .. } | ColumnKind::Boolean => AttrKind::Categorical,
-                _ => AttrKind::Ordinal,
-            });
-            if m.group == 0 || m.weight.is_nan() || m.weight < 0.0 {
-                anyhow::bail!("{path}: match.{}: group must be ≥ 1 and weight ≥ 0", m.column);
-            }
-            attrs.push(MatchAttr {
-                name: m.column.clone(),
-                kind,
-                weight: m.weight,
-                size: (c.cardinality() as u32).div_ceil(m.group),
-            });
-            grouping.push((m.column.clone(), m.group));
-        }
+        let (knn, grouping) = matching(&domain, &raw.impute, &raw.matching, raw.metric, path)?;
         let mut queries = Vec::new();
         for q in &raw.queries {
             let kinds = [q.count.is_some(), q.mean.is_some(), q.variance.is_some(), q.proportion.is_some()];
@@ -277,7 +309,7 @@ impl ImputeSpec {
             input: rel(&raw.input),
             domain: domain_file,
             impute: raw.impute,
-            knn: KnnConfig { attrs, metric: raw.metric, k: 1 },
+            knn,
             grouping,
             budget: raw.budget.budget("budget")?,
             queries,

@@ -173,6 +173,7 @@ impl Pipeline {
                 max_rows_per_unit: self.max_rows_per_unit,
                 max_groups_per_unit: self.max_groups_per_unit,
                 ledger_dataset: self.dataset.clone(),
+                impute: None,
             },
         );
         for (name, (loc, dom, fmt)) in &self.public_tables {
@@ -186,6 +187,7 @@ impl Pipeline {
                     max_rows_per_unit: 1,
                     max_groups_per_unit: 1,
                     ledger_dataset: name.clone(),
+                    impute: None,
                 },
             );
         }

@@ -39,6 +39,30 @@ pub struct TableEntry {
     pub max_groups_per_unit: u64,
     /// Ledger dataset charged.
     pub ledger_dataset: String,
+    /// kNN imputation behind the `dp_imputed_*` functions (protected tables).
+    pub impute: Option<TableImpute>,
+}
+
+/// How a protected table is imputed for `dp_imputed_*` queries (004): the
+/// imputed rows stay inside the engine; only smooth-sensitivity statistics leave.
+#[derive(Debug, Clone)]
+pub struct TableImpute {
+    /// Imputed columns A.
+    pub columns: Vec<String>,
+    /// Donor search (1-NN over the matching attributes).
+    pub knn: dpflow_udfs::knn::KnnConfig,
+    /// Per matching attribute: (column, code grouping).
+    pub grouping: Vec<(String, u32)>,
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct RawImpute {
+    columns: Vec<String>,
+    #[serde(rename = "match")]
+    matching: Vec<crate::impute::spec::RawMatch>,
+    #[serde(default)]
+    metric: dpflow_udfs::knn::Metric,
 }
 
 /// The catalog.
@@ -119,6 +143,8 @@ struct RawTable {
     max_groups_per_unit: u64,
     #[serde(default)]
     ledger_dataset: Option<String>,
+    #[serde(default)]
+    impute: Option<RawImpute>,
 }
 
 fn one() -> u64 {
@@ -164,6 +190,27 @@ impl Catalog {
             if t.max_rows_per_unit == 0 || t.max_groups_per_unit == 0 {
                 bail!("{what}: contribution bounds must be at least 1");
             }
+            let impute = match &t.impute {
+                None => None,
+                Some(i) => {
+                    if t.public {
+                        bail!("{what}.impute: public tables need no private imputation");
+                    }
+                    if unit != PrivacyUnit::Row || t.max_rows_per_unit != 1 {
+                        bail!(
+                            "{what}.impute: kNN imputation's smooth sensitivity (004) assumes one row per person: use privacy_unit: row"
+                        );
+                    }
+                    let (knn, grouping) = crate::impute::spec::matching(
+                        &spec.domain,
+                        &i.columns,
+                        &i.matching,
+                        i.metric,
+                        &format!("{what}.impute"),
+                    )?;
+                    Some(TableImpute { columns: i.columns.clone(), knn, grouping })
+                }
+            };
             let dataset = Dataset {
                 name: name.clone(),
                 location: resolve(base, &t.location),
@@ -181,6 +228,7 @@ impl Catalog {
                     unit,
                     max_rows_per_unit: t.max_rows_per_unit,
                     max_groups_per_unit: t.max_groups_per_unit,
+                    impute,
                 },
             );
         }

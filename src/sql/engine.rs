@@ -14,6 +14,7 @@ use datafusion::common::{Column, ScalarValue};
 use datafusion::datasource::{MemTable, provider_as_source};
 use datafusion::execution::context::SessionContext;
 use datafusion::functions_aggregate::expr_fn::{count, count_distinct, sum};
+use datafusion::logical_expr::ExprSchemable;
 use datafusion::logical_expr::expr::ScalarFunction;
 use datafusion::logical_expr::{
     Aggregate, Expr, ExprFunctionExt, LogicalPlan, LogicalPlanBuilder, cast, col, lit, when,
@@ -26,6 +27,7 @@ use super::catalog::{Catalog, PrivacyUnit, TableEntry};
 use super::check::{analyze, no_duplicate_sites};
 use super::sites::{CallSite, SiteBudget, prepare};
 use crate::privacy::convert::cdp_rho;
+use crate::privacy::ledger::Reservation;
 use crate::privacy::{Budget, Ledger, MechanismRecord, PrivacyLoss};
 
 /// Largest number of public-domain keys a GROUP BY may enumerate.
@@ -108,7 +110,8 @@ pub struct SqlEngine {
     precharged: bool,
 }
 
-fn parse_f64(e: &Expr, what: &str, func: &str) -> Result<f64> {
+/// A number literal argument (a public constant), or an error naming `what` and `func`.
+pub(super) fn parse_f64(e: &Expr, what: &str, func: &str) -> Result<f64> {
     let v = match e.clone().unalias() {
         Expr::Literal(v, _) => v,
         Expr::Negative(inner) => match *inner {
@@ -227,6 +230,9 @@ impl SqlEngine {
         let prepared = prepare(sql)?;
         let plan = self.ctx.state().create_logical_plan(&prepared.sql).await?;
         no_duplicate_sites(&plan)?;
+        if super::imputed::uses_imputed(&prepared.sites) {
+            return self.imputed_query(&plan, &prepared, budget, force_explain).await;
+        }
         let analysis = analyze(&plan, &self.catalog)?;
         let entry = self.table(&analysis.table)?.clone();
         for (public, keys) in &analysis.public_joins {
@@ -265,19 +271,36 @@ impl SqlEngine {
             });
         }
         // Reserve before touching data; refuse if it does not fit.
+        let reservation = self.reserve(&entry.ledger_dataset, &records)?;
+        let outcome = self.execute(&plan, &agg, &entry, &planned, domain_keys, selection.as_ref()).await;
+        self.settle(outcome, reservation, records)
+    }
+
+    /// Reserves `records` in the ledger before any data is read (refusing a
+    /// query that does not fit), or checks that running unrecorded is allowed.
+    fn reserve(&mut self, dataset: &str, records: &[MechanismRecord]) -> Result<Option<Reservation>> {
         self.counter += 1;
         let release_id =
             format!("sql-{}-{}-{}", chrono::Utc::now().format("%Y%m%dT%H%M%S%.6fZ"), std::process::id(), self.counter);
-        let reservation = match self.ledger.as_mut() {
-            Some(l) => Some(l.reserve(&entry.ledger_dataset, &release_id, &records, None)?),
+        match self.ledger.as_mut() {
+            Some(l) => Ok(Some(l.reserve(dataset, &release_id, records, None)?)),
             None => {
                 if self.unsafe_seed.is_none() && !self.precharged {
                     bail!("the catalog has no ledger: DP queries must be charged to a ledger");
                 }
-                None
+                Ok(None)
             }
-        };
-        let outcome = self.execute(&plan, &agg, &entry, &planned, domain_keys, selection.as_ref()).await;
+        }
+    }
+
+    /// Commits the reservation when the query succeeded; returns it (nothing
+    /// left the process) when it failed.
+    fn settle(
+        &self,
+        outcome: Result<Vec<RecordBatch>>,
+        reservation: Option<Reservation>,
+        records: Vec<MechanismRecord>,
+    ) -> Result<QueryResult> {
         match (outcome, reservation) {
             (Ok(batches), Some(r)) => {
                 let l = self.ledger.as_ref().expect("reserved");
@@ -294,12 +317,85 @@ impl SqlEngine {
                 Ok(QueryResult { batches, mechanisms: records, explain: None, charge_id: None, remaining: None })
             }
             (Err(e), Some(r)) => {
-                // Nothing left the process: return the reservation.
                 let _ = self.ledger.as_ref().expect("reserved").release(r.charge_id, &format!("query failed: {e:#}"));
                 Err(e)
             }
             (Err(e), None) => Err(e),
         }
+    }
+
+    /// A `dp_imputed_*` query (see [`super::imputed`]): plan and charge, impute
+    /// inside the engine, release each statistic with smooth-sensitivity noise.
+    async fn imputed_query(
+        &mut self,
+        plan: &LogicalPlan,
+        prepared: &super::sites::Prepared,
+        budget: Option<Budget>,
+        force_explain: bool,
+    ) -> Result<QueryResult> {
+        use crate::impute::{Estimator, query_records};
+        let ip =
+            super::imputed::plan_imputed(plan, &self.catalog, &prepared.sites, budget.or(self.catalog.query_budget))?;
+        let records: Vec<MechanismRecord> = ip
+            .calls
+            .iter()
+            .flat_map(|(q, eps)| query_records(q, Estimator::Smooth, &PrivacyLoss::Pure { epsilon: *eps }))
+            .collect();
+        if prepared.explain || force_explain {
+            let rows = records
+                .iter()
+                .map(|r| ExplainRow {
+                    aggregate: r.target.clone(),
+                    mechanism: "smooth_sensitivity_generalized_cauchy".into(),
+                    sensitivity: None,
+                    noise_scale: None,
+                    loss: r.loss.describe(),
+                })
+                .collect();
+            return Ok(QueryResult {
+                batches: vec![],
+                mechanisms: records,
+                explain: Some(rows),
+                charge_id: None,
+                remaining: None,
+            });
+        }
+        let reservation = self.reserve(&ip.table.ledger_dataset, &records)?;
+        let outcome = self.run_imputed(&ip).await;
+        self.settle(outcome, reservation, records)
+    }
+
+    async fn run_imputed(&mut self, ip: &super::imputed::ImputedPlan) -> Result<Vec<RecordBatch>> {
+        let imp = ip.table.impute.as_ref().expect("checked by plan_imputed");
+        let spec = crate::impute::spec::ImputeSpec {
+            input: ip.table.dataset.location.clone(),
+            domain: String::new(),
+            impute: imp.columns.clone(),
+            knn: imp.knn.clone(),
+            grouping: imp.grouping.clone(),
+            budget: Budget::Pure { epsilon: 1.0 },
+            queries: ip.calls.iter().map(|(q, _)| q.clone()).collect(),
+        };
+        let data = crate::impute::prepare_on(&self.ctx, &ip.table.dataset, &spec).await?;
+        let mut values = Vec::new();
+        for (q, eps) in &ip.calls {
+            let r = crate::impute::answer(
+                &data,
+                std::slice::from_ref(q),
+                crate::impute::Estimator::Smooth,
+                *eps,
+                None,
+                &mut self.rng,
+            )?;
+            values.push(r[0].value);
+        }
+        let fields: Vec<Field> = ip.outputs.iter().map(|(n, _)| Field::new(n, DataType::Float64, true)).collect();
+        let columns: Vec<ArrayRef> = ip
+            .outputs
+            .iter()
+            .map(|(_, i)| Arc::new(datafusion::arrow::array::Float64Array::from(vec![values[*i]])) as ArrayRef)
+            .collect();
+        Ok(vec![RecordBatch::try_new(Arc::new(Schema::new(fields)), columns)?])
     }
 
     /// A join with a public table must not multiply protected rows: its keys must be unique.
@@ -535,8 +631,37 @@ impl SqlEngine {
         let bounded = self.bound_contributions(agg, entry)?;
         // Exact helper aggregates, executed once.
         let mut helpers: Vec<Expr> = Vec::new();
+        let mut fixups: Vec<Fixup> = Vec::new();
+        let schema = bounded.schema().clone();
+        let domain = entry.dataset.domain();
+        let int_arg = |e: &Expr| -> Option<Option<(f64, f64)>> {
+            if !e.get_type(&schema).ok()?.is_integer() {
+                return None;
+            }
+            // A bare column that reaches the aggregate unchanged keeps its domain's bounds.
+            let bounds = match e {
+                Expr::Column(c) if passes_unchanged(&agg.input, &c.name) => {
+                    match domain.column(&c.name).map(|x| &x.kind) {
+                        Some(ColumnKind::Integer { edges }) => {
+                            Some((edges[0] as f64, (edges[edges.len() - 1] - 1) as f64))
+                        }
+                        _ => None,
+                    }
+                }
+                _ => None,
+            };
+            Some(bounds)
+        };
         for p in planned {
-            helpers.extend(helper_exprs(p));
+            let offset = helpers.len();
+            let (exprs, fx) = helper_exprs(p, &int_arg);
+            fixups.extend(fx.into_iter().map(|f| Fixup {
+                col: f.col + offset,
+                count: f.count.map(|c| c + offset),
+                rows: f.rows + offset,
+                ..f
+            }));
+            helpers.extend(exprs);
         }
         let units_col = "__units".to_string();
         if selection.is_some() {
@@ -555,9 +680,16 @@ impl SqlEngine {
             for r in 0..b.num_rows() {
                 let key: Vec<ScalarValue> =
                     (0..g).map(|c| ScalarValue::try_from_array(b.column(c), r)).collect::<Result<_, _>>()?;
-                let vals: Vec<f64> = (g..b.num_columns())
+                let mut vals: Vec<f64> = (g..b.num_columns())
                     .map(|c| scalar_f64(&ScalarValue::try_from_array(b.column(c), r)?))
                     .collect::<Result<_>>()?;
+                for f in &fixups {
+                    if vals[f.rows] * f.max_abs >= 9.0e18 {
+                        bail!("the exact sum could overflow 64-bit integers; narrow the bounds");
+                    }
+                    let n = f.count.map_or(0.0, |c| vals[c]);
+                    vals[f.col] = (vals[f.col] - n * f.mid) / f.g;
+                }
                 order.push(key.clone());
                 exact.insert(key, vals);
             }
@@ -747,20 +879,23 @@ impl SqlEngine {
     }
 }
 
-/// `dp_count(Int64(1),Utf8("__dp_site_0"))` → `dp_count(*)` in output column names.
-fn rename_dp_columns(b: RecordBatch) -> RecordBatch {
-    let clean = |name: &str| -> String {
-        let mut n = name.to_string();
-        while let Some(i) = n.find(",Utf8(\"__dp_site_") {
-            match n[i..].find("\")") {
-                Some(j) => n.replace_range(i..i + j + 2, ""),
-                None => break,
-            }
+/// `dp_count(Int64(1),Utf8("__dp_site_0"))` → `dp_count(*)`: a DP call's
+/// planned name without its site tag.
+pub(super) fn clean_dp_name(name: &str) -> String {
+    let mut n = name.to_string();
+    while let Some(i) = n.find(",Utf8(\"__dp_site_") {
+        match n[i..].find("\")") {
+            Some(j) => n.replace_range(i..i + j + 2, ""),
+            None => break,
         }
-        n.replace("dp_count(Int64(1))", "dp_count(*)")
-    };
+    }
+    n.replace("dp_count(Int64(1))", "dp_count(*)").replace("dp_imputed_count(Int64(1))", "dp_imputed_count(*)")
+}
+
+/// Output column names without site tags.
+fn rename_dp_columns(b: RecordBatch) -> RecordBatch {
     let fields: Vec<Field> =
-        b.schema().fields().iter().map(|f| f.as_ref().clone().with_name(clean(f.name()))).collect();
+        b.schema().fields().iter().map(|f| f.as_ref().clone().with_name(clean_dp_name(f.name()))).collect();
     RecordBatch::try_new(Arc::new(Schema::new(fields)), b.columns().to_vec()).unwrap_or(b)
 }
 
@@ -915,13 +1050,84 @@ fn plan_one(
     Ok(Planned { field, kind, noise, grid, records, helpers, quantile })
 }
 
-fn helper_exprs(p: &Planned) -> Vec<Expr> {
+/// Turns an exact integer helper sum S into grid units: (S − n·mid)/g, with n
+/// the helper column `count` (or 0).
+#[derive(Debug, Clone, Copy)]
+struct Fixup {
+    col: usize,
+    count: Option<usize>,
+    /// Helper column with (an upper bound on) the rows summed.
+    rows: usize,
+    mid: f64,
+    g: f64,
+    /// max(|lo|, |hi|): rows × this must fit a 64-bit integer sum.
+    max_abs: f64,
+}
+
+/// Whether x/g is an exact integer for x = v (v a finite float).
+fn on_grid(v: f64, g: f64) -> bool {
+    let u = v / g;
+    u.fract() == 0.0 && u.abs() < 2f64.powi(52)
+}
+
+/// The exact helper aggregates of one DP call, and the fix-ups that turn
+/// integer sums into grid units. `int_arg(arg)` says whether an argument is
+/// integer-typed (`Some`) and, for a bare domain column, its public bounds.
+///
+/// Integer arguments with integer bounds on the grid are summed as integers
+/// (clamped with a CASE only when the public domain is not already inside
+/// [lo, hi]) and converted exactly afterwards: Σ round((clamp(x) − mid)/g)
+/// = (Σ clamp(x) − n·mid)/g when x, lo, hi and mid are multiples of g. Other
+/// arguments are clamped, centred and rounded to the grid row by row.
+/// For an aggregate argument: `None` if it is not integer-typed, else the
+/// public bounds of its domain column when it is a bare column.
+type IntArg<'a> = &'a dyn Fn(&Expr) -> Option<Option<(f64, f64)>>;
+
+fn helper_exprs(p: &Planned, int_arg: IntArg<'_>) -> (Vec<Expr>, Vec<Fixup>) {
     let mut out = Vec::new();
+    let mut fixups = Vec::new();
+    let g = 2f64.powi(p.grid);
+    let exact = |arg: &Expr, lo: f64, hi: f64| -> Option<Expr> {
+        let bounds = int_arg(arg)?;
+        let mid = (lo + hi) / 2.0;
+        if !(lo.fract() == 0.0 && hi.fract() == 0.0 && on_grid(lo, g) && on_grid(hi, g) && on_grid(mid, g)) {
+            return None;
+        }
+        if lo.abs().max(hi.abs()) >= 2f64.powi(52) || g > 1.0 {
+            return None;
+        }
+        let x = cast(arg.clone(), DataType::Int64);
+        Some(match bounds {
+            Some((dlo, dhi)) if dlo >= lo && dhi <= hi => x,
+            _ => when(x.clone().lt(lit(lo as i64)), lit(lo as i64))
+                .when(x.clone().gt(lit(hi as i64)), lit(hi as i64))
+                .otherwise(x)
+                .expect("valid CASE"),
+        })
+    };
     match &p.kind {
         Kind::Count { arg } => out.push(count(arg.clone().unwrap_or(lit(1)))),
         Kind::Sum { arg, lo, hi } => {
-            out.push(sum(to_units(clamp_expr(arg.clone(), *lo, *hi), p.grid)));
+            match exact(arg, *lo, *hi) {
+                Some(x) => {
+                    out.push(sum(x));
+                    fixups.push(Fixup { col: 0, count: None, rows: 1, mid: 0.0, g, max_abs: lo.abs().max(hi.abs()) });
+                }
+                None => out.push(sum(to_units(clamp_expr(arg.clone(), *lo, *hi), p.grid))),
+            }
             out.push(count(lit(1)));
+        }
+        Kind::Avg { arg, lo, hi } if exact(arg, *lo, *hi).is_some() => {
+            out.push(count(arg.clone()));
+            out.push(sum(exact(arg, *lo, *hi).expect("checked")));
+            fixups.push(Fixup {
+                col: 1,
+                count: Some(0),
+                rows: 0,
+                mid: (lo + hi) / 2.0,
+                g,
+                max_abs: lo.abs().max(hi.abs()),
+            });
         }
         Kind::Avg { arg, lo, hi } | Kind::Var { arg, lo, hi } => {
             let mid = (lo + hi) / 2.0;
@@ -934,7 +1140,7 @@ fn helper_exprs(p: &Planned) -> Vec<Expr> {
         }
         Kind::Quantile { .. } => {}
     }
-    out.into_iter().zip(&p.helpers).map(|(e, n)| e.alias(n)).collect()
+    (out.into_iter().zip(&p.helpers).map(|(e, n)| e.alias(n)).collect(), fixups)
 }
 
 /// A requested confidence bound.

@@ -5,6 +5,7 @@
 pub mod catalog;
 pub mod check;
 pub mod engine;
+pub mod imputed;
 pub mod sites;
 
 pub use catalog::{Catalog, PrivacyUnit, TableEntry};

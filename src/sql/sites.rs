@@ -15,7 +15,7 @@ use datafusion::sql::sqlparser::ast::{
 use datafusion::sql::sqlparser::dialect::GenericDialect;
 use datafusion::sql::sqlparser::parser::Parser;
 
-use dpflow_udfs::dp::DP_AGGREGATES;
+use dpflow_udfs::dp::{DP_AGGREGATES, DP_IMPUTED_AGGREGATES};
 
 /// A budget share given at a call site.
 #[derive(Debug, Clone, Copy, PartialEq)]
@@ -76,7 +76,7 @@ pub fn prepare(sql: &str) -> Result<Prepared> {
     let _ = visit_expressions_mut(&mut stmt, |e: &mut Expr| {
         if let Expr::Function(f) = e {
             let name = f.name.to_string().to_ascii_lowercase();
-            if !DP_AGGREGATES.contains(&name.as_str()) {
+            if !DP_AGGREGATES.contains(&name.as_str()) && !DP_IMPUTED_AGGREGATES.contains(&name.as_str()) {
                 return ControlFlow::<()>::Continue(());
             }
             let FunctionArguments::List(list) = &mut f.args else {
@@ -115,7 +115,9 @@ pub fn prepare(sql: &str) -> Result<Prepared> {
                             }
                         });
                     }
-                    FunctionArg::Unnamed(FunctionArgExpr::Wildcard) if name == "dp_count" => {
+                    FunctionArg::Unnamed(FunctionArgExpr::Wildcard)
+                        if name == "dp_count" || name == "dp_imputed_count" =>
+                    {
                         positional.push(FunctionArg::Unnamed(FunctionArgExpr::Expr(Expr::value(Value::Number(
                             "1".into(),
                             false,

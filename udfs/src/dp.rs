@@ -1,6 +1,7 @@
 //! DP SQL functions as DataFusion UDAF/UDF *markers*.
 //!
-//! `dp_count`, `dp_sum`, `dp_avg`, `dp_var`, `dp_quantile` and the CI markers
+//! `dp_count`, `dp_sum`, `dp_avg`, `dp_var`, `dp_quantile`, the `dp_imputed_*`
+//! statistics and the CI markers
 //! `dp_ci_low` / `dp_ci_high` only carry signatures and return types. They can
 //! never produce a value inside DataFusion (their accumulators refuse to run):
 //! dpflow's DP SQL engine rewrites them into exact, contribution-bounded helper
@@ -25,6 +26,11 @@ use datafusion::logical_expr::{
 
 /// The DP aggregate kinds.
 pub const DP_AGGREGATES: [&str; 5] = ["dp_count", "dp_sum", "dp_avg", "dp_var", "dp_quantile"];
+
+/// DP statistics on kNN-imputed data (smooth sensitivity; dpflow's engine
+/// runs the imputation and the noise, the markers only plan).
+pub const DP_IMPUTED_AGGREGATES: [&str; 4] =
+    ["dp_imputed_count", "dp_imputed_mean", "dp_imputed_var", "dp_imputed_proportion"];
 
 /// A DP aggregate marker.
 #[derive(Debug, PartialEq, Eq, Hash)]
@@ -61,9 +67,9 @@ impl AggregateUDFImpl for DpAggregateMarker {
     }
 }
 
-/// All DP aggregate markers.
+/// All DP aggregate markers (including the imputed-statistics ones).
 pub fn dp_aggregates() -> Vec<AggregateUDF> {
-    DP_AGGREGATES.iter().map(|n| AggregateUDF::from(DpAggregateMarker::new(n))).collect()
+    DP_AGGREGATES.iter().chain(&DP_IMPUTED_AGGREGATES).map(|n| AggregateUDF::from(DpAggregateMarker::new(n))).collect()
 }
 
 /// `dp_ci_low(dp_agg, level)` / `dp_ci_high(dp_agg, level)` markers.
