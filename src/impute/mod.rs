@@ -451,7 +451,10 @@ pub fn query_records(q: &QuerySpec, estimator: Estimator, loss: &PrivacyLoss) ->
     (0..q.kind.released_numbers())
         .map(|i| MechanismRecord {
             mechanism: match estimator {
-                Estimator::Smooth => "smooth_sensitivity".into(),
+                Estimator::Smooth => match loss {
+                    PrivacyLoss::Approx { .. } => "smooth_sensitivity_gaussian".into(),
+                    _ => "smooth_sensitivity_generalized_cauchy".into(),
+                },
                 _ => "laplace".into(),
             },
             target: format!("{} ({})", q.name, q.kind.part_names()[i]),

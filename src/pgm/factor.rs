@@ -17,45 +17,9 @@ pub struct Factor {
 /// (0 for dimensions the small table does not have).
 #[inline]
 pub fn for_each_pair(shape: &[usize], sub_strides: &[usize], mut f: impl FnMut(usize, usize)) {
-    let nd = shape.len();
-    if nd == 0 {
-        f(0, 0);
-        return;
-    }
-    let total: usize = shape.iter().product();
-    if total == 0 {
-        return;
-    }
-    let last = nd - 1;
-    let inner = shape[last];
-    let s_inner = sub_strides[last];
-    let mut counter = vec![0usize; nd];
-    let mut small = 0usize;
-    let mut big = 0usize;
-    loop {
-        // Innermost run.
-        let mut s = small;
-        for _ in 0..inner {
-            f(big, s);
-            big += 1;
-            s += s_inner;
-        }
-        // Odometer over the outer dimensions.
-        let mut d = last;
-        loop {
-            if d == 0 {
-                return;
-            }
-            d -= 1;
-            counter[d] += 1;
-            small += sub_strides[d];
-            if counter[d] < shape[d] {
-                break;
-            }
-            small -= sub_strides[d] * shape[d];
-            counter[d] = 0;
-        }
-    }
+    // The big table's own row-major strides; the third index is unused.
+    let zeros = vec![0usize; shape.len()];
+    for_each_triple(shape, &strides(shape), sub_strides, &zeros, |big, small, _| f(big, small));
 }
 
 /// Calls `f(a, b, out)` for every cell of a table of `shape`, with three

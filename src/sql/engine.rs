@@ -249,26 +249,7 @@ impl SqlEngine {
             records.push(rec.clone());
         }
         if prepared.explain || force_explain {
-            let rows = records
-                .iter()
-                .map(|r| ExplainRow {
-                    aggregate: r.target.clone(),
-                    mechanism: r.mechanism.clone(),
-                    sensitivity: r.sensitivity,
-                    noise_scale: r.noise.map(|n| match n {
-                        NoiseDistribution::Laplace { scale } => scale,
-                        NoiseDistribution::Gaussian { sigma } => sigma,
-                    }),
-                    loss: r.loss.describe(),
-                })
-                .collect();
-            return Ok(QueryResult {
-                batches: vec![],
-                mechanisms: records,
-                explain: Some(rows),
-                charge_id: None,
-                remaining: None,
-            });
+            return Ok(explained(records));
         }
         // Reserve before touching data; refuse if it does not fit.
         let reservation = self.reserve(&entry.ledger_dataset, &records)?;
@@ -342,23 +323,8 @@ impl SqlEngine {
             .flat_map(|(q, eps)| query_records(q, Estimator::Smooth, &PrivacyLoss::Pure { epsilon: *eps }))
             .collect();
         if prepared.explain || force_explain {
-            let rows = records
-                .iter()
-                .map(|r| ExplainRow {
-                    aggregate: r.target.clone(),
-                    mechanism: "smooth_sensitivity_generalized_cauchy".into(),
-                    sensitivity: None,
-                    noise_scale: None,
-                    loss: r.loss.describe(),
-                })
-                .collect();
-            return Ok(QueryResult {
-                batches: vec![],
-                mechanisms: records,
-                explain: Some(rows),
-                charge_id: None,
-                remaining: None,
-            });
+            // The smooth bound (hence the noise scale) is data-dependent: not shown.
+            return Ok(explained(records));
         }
         let reservation = self.reserve(&ip.table.ledger_dataset, &records)?;
         let outcome = self.run_imputed(&ip).await;
@@ -897,6 +863,24 @@ fn rename_dp_columns(b: RecordBatch) -> RecordBatch {
     let fields: Vec<Field> =
         b.schema().fields().iter().map(|f| f.as_ref().clone().with_name(clean_dp_name(f.name()))).collect();
     RecordBatch::try_new(Arc::new(Schema::new(fields)), b.columns().to_vec()).unwrap_or(b)
+}
+
+/// The EXPLAIN answer for `records` (nothing charged, no data read).
+fn explained(records: Vec<MechanismRecord>) -> QueryResult {
+    let rows = records
+        .iter()
+        .map(|r| ExplainRow {
+            aggregate: r.target.clone(),
+            mechanism: r.mechanism.clone(),
+            sensitivity: r.sensitivity,
+            noise_scale: r.noise.map(|n| match n {
+                NoiseDistribution::Laplace { scale } => scale,
+                NoiseDistribution::Gaussian { sigma } => sigma,
+            }),
+            loss: r.loss.describe(),
+        })
+        .collect();
+    QueryResult { batches: vec![], mechanisms: records, explain: Some(rows), charge_id: None, remaining: None }
 }
 
 /// Whether column `name` reaches the top of `plan` unchanged from a table scan.
