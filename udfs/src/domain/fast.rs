@@ -24,6 +24,10 @@ pub(crate) struct LabelSet {
     /// low 32 bits, the bytes inline after it, zero-padded), so a
     /// `StringViewArray` row is tested on its view alone.
     views: Vec<u128>,
+    /// When every label is inline: a collision-free table (each label at its
+    /// home slot under `perfect_mul`), so a view is tested with one load and
+    /// one compare, without branches.
+    perfect: Option<(Vec<u128>, u64, u32)>,
 }
 
 const EMPTY: u128 = u128::MAX;
@@ -50,8 +54,13 @@ impl LabelSet {
     pub(crate) fn new<'a>(labels: impl IntoIterator<Item = &'a str>) -> Self {
         let labels: Vec<&str> = labels.into_iter().collect();
         let bits = (labels.len().max(1) * 4).next_power_of_two().trailing_zeros().max(4);
-        let mut set =
-            Self { slots: vec![EMPTY; 1 << bits], shift: 64 - bits, long: Vec::new(), views: vec![EMPTY; 1 << bits] };
+        let mut set = Self {
+            slots: vec![EMPTY; 1 << bits],
+            shift: 64 - bits,
+            long: Vec::new(),
+            views: vec![EMPTY; 1 << bits],
+            perfect: perfect_table(&labels),
+        };
         for l in &labels {
             if let Some(v) = inline_view(l.as_bytes()) {
                 insert(&mut set.views, v, set.shift);
@@ -80,6 +89,39 @@ impl LabelSet {
     fn contains_view(&self, view: u128) -> bool {
         probe(&self.views, view, self.shift)
     }
+}
+
+#[inline]
+fn perfect_slot(view: u128, mul: u64, shift: u32) -> usize {
+    (((view as u64) ^ ((view >> 64) as u64)).wrapping_mul(mul) >> shift) as usize
+}
+
+/// A table in which every label's view sits at its own home slot, if the
+/// labels are all inline (≤ 12 bytes) and a multiplier is found (tried in a
+/// fixed order, at sizes up to 64 slots per label).
+fn perfect_table(labels: &[&str]) -> Option<(Vec<u128>, u64, u32)> {
+    let views: Vec<u128> = labels.iter().map(|l| inline_view(l.as_bytes())).collect::<Option<_>>()?;
+    let mut mul: u64 = 0x9E37_79B9_7F4A_7C15;
+    for bits in (views.len().max(1) * 4).next_power_of_two().trailing_zeros().max(4)..=20 {
+        if (1usize << bits) > 64 * views.len().max(4) {
+            break;
+        }
+        for _ in 0..64 {
+            let shift = 64 - bits;
+            let mut slots = vec![EMPTY; 1 << bits];
+            if views.iter().all(|&v| {
+                let i = perfect_slot(v, mul, shift);
+                let free = slots[i] == EMPTY || slots[i] == v;
+                slots[i] = v;
+                free
+            }) {
+                return Some((slots, mul, shift));
+            }
+            // Next odd multiplier (splitmix step).
+            mul = (mul ^ (mul >> 31)).wrapping_mul(0xBF58_476D_1CE4_E5B9) | 1;
+        }
+    }
+    None
 }
 
 /// The Arrow view of an inline string (≤ 12 bytes).
@@ -139,6 +181,14 @@ fn all_labels<O: OffsetSizeTrait>(a: &GenericStringArray<O>, set: &LabelSet) -> 
 }
 
 fn all_labels_view(a: &StringViewArray, set: &LabelSet) -> bool {
+    if let (Some((slots, mul, shift)), 0) = (&set.perfect, a.null_count()) {
+        // Branch-free: a view matches iff it is the label at its home slot
+        // (a view longer than 12 bytes never equals an inline label's view).
+        return a
+            .views()
+            .chunks(1024)
+            .all(|chunk| chunk.iter().fold(true, |ok, &v| ok & (slots[perfect_slot(v, *mul, *shift)] == v)));
+    }
     let mut prev = EMPTY;
     for (i, &v) in a.views().iter().enumerate() {
         if v == prev {
@@ -178,6 +228,11 @@ pub(crate) fn fast_typed(
             }
             let p = a.as_primitive::<Int64Type>();
             let (lo, hi) = (edges[0], edges[edges.len() - 1] - 1);
+            if p.null_count() == 0 {
+                // One branch-free pass (vectorises) instead of min and max.
+                let inside = p.values().iter().fold(true, |ok, &x| ok & (x >= lo) & (x <= hi));
+                return inside.then_some(a);
+            }
             match (min(p), max(p)) {
                 (Some(mn), Some(mx)) if mn >= lo && mx <= hi => Some(a),
                 (None, None) => Some(a),
@@ -188,6 +243,11 @@ pub(crate) fn fast_typed(
             let a = cast(array, &DataType::Float64).ok()?;
             let p = a.as_primitive::<Float64Type>();
             let (lo, hi) = (edges[0], edges[edges.len() - 1]);
+            if p.null_count() == 0 {
+                // NaN fails both comparisons, so it falls through to the row path.
+                let inside = p.values().iter().fold(true, |ok, &x| ok & (x >= lo) & (x <= hi));
+                return inside.then_some(a);
+            }
             // NaN compares false (arrow's max treats NaN as largest), so it falls through.
             match (min(p), max(p)) {
                 (Some(mn), Some(mx)) if mn >= lo && mx <= hi => Some(a),
@@ -236,6 +296,32 @@ mod tests {
     }
 
     #[test]
+    fn numeric_bounds_are_checked_with_and_without_nulls() {
+        use datafusion::arrow::array::{Float64Array, Int32Array};
+        let int = Column {
+            name: "i".into(),
+            kind: ColumnKind::Integer { edges: vec![0, 10, 20, 100] },
+            nullable: true,
+            null_tokens: vec![],
+            out_of_domain: super::super::OutOfDomain::Error,
+        };
+        let t = DataType::Utf8;
+        let ok: ArrayRef = Arc::new(Int32Array::from(vec![0, 99, 42]));
+        assert_eq!(fast_typed(&int, None, &t, &ok).unwrap().data_type(), &DataType::Int64);
+        for bad in [vec![Some(0), Some(100)], vec![Some(-1), None], vec![None, Some(100)]] {
+            let arr: ArrayRef = Arc::new(Int32Array::from(bad.clone()));
+            assert!(fast_typed(&int, None, &t, &arr).is_none(), "{bad:?}");
+        }
+        let with_null: ArrayRef = Arc::new(Int32Array::from(vec![Some(5), None]));
+        assert!(fast_typed(&int, None, &t, &with_null).is_some());
+        let real = Column { kind: ColumnKind::Float { edges: vec![0.0, 0.5, 1.0] }, ..int };
+        for (vals, want) in [(vec![0.0, 1.0], true), (vec![0.0, f64::NAN], false), (vec![1.0000001], false)] {
+            let arr: ArrayRef = Arc::new(Float64Array::from(vals.clone()));
+            assert_eq!(fast_typed(&real, None, &t, &arr).is_some(), want, "{vals:?}");
+        }
+    }
+
+    #[test]
     fn string_views_of_every_length_are_checked() {
         use datafusion::arrow::array::StringViewArray;
         use std::collections::BTreeMap;
@@ -263,6 +349,18 @@ mod tests {
         assert_eq!(out.data_type(), &DataType::Utf8);
         assert_eq!(out.as_string::<i32>().value(3), "thirteen byte");
         assert!(out.is_null(1));
+        // All-inline labels, no nulls: the branch-free table.
+        let short = LabelSet::new((0..50).map(|i| if i % 2 == 0 { "S0" } else { "T1" }).chain(["twelve bytes"]));
+        assert!(short.perfect.is_some());
+        let many: Vec<String> = (0..500).map(|i| format!("L{i:03}")).collect();
+        let big = LabelSet::new(many.iter().map(|x| x.as_str()));
+        assert!(big.perfect.is_some());
+        let arr = StringViewArray::from(many.iter().map(|x| x.as_str()).collect::<Vec<_>>());
+        assert!(all_labels_view(&arr, &big));
+        for bad in ["L500", "L00", "", "L0000000000001", "a much longer label than that"] {
+            let arr = StringViewArray::from(vec!["L001", bad, "L002"]);
+            assert!(!all_labels_view(&arr, &big), "{bad:?}");
+        }
         for bad in ["b", "twelve byteS", "thirteen bytes", "a much longer label than this", ""] {
             let arr: ArrayRef = Arc::new(StringViewArray::from(vec![Some("a"), Some(bad)]));
             assert!(fast_typed(&col, Some(&set), &DataType::Utf8View, &arr).is_none(), "{bad:?}");
