@@ -3,7 +3,7 @@
 # Parquet, as a DP query (protected table, dp_count/dp_avg, contribution
 # bounding off: one row per unit) with `dpflow sql`, and as the plain query in
 # DataFusion (`dpflow bench plain-sql`, the same binary, so process start-up is
-# the same). Prints the median wall time of 5 runs each.
+# the same). Prints the median wall time of RUNS interleaved runs each.
 #
 #   cargo build --release && benches/sql_overhead.sh [ROWS]
 set -euo pipefail
@@ -22,20 +22,24 @@ create_ledger_if_missing:
 tables:
   people: {location: $(realpath "$f"), domain: $(realpath "$OUT/bench.yaml"), privacy_unit: row}
 YAML
-time_it() {
-  python3 - "$@" <<'PY'
+# Interleaved runs (DP, plain, DP, ...) so both see the same machine state;
+# RUNS of each (default 21), medians.
+RUNS=${RUNS:-21}
+python3 - "$RUNS" "$BIN" "$d/catalog.yaml" "$(realpath "$f")" "$N" <<'PY'
 import statistics, subprocess, sys, time
-ts = []
-for _ in range(5):
-    t = time.time()
-    subprocess.run(sys.argv[1:], check=True, capture_output=True)
-    ts.append(time.time() - t)
-print(f"{statistics.median(ts):.3f}")
-PY
-}
-dp=$(time_it "$BIN" sql --catalog "$d/catalog.yaml" --epsilon 1 -e \
-  "SELECT state, dp_count(*) AS n, dp_avg(hours, 0, 99) AS h FROM people GROUP BY state")
+runs, bin_, catalog, data, n = int(sys.argv[1]), sys.argv[2], sys.argv[3], sys.argv[4], sys.argv[5]
+dp = [bin_, "sql", "--catalog", catalog, "--epsilon", "1", "-e",
+      "SELECT state, dp_count(*) AS n, dp_avg(hours, 0, 99) AS h FROM people GROUP BY state"]
 # The plain query in DataFusion (dpflow's SQL front end refuses non-DP queries by design).
-plain=$(time_it "$BIN" bench plain-sql --input "$(realpath "$f")" --query \
-  "SELECT state, count(*) AS n, avg(hours) AS h FROM t GROUP BY state")
-echo "rows=$N dp_seconds=$dp plain_seconds=$plain ratio=$(python3 -c "print(round($dp/$plain, 3))")"
+plain = [bin_, "bench", "plain-sql", "--input", data, "--query",
+         "SELECT state, count(*) AS n, avg(hours) AS h FROM t GROUP BY state"]
+ts = {"dp": [], "plain": []}
+subprocess.run(dp, check=True, capture_output=True)  # creates the ledger, warms the cache
+for _ in range(runs):
+    for k, cmd in (("dp", dp), ("plain", plain)):
+        t = time.time()
+        subprocess.run(cmd, check=True, capture_output=True)
+        ts[k].append(time.time() - t)
+a, b = statistics.median(ts["dp"]), statistics.median(ts["plain"])
+print(f"rows={n} runs={runs} dp_seconds={a:.4f} plain_seconds={b:.4f} ratio={a / b:.3f}")
+PY

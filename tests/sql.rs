@@ -291,14 +291,15 @@ async fn integer_sums_are_exact_and_match_the_row_by_row_path() {
     let q = |arg: &str| {
         format!(
             "SELECT dp_sum({arg}, 0, 1000, epsilon => 1) AS s, dp_avg({arg}, 0, 1999, epsilon => 1) AS a, \
-             dp_avg({arg}, -7, 500, epsilon => 1) AS b FROM keyed"
+             dp_avg({arg}, -7, 500, epsilon => 1) AS b, dp_var({arg}, 0, 1999, epsilon => 1) AS v, \
+             dp_var({arg}, 3, 1000, epsilon => 1) AS w FROM keyed"
         )
     };
     let mut e = engine(dir.path(), 21).await;
     let int = e.query(&q("k"), None).await.unwrap();
     let mut e = engine(dir.path(), 21).await;
     let float = e.query(&q("CAST(k AS DOUBLE)"), None).await.unwrap();
-    for c in ["s", "a", "b"] {
+    for c in ["s", "a", "b", "v", "w"] {
         assert_eq!(column_f64(&int.batches, c), column_f64(&float.batches, c), "{c}");
     }
     // And the released sum is near the exact clamped sum (Laplace scale 1000/ε).

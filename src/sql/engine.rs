@@ -625,6 +625,7 @@ impl SqlEngine {
                 col: f.col + offset,
                 count: f.count.map(|c| c + offset),
                 rows: f.rows + offset,
+                square_of: f.square_of.map(|c| c + offset),
                 ..f
             }));
             helpers.extend(exprs);
@@ -649,12 +650,11 @@ impl SqlEngine {
                 let mut vals: Vec<f64> = (g..b.num_columns())
                     .map(|c| scalar_f64(&ScalarValue::try_from_array(b.column(c), r)?))
                     .collect::<Result<_>>()?;
-                for f in &fixups {
-                    if vals[f.rows] * f.max_abs >= 9.0e18 {
-                        bail!("the exact sum could overflow 64-bit integers; narrow the bounds");
+                if !fixups.is_empty() {
+                    let raw = vals.clone();
+                    for f in &fixups {
+                        vals[f.col] = f.apply(&raw)?;
                     }
-                    let n = f.count.map_or(0.0, |c| vals[c]);
-                    vals[f.col] = (vals[f.col] - n * f.mid) / f.g;
                 }
                 order.push(key.clone());
                 exact.insert(key, vals);
@@ -1035,7 +1035,9 @@ fn plan_one(
 }
 
 /// Turns an exact integer helper sum S into grid units: (S − n·mid)/g, with n
-/// the helper column `count` (or 0).
+/// the helper column `count` (or 0); for a sum of squares S₂ of the values
+/// whose plain sum S₁ is in column `square_of`, Σ(x − mid)²/g² =
+/// (S₂ − 2·mid·S₁ + n·mid²)/g².
 #[derive(Debug, Clone, Copy)]
 struct Fixup {
     col: usize,
@@ -1044,8 +1046,23 @@ struct Fixup {
     rows: usize,
     mid: f64,
     g: f64,
-    /// max(|lo|, |hi|): rows × this must fit a 64-bit integer sum.
+    /// max(|lo|, |hi|) (squared for squares): rows × this must fit a 64-bit integer sum.
     max_abs: f64,
+    square_of: Option<usize>,
+}
+
+impl Fixup {
+    /// The value in grid units, from the raw helper values.
+    fn apply(&self, raw: &[f64]) -> Result<f64> {
+        if raw[self.rows] * self.max_abs >= 9.0e18 {
+            bail!("the exact sum could overflow 64-bit integers; narrow the bounds");
+        }
+        let n = self.count.map_or(0.0, |c| raw[c]);
+        Ok(match self.square_of {
+            None => (raw[self.col] - n * self.mid) / self.g,
+            Some(s1) => (raw[self.col] - 2.0 * self.mid * raw[s1] + n * self.mid * self.mid) / (self.g * self.g),
+        })
+    }
 }
 
 /// Whether x/g is an exact integer for x = v (v a finite float).
@@ -1095,23 +1112,33 @@ fn helper_exprs(p: &Planned, int_arg: IntArg<'_>) -> (Vec<Expr>, Vec<Fixup>) {
             match exact(arg, *lo, *hi) {
                 Some(x) => {
                     out.push(sum(x));
-                    fixups.push(Fixup { col: 0, count: None, rows: 1, mid: 0.0, g, max_abs: lo.abs().max(hi.abs()) });
+                    fixups.push(Fixup {
+                        col: 0,
+                        count: None,
+                        rows: 1,
+                        mid: 0.0,
+                        g,
+                        max_abs: lo.abs().max(hi.abs()),
+                        square_of: None,
+                    });
                 }
                 None => out.push(sum(to_units(clamp_expr(arg.clone(), *lo, *hi), p.grid))),
             }
             out.push(count(lit(1)));
         }
-        Kind::Avg { arg, lo, hi } if exact(arg, *lo, *hi).is_some() => {
+        Kind::Avg { arg, lo, hi } | Kind::Var { arg, lo, hi }
+            if exact(arg, *lo, *hi).is_some() && lo.abs().max(hi.abs()) < 2f64.powi(31) =>
+        {
+            let x = exact(arg, *lo, *hi).expect("checked");
+            let (mid, max_abs) = ((lo + hi) / 2.0, lo.abs().max(hi.abs()));
             out.push(count(arg.clone()));
-            out.push(sum(exact(arg, *lo, *hi).expect("checked")));
-            fixups.push(Fixup {
-                col: 1,
-                count: Some(0),
-                rows: 0,
-                mid: (lo + hi) / 2.0,
-                g,
-                max_abs: lo.abs().max(hi.abs()),
-            });
+            out.push(sum(x.clone()));
+            fixups.push(Fixup { col: 1, count: Some(0), rows: 0, mid, g, max_abs, square_of: None });
+            if matches!(p.kind, Kind::Var { .. }) {
+                out.push(sum(x.clone() * x));
+                let max_abs = max_abs * max_abs;
+                fixups.push(Fixup { col: 2, count: Some(0), rows: 0, mid, g, max_abs, square_of: Some(1) });
+            }
         }
         Kind::Avg { arg, lo, hi } | Kind::Var { arg, lo, hi } => {
             let mid = (lo + hi) / 2.0;
