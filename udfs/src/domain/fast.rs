@@ -181,13 +181,18 @@ fn all_labels<O: OffsetSizeTrait>(a: &GenericStringArray<O>, set: &LabelSet) -> 
 }
 
 fn all_labels_view(a: &StringViewArray, set: &LabelSet) -> bool {
-    if let (Some((slots, mul, shift)), 0) = (&set.perfect, a.null_count()) {
+    if let Some((slots, mul, shift)) = &set.perfect {
         // Branch-free: a view matches iff it is the label at its home slot
-        // (a view longer than 12 bytes never equals an inline label's view).
-        return a
-            .views()
-            .chunks(1024)
-            .all(|chunk| chunk.iter().fold(true, |ok, &v| ok & (slots[perfect_slot(v, *mul, *shift)] == v)));
+        // (a view longer than 12 bytes never equals an inline label's view);
+        // a null row passes whatever its view holds.
+        let hit = |v: u128| slots[perfect_slot(v, *mul, *shift)] == v;
+        return match a.nulls() {
+            None => a.views().chunks(1024).all(|chunk| chunk.iter().fold(true, |ok, &v| ok & hit(v))),
+            Some(n) => {
+                let valid = n.inner();
+                a.views().iter().enumerate().fold(true, |ok, (i, &v)| ok & (hit(v) | !valid.value(i)))
+            }
+        };
     }
     let mut prev = EMPTY;
     for (i, &v) in a.views().iter().enumerate() {
@@ -361,6 +366,9 @@ mod tests {
             let arr = StringViewArray::from(vec!["L001", bad, "L002"]);
             assert!(!all_labels_view(&arr, &big), "{bad:?}");
         }
+        // With nulls: a null passes, a wrong value still fails.
+        assert!(all_labels_view(&StringViewArray::from(vec![Some("L001"), None, Some("L499")]), &big));
+        assert!(!all_labels_view(&StringViewArray::from(vec![Some("L001"), None, Some("L500")]), &big));
         for bad in ["b", "twelve byteS", "thirteen bytes", "a much longer label than this", ""] {
             let arr: ArrayRef = Arc::new(StringViewArray::from(vec![Some("a"), Some(bad)]));
             assert!(fast_typed(&col, Some(&set), &DataType::Utf8View, &arr).is_none(), "{bad:?}");
