@@ -300,7 +300,8 @@ impl Checker<'_> {
 }
 
 /// The base table under a chain of projections/filters/aliases, if any.
-fn base_table(plan: &LogicalPlan) -> Option<String> {
+/// The table a plan reads, through projections, filters and aliases.
+pub(super) fn base_table(plan: &LogicalPlan) -> Option<String> {
     match plan {
         LogicalPlan::TableScan(s) => Some(table_name(s)),
         LogicalPlan::Projection(p) => base_table(&p.input),

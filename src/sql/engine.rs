@@ -396,7 +396,12 @@ impl SqlEngine {
         let mut per_col: Vec<Vec<ScalarValue>> = Vec::new();
         for g in &agg.group_expr {
             let Expr::Column(c) = g.clone().unalias() else { return Ok(None) };
-            let Some(column) = entry.dataset.domain().column(&c.name) else { return Ok(None) };
+            // A column of a joined public table has that table's public domain.
+            let domain = match source_table(&agg.input, &c).and_then(|t| self.catalog.tables.get(&t)) {
+                Some(t) if t.public => t.dataset.domain(),
+                _ => entry.dataset.domain(),
+            };
+            let Some(column) = domain.column(&c.name) else { return Ok(None) };
             // Only if the column reaches the aggregate unchanged from the scan.
             if !passes_unchanged(&agg.input, &c.name) {
                 return Ok(None);
@@ -881,6 +886,26 @@ fn explained(records: Vec<MechanismRecord>) -> QueryResult {
         })
         .collect();
     QueryResult { batches: vec![], mechanisms: records, explain: Some(rows), charge_id: None, remaining: None }
+}
+
+/// The catalog table a qualified column is read from (through its alias).
+fn source_table(plan: &LogicalPlan, c: &Column) -> Option<String> {
+    let rel = c.relation.as_ref()?.table().to_string();
+    let mut found = None;
+    let _ = plan.apply(|node| {
+        Ok(match node {
+            LogicalPlan::SubqueryAlias(a) if a.alias.table() == rel => {
+                found = super::check::base_table(&a.input);
+                datafusion::common::tree_node::TreeNodeRecursion::Stop
+            }
+            LogicalPlan::TableScan(t) if t.table_name.table() == rel => {
+                found = Some(rel.clone());
+                datafusion::common::tree_node::TreeNodeRecursion::Stop
+            }
+            _ => datafusion::common::tree_node::TreeNodeRecursion::Continue,
+        })
+    });
+    found
 }
 
 /// Whether column `name` reaches the top of `plan` unchanged from a table scan.
