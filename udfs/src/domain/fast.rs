@@ -6,9 +6,11 @@
 //! parse, out-of-domain values and their policies) returns `None` and takes
 //! the row-by-row path, so the result is the same either way.
 
-use datafusion::arrow::array::{Array, ArrayRef, AsArray, GenericStringArray, OffsetSizeTrait, StringViewArray};
-use datafusion::arrow::compute::{cast, max, min};
-use datafusion::arrow::datatypes::{DataType, Float64Type, Int64Type};
+use datafusion::arrow::array::{
+    Array, ArrayRef, AsArray, GenericStringArray, OffsetSizeTrait, PrimitiveArray, StringViewArray,
+};
+use datafusion::arrow::compute::cast;
+use datafusion::arrow::datatypes::{ArrowPrimitiveType, DataType, Float64Type, Int64Type};
 
 use super::column::{Column, ColumnKind};
 
@@ -211,6 +213,21 @@ fn all_labels_view(a: &StringViewArray, set: &LabelSet) -> bool {
     true
 }
 
+/// Whether every non-null value lies in [lo, hi]: one branch-free pass that
+/// vectorises (a null passes by its validity bit, whatever its slot holds).
+fn within<T: ArrowPrimitiveType>(p: &PrimitiveArray<T>, lo: T::Native, hi: T::Native) -> bool
+where
+    T::Native: PartialOrd,
+{
+    match p.nulls() {
+        None => p.values().iter().fold(true, |ok, &x| ok & (x >= lo) & (x <= hi)),
+        Some(n) => {
+            let valid = n.inner();
+            p.values().iter().enumerate().fold(true, |ok, (i, &x)| ok & ((x >= lo) & (x <= hi) | !valid.value(i)))
+        }
+    }
+}
+
 /// The typed output of `array` for `col` if every value is already canonical
 /// and in the domain (see the module docs); `labels` is the canonical label
 /// set of a categorical column and `text` the string type to return it as.
@@ -231,34 +248,12 @@ pub(crate) fn fast_typed(
             if a.null_count() != array.null_count() {
                 return None;
             }
-            let p = a.as_primitive::<Int64Type>();
-            let (lo, hi) = (edges[0], edges[edges.len() - 1] - 1);
-            if p.null_count() == 0 {
-                // One branch-free pass (vectorises) instead of min and max.
-                let inside = p.values().iter().fold(true, |ok, &x| ok & (x >= lo) & (x <= hi));
-                return inside.then_some(a);
-            }
-            match (min(p), max(p)) {
-                (Some(mn), Some(mx)) if mn >= lo && mx <= hi => Some(a),
-                (None, None) => Some(a),
-                _ => None,
-            }
+            within(a.as_primitive::<Int64Type>(), edges[0], edges[edges.len() - 1] - 1).then_some(a)
         }
         ColumnKind::Float { edges } if dt.is_floating() => {
             let a = cast(array, &DataType::Float64).ok()?;
-            let p = a.as_primitive::<Float64Type>();
-            let (lo, hi) = (edges[0], edges[edges.len() - 1]);
-            if p.null_count() == 0 {
-                // NaN fails both comparisons, so it falls through to the row path.
-                let inside = p.values().iter().fold(true, |ok, &x| ok & (x >= lo) & (x <= hi));
-                return inside.then_some(a);
-            }
-            // NaN compares false (arrow's max treats NaN as largest), so it falls through.
-            match (min(p), max(p)) {
-                (Some(mn), Some(mx)) if mn >= lo && mx <= hi => Some(a),
-                (None, None) => Some(a),
-                _ => None,
-            }
+            // NaN fails both comparisons, so it falls through to the row path.
+            within(a.as_primitive::<Float64Type>(), edges[0], edges[edges.len() - 1]).then_some(a)
         }
         ColumnKind::Boolean if *dt == DataType::Boolean => Some(array.clone()),
         ColumnKind::Categorical { .. } => {
