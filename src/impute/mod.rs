@@ -138,17 +138,14 @@ pub(crate) fn impute_columns(
     let mut cols = columns;
     let imputed: Vec<bool> = (0..n).map(|r| !rec.complete[r]).collect();
     for x in a {
-        let src = observed[x].clone();
+        let src = &observed[x];
         let dst = cols.get_mut(x).expect("present");
         for r in 0..n {
             if imputed[r] {
-                let ds = &asg.donors[r];
-                dst[r] = if ds.is_empty() {
-                    None
-                } else {
-                    let vals: Vec<f64> = ds.iter().filter_map(|&d| src[d]).collect();
-                    Some(vals.iter().sum::<f64>() / vals.len().max(1) as f64)
-                };
+                // Mean of the donors' values (the value itself for k = 1); no donor stays null.
+                let (sum, k) =
+                    asg.donors[r].iter().filter_map(|&d| src[d]).fold((0.0, 0usize), |(s, k), v| (s + v, k + 1));
+                dst[r] = (k > 0).then(|| sum / k as f64);
             }
         }
     }
@@ -385,14 +382,18 @@ pub struct ImputeReport {
 /// Loads and imputes the data of a spec (crate-private).
 pub(crate) async fn prepare(ctx: &SessionContext, spec: &spec::ImputeSpec) -> Result<Imputed> {
     let ds = Dataset::open("impute", &spec.input, None, &spec.domain)?;
-    prepare_on(ctx, &ds, spec).await
+    prepare_on(ctx, &ds, &spec.imputation, &spec.queries).await
 }
 
-/// Loads and imputes an opened dataset for `spec`'s columns, donor search and
-/// queries (`spec.input`/`spec.domain` are not read).
-pub(crate) async fn prepare_on(ctx: &SessionContext, ds: &Dataset, spec: &spec::ImputeSpec) -> Result<Imputed> {
-    let mut needed: Vec<String> = spec.impute.clone();
-    for q in &spec.queries {
+/// Loads the columns `queries` read from an opened dataset and imputes them.
+pub(crate) async fn prepare_on(
+    ctx: &SessionContext,
+    ds: &Dataset,
+    imp: &spec::Imputation,
+    queries: &[QuerySpec],
+) -> Result<Imputed> {
+    let mut needed: Vec<String> = imp.columns.clone();
+    for q in queries {
         needed.extend(q.predicate.iter().map(|p| p.column.clone()));
         match &q.kind {
             QueryKind::Mean { value, .. } | QueryKind::Variance { value, .. } => needed.push(value.clone()),
@@ -402,18 +403,14 @@ pub(crate) async fn prepare_on(ctx: &SessionContext, ds: &Dataset, spec: &spec::
     }
     needed.sort();
     needed.dedup();
-    let match_cols: Vec<String> = spec.grouping.iter().map(|(c, _)| c.clone()).collect();
-    let mut all = needed.clone();
-    all.extend(match_cols.iter().map(|c| c.to_string()));
-    all.sort();
-    all.dedup();
+    let match_cols: Vec<String> = imp.grouping.iter().map(|(c, _)| c.clone()).collect();
     let mut cols = load_columns(ctx, ds, &needed, &[]).await?;
     let codes = load_columns(ctx, ds, &match_cols, &match_cols).await?;
     let n = cols.values().next().map_or(0, |v| v.len());
     let match_codes: Vec<Vec<u32>> =
-        (0..n).map(|r| spec.grouping.iter().map(|(c, g)| (codes[c][r].unwrap_or(0.0) as u32) / g).collect()).collect();
+        (0..n).map(|r| imp.grouping.iter().map(|(c, g)| (codes[c][r].unwrap_or(0.0) as u32) / g).collect()).collect();
     cols.retain(|k, _| needed.contains(k));
-    impute_columns(cols, &spec.impute, match_codes, &spec.knn, 2_000_000)
+    impute_columns(cols, &imp.columns, match_codes, &imp.knn, 2_000_000)
 }
 
 /// Runs a spec: imputes, then releases every query with `estimator`.

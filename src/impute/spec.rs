@@ -168,6 +168,18 @@ struct RawProportion {
     numerator: std::collections::BTreeMap<String, serde_json::Value>,
 }
 
+/// What is imputed and how donors are matched (a spec's `impute:`/`match:`/
+/// `metric:`, or a catalog table's `impute:` block).
+#[derive(Debug, Clone)]
+pub struct Imputation {
+    /// Attributes to impute.
+    pub columns: Vec<String>,
+    /// Donor search.
+    pub knn: KnnConfig,
+    /// Per matching attribute: (column, code grouping).
+    pub grouping: Vec<(String, u32)>,
+}
+
 /// A loaded spec.
 #[derive(Debug, Clone)]
 pub struct ImputeSpec {
@@ -175,12 +187,8 @@ pub struct ImputeSpec {
     pub input: String,
     /// Domain file.
     pub domain: String,
-    /// Attributes to impute.
-    pub impute: Vec<String>,
-    /// Donor search.
-    pub knn: KnnConfig,
-    /// Per matching attribute: (column, code grouping).
-    pub grouping: Vec<(String, u32)>,
+    /// What is imputed and how.
+    pub imputation: Imputation,
     /// Budget of every released number.
     pub budget: crate::privacy::Budget,
     /// Queries.
@@ -233,7 +241,7 @@ pub(crate) fn matching(
     matches: &[RawMatch],
     metric: Metric,
     what: &str,
-) -> anyhow::Result<(KnnConfig, Vec<(String, u32)>)> {
+) -> anyhow::Result<Imputation> {
     let path = what;
     for a in impute {
         let c = domain.column(a).ok_or_else(|| anyhow::anyhow!("{path}: impute: unknown column {a:?}"))?;
@@ -264,7 +272,7 @@ pub(crate) fn matching(
         });
         grouping.push((m.column.clone(), m.group));
     }
-    Ok((KnnConfig { attrs, metric, k: 1 }, grouping))
+    Ok(Imputation { columns: impute.to_vec(), knn: KnnConfig { attrs, metric, k: 1 }, grouping })
 }
 
 impl ImputeSpec {
@@ -282,7 +290,7 @@ impl ImputeSpec {
         };
         let domain_file = rel(&raw.domain);
         let domain = crate::domain::DomainSpec::load(&domain_file)?.domain;
-        let (knn, grouping) = matching(&domain, &raw.impute, &raw.matching, raw.metric, path)?;
+        let imputation = matching(&domain, &raw.impute, &raw.matching, raw.metric, path)?;
         let mut queries = Vec::new();
         for q in &raw.queries {
             let kinds = [q.count.is_some(), q.mean.is_some(), q.variance.is_some(), q.proportion.is_some()];
@@ -308,9 +316,7 @@ impl ImputeSpec {
         Ok(Self {
             input: rel(&raw.input),
             domain: domain_file,
-            impute: raw.impute,
-            knn,
-            grouping,
+            imputation,
             budget: raw.budget.budget("budget")?,
             queries,
         })

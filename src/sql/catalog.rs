@@ -39,20 +39,10 @@ pub struct TableEntry {
     pub max_groups_per_unit: u64,
     /// Ledger dataset charged.
     pub ledger_dataset: String,
-    /// kNN imputation behind the `dp_imputed_*` functions (protected tables).
-    pub impute: Option<TableImpute>,
-}
-
-/// How a protected table is imputed for `dp_imputed_*` queries (004): the
-/// imputed rows stay inside the engine; only smooth-sensitivity statistics leave.
-#[derive(Debug, Clone)]
-pub struct TableImpute {
-    /// Imputed columns A.
-    pub columns: Vec<String>,
-    /// Donor search (1-NN over the matching attributes).
-    pub knn: dpflow_udfs::knn::KnnConfig,
-    /// Per matching attribute: (column, code grouping).
-    pub grouping: Vec<(String, u32)>,
+    /// kNN imputation behind the `dp_imputed_*` functions (protected tables;
+    /// the imputed rows stay inside the engine, only smooth-sensitivity
+    /// statistics leave it).
+    pub impute: Option<crate::impute::spec::Imputation>,
 }
 
 #[derive(Deserialize)]
@@ -201,14 +191,13 @@ impl Catalog {
                             "{what}.impute: kNN imputation's smooth sensitivity (004) assumes one row per person: use privacy_unit: row"
                         );
                     }
-                    let (knn, grouping) = crate::impute::spec::matching(
+                    Some(crate::impute::spec::matching(
                         &spec.domain,
                         &i.columns,
                         &i.matching,
                         i.metric,
                         &format!("{what}.impute"),
-                    )?;
-                    Some(TableImpute { columns: i.columns.clone(), knn, grouping })
+                    )?)
                 }
             };
             let dataset = Dataset {

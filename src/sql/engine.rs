@@ -132,7 +132,8 @@ pub(super) fn parse_f64(e: &Expr, what: &str, func: &str) -> Result<f64> {
     }
 }
 
-fn site_of(args: &[Expr]) -> Result<usize> {
+/// The call-site id of a tagged DP call (its last argument).
+pub(super) fn site_of(args: &[Expr]) -> Result<usize> {
     match args.last() {
         Some(Expr::Literal(ScalarValue::Utf8(Some(s)), _)) => {
             s.strip_prefix("__dp_site_").and_then(|x| x.parse().ok()).context("internal: malformed DP call-site tag")
@@ -333,16 +334,8 @@ impl SqlEngine {
 
     async fn run_imputed(&mut self, ip: &super::imputed::ImputedPlan) -> Result<Vec<RecordBatch>> {
         let imp = ip.table.impute.as_ref().expect("checked by plan_imputed");
-        let spec = crate::impute::spec::ImputeSpec {
-            input: ip.table.dataset.location.clone(),
-            domain: String::new(),
-            impute: imp.columns.clone(),
-            knn: imp.knn.clone(),
-            grouping: imp.grouping.clone(),
-            budget: Budget::Pure { epsilon: 1.0 },
-            queries: ip.calls.iter().map(|(q, _)| q.clone()).collect(),
-        };
-        let data = crate::impute::prepare_on(&self.ctx, &ip.table.dataset, &spec).await?;
+        let queries: Vec<_> = ip.calls.iter().map(|(q, _)| q.clone()).collect();
+        let data = crate::impute::prepare_on(&self.ctx, &ip.table.dataset, imp, &queries).await?;
         let mut values = Vec::new();
         for (q, eps) in &ip.calls {
             let r = crate::impute::answer(
@@ -1090,36 +1083,27 @@ impl Fixup {
     }
 }
 
-/// Whether x/g is an exact integer for x = v (v a finite float).
-fn on_grid(v: f64, g: f64) -> bool {
-    let u = v / g;
-    u.fract() == 0.0 && u.abs() < 2f64.powi(52)
-}
-
-/// The exact helper aggregates of one DP call, and the fix-ups that turn
-/// integer sums into grid units. `int_arg(arg)` says whether an argument is
-/// integer-typed (`Some`) and, for a bare domain column, its public bounds.
-///
-/// Integer arguments with integer bounds on the grid are summed as integers
-/// (clamped with a CASE only when the public domain is not already inside
-/// [lo, hi]) and converted exactly afterwards: Σ round((clamp(x) − mid)/g)
-/// = (Σ clamp(x) − n·mid)/g when x, lo, hi and mid are multiples of g. Other
-/// arguments are clamped, centred and rounded to the grid row by row.
 /// For an aggregate argument: `None` if it is not integer-typed, else the
 /// public bounds of its domain column when it is a bare column.
 type IntArg<'a> = &'a dyn Fn(&Expr) -> Option<Option<(f64, f64)>>;
 
+/// The exact helper aggregates of one DP call, and the fix-ups that turn
+/// integer sums into grid units.
+///
+/// Integer arguments with integer bounds (and a grid g ≤ ½, so the bounds
+/// and their midpoint are multiples of g) are summed as integers, clamped
+/// with a CASE only when the public domain is not already inside [lo, hi],
+/// and converted exactly afterwards: Σ round((clamp(x) − mid)/g) =
+/// (Σ clamp(x) − n·mid)/g. Other arguments are clamped, centred and rounded
+/// to the grid row by row.
 fn helper_exprs(p: &Planned, int_arg: IntArg<'_>) -> (Vec<Expr>, Vec<Fixup>) {
     let mut out = Vec::new();
     let mut fixups = Vec::new();
     let g = 2f64.powi(p.grid);
+    // Squares of |x| < 2³¹ fit an i64; sums are guarded at release (`Fixup::apply`).
     let exact = |arg: &Expr, lo: f64, hi: f64| -> Option<Expr> {
         let bounds = int_arg(arg)?;
-        let mid = (lo + hi) / 2.0;
-        if !(lo.fract() == 0.0 && hi.fract() == 0.0 && on_grid(lo, g) && on_grid(hi, g) && on_grid(mid, g)) {
-            return None;
-        }
-        if lo.abs().max(hi.abs()) >= 2f64.powi(52) || g > 1.0 {
+        if lo.fract() != 0.0 || hi.fract() != 0.0 || g > 0.5 || lo.abs().max(hi.abs()) >= 2f64.powi(31) {
             return None;
         }
         let x = cast(arg.clone(), DataType::Int64);
@@ -1151,27 +1135,27 @@ fn helper_exprs(p: &Planned, int_arg: IntArg<'_>) -> (Vec<Expr>, Vec<Fixup>) {
             }
             out.push(count(lit(1)));
         }
-        Kind::Avg { arg, lo, hi } | Kind::Var { arg, lo, hi }
-            if exact(arg, *lo, *hi).is_some() && lo.abs().max(hi.abs()) < 2f64.powi(31) =>
-        {
-            let x = exact(arg, *lo, *hi).expect("checked");
-            let (mid, max_abs) = ((lo + hi) / 2.0, lo.abs().max(hi.abs()));
-            out.push(count(arg.clone()));
-            out.push(sum(x.clone()));
-            fixups.push(Fixup { col: 1, count: Some(0), rows: 0, mid, g, max_abs, square_of: None });
-            if matches!(p.kind, Kind::Var { .. }) {
-                out.push(sum(x.clone() * x));
-                let max_abs = max_abs * max_abs;
-                fixups.push(Fixup { col: 2, count: Some(0), rows: 0, mid, g, max_abs, square_of: Some(1) });
-            }
-        }
         Kind::Avg { arg, lo, hi } | Kind::Var { arg, lo, hi } => {
-            let mid = (lo + hi) / 2.0;
-            let centered = clamp_expr(arg.clone(), *lo, *hi) - lit(mid);
+            let (mid, max_abs) = ((lo + hi) / 2.0, lo.abs().max(hi.abs()));
+            let var = matches!(p.kind, Kind::Var { .. });
             out.push(count(arg.clone()));
-            out.push(sum(to_units(centered.clone(), p.grid)));
-            if matches!(p.kind, Kind::Var { .. }) {
-                out.push(sum(to_units(centered.clone() * centered, 2 * p.grid)));
+            match exact(arg, *lo, *hi) {
+                Some(x) => {
+                    out.push(sum(x.clone()));
+                    fixups.push(Fixup { col: 1, count: Some(0), rows: 0, mid, g, max_abs, square_of: None });
+                    if var {
+                        out.push(sum(x.clone() * x));
+                        let max_abs = max_abs * max_abs;
+                        fixups.push(Fixup { col: 2, count: Some(0), rows: 0, mid, g, max_abs, square_of: Some(1) });
+                    }
+                }
+                None => {
+                    let centered = clamp_expr(arg.clone(), *lo, *hi) - lit(mid);
+                    out.push(sum(to_units(centered.clone(), p.grid)));
+                    if var {
+                        out.push(sum(to_units(centered.clone() * centered, 2 * p.grid)));
+                    }
+                }
             }
         }
         Kind::Quantile { .. } => {}

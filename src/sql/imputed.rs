@@ -132,7 +132,7 @@ pub(super) fn plan_imputed(
             return refuse(format!("{func}: DISTINCT, FILTER and ORDER BY are not supported inside dp_imputed_*"));
         }
         let args = &f.params.args;
-        let site = site_of(args)?;
+        let site = super::engine::site_of(args)?;
         let a = &args[..args.len() - 1];
         let value_column = |e: &Expr| -> Result<String> {
             let Expr::Column(c) = e.clone().unalias() else {
@@ -233,16 +233,6 @@ pub(super) fn plan_imputed(
         }
     };
     Ok(ImputedPlan { table: table.clone(), calls, outputs })
-}
-
-fn site_of(args: &[Expr]) -> Result<usize> {
-    match args.last() {
-        Some(Expr::Literal(ScalarValue::Utf8(Some(s)), _)) => s
-            .strip_prefix("__dp_site_")
-            .and_then(|x| x.parse().ok())
-            .ok_or_else(|| anyhow::anyhow!("internal: malformed DP call-site tag")),
-        _ => bail!("internal: DP call without a site tag"),
-    }
 }
 
 /// A literal as a label (categorical) or number.

@@ -407,22 +407,17 @@ impl BatchEncoder {
     /// (`fast_typed`); the others are classified row by row.
     pub fn typed(&mut self, batch: &RecordBatch) -> Result<RecordBatch, EncodeError> {
         let domain = self.domain.clone();
+        // The count-only mode (`inspect`) needs every value classified.
         let mut fast: Vec<Option<ArrayRef>> = domain
             .columns()
             .iter()
             .enumerate()
             .map(|(ci, col)| {
-                super::fast::fast_typed(
-                    col,
-                    self.label_sets[ci].as_ref(),
-                    &self.text_types[ci],
-                    batch.column(self.input_index[ci]),
-                )
+                let array = batch.column(self.input_index[ci]);
+                let labels = self.label_sets[ci].as_ref();
+                self.enforce.then(|| super::fast::fast_typed(col, labels, &self.text_types[ci], array)).flatten()
             })
             .collect();
-        if !self.enforce {
-            fast.iter_mut().for_each(|f| *f = None);
-        }
         let skip: Vec<bool> = fast.iter().map(|f| f.is_some()).collect();
         let (codes, clipped, keep) = self.classify_batch(batch, &skip)?;
         let mut outputs: Vec<ArrayRef> = Vec::with_capacity(domain.len());
