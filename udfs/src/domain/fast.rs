@@ -22,13 +22,10 @@ pub(crate) struct LabelSet {
     slots: Vec<u128>,
     shift: u32,
     long: Vec<Vec<u8>>,
-    /// The labels of at most 12 bytes as Arrow string *views* (length in the
-    /// low 32 bits, the bytes inline after it, zero-padded), so a
-    /// `StringViewArray` row is tested on its view alone.
-    views: Vec<u128>,
-    /// When every label is inline: a collision-free table (each label at its
-    /// home slot under `perfect_mul`), so a view is tested with one load and
-    /// one compare, without branches.
+    /// When every label fits inline in an Arrow string view (≤ 12 bytes): the
+    /// labels' views in a collision-free table (slots, multiplier, shift), so
+    /// a `StringViewArray` row is tested on its view with one load and one
+    /// compare, without branches.
     perfect: Option<(Vec<u128>, u64, u32)>,
 }
 
@@ -56,18 +53,8 @@ impl LabelSet {
     pub(crate) fn new<'a>(labels: impl IntoIterator<Item = &'a str>) -> Self {
         let labels: Vec<&str> = labels.into_iter().collect();
         let bits = (labels.len().max(1) * 4).next_power_of_two().trailing_zeros().max(4);
-        let mut set = Self {
-            slots: vec![EMPTY; 1 << bits],
-            shift: 64 - bits,
-            long: Vec::new(),
-            views: vec![EMPTY; 1 << bits],
-            perfect: perfect_table(&labels),
-        };
-        for l in &labels {
-            if let Some(v) = inline_view(l.as_bytes()) {
-                insert(&mut set.views, v, set.shift);
-            }
-        }
+        let mut set =
+            Self { slots: vec![EMPTY; 1 << bits], shift: 64 - bits, long: Vec::new(), perfect: perfect_table(&labels) };
         for l in labels {
             match pack(l.as_bytes()) {
                 Some(k) => insert(&mut set.slots, k, set.shift),
@@ -84,12 +71,6 @@ impl LabelSet {
             Some(k) => probe(&self.slots, k, self.shift),
             None => self.long.iter().any(|l| l == b),
         }
-    }
-
-    /// Whether an inline string view (≤ 12 bytes) is one of the labels.
-    #[inline]
-    fn contains_view(&self, view: u128) -> bool {
-        probe(&self.views, view, self.shift)
     }
 }
 
@@ -198,17 +179,14 @@ fn all_labels_view(a: &StringViewArray, set: &LabelSet) -> bool {
     }
     let mut prev = EMPTY;
     for (i, &v) in a.views().iter().enumerate() {
-        if v == prev {
+        // A null's view is unspecified: never read through it.
+        if v == prev || a.is_null(i) {
             continue;
         }
-        let found = if (v as u32) <= 12 { set.contains_view(v) } else { set.contains(a.value(i).as_bytes()) };
-        // A null's view is unspecified: only a miss needs the validity check.
-        if !found && !a.is_null(i) {
+        if !set.contains(a.value(i).as_bytes()) {
             return false;
         }
-        if found {
-            prev = v;
-        }
+        prev = v;
     }
     true
 }
