@@ -227,10 +227,39 @@ impl Assignment {
         Assignment { donors, donee_count, class_of, classes, dmin }
     }
 
-    /// L1(D) for k = 1 by the four cases of 004 §6.2; (a)–(c) exact, (d)
-    /// exact by enumerating every absent class when there are at most
-    /// `enumerate_limit` of them, otherwise the triangle-inequality bound
-    /// max_C Σ_{C': d(C,C') ≤ dmin(C) + dmin(C')} |donees(C')|.
+    /// L1(D) for k = 1 by the four cases of 004 §6.2; (a)–(c) exact; (d)
+    /// exact by enumerating the class space when it has at most
+    /// `enumerate_limit` keys, otherwise bounded from above.
+    ///
+    /// **The choice depends on public quantities only**: the size of the class
+    /// space Π size(attr) (from the public domain and groupings) against
+    /// `enumerate_limit`, never on the number of classes present in the data
+    /// (issue 14 §2: otherwise whether the noise scale uses the exact value or
+    /// a bound would itself depend on the data). The enumeration visits every
+    /// key of the space anyway, so its cost is what the switch measures.
+    ///
+    /// The bound for (d), N₀(D) = Σ_{C: dmin(C) > 0} |donees(C)| (donees in
+    /// classes with no donor at distance 0; all donees if some weight is 0),
+    /// is a valid input to the smooth upper bounds of 004 §5, which need
+    /// B(D) ≥ L1(D) **and** B(D) ≤ 2·B(D′) for neighbours (Thm 3.5 with
+    /// U_k = 1 + 2^k·B, as in the proof of Thm 5.1; an arbitrary upper bound
+    /// on L1 does not keep S = 1 + B ln 2-smooth). With B = max(1, a, b, c, N₀):
+    /// - B ≥ L1: a donor added at an absent key x only changes donees of
+    ///   classes C′ with d(x, C′) ≤ dmin(C′); with positive weights distinct
+    ///   keys are at positive distance, so dmin(C′) > 0: (d) ≤ N₀. Hence
+    ///   B = max(L1, N₀).
+    /// - B(D) ≤ 2·B(D′): L1(D) ≤ 2·L1(D′) (004 Thm 4.6(b, c)). For N₀: adding a
+    ///   donee raises N₀ by ≤ 1 ≤ L1(D′); removing a donee or adding a donor
+    ///   does not raise it (dmin only falls); removing a donor t raises it by
+    ///   the donees of t's class if t was its only donor, and all of those had
+    ///   t as their donor in D′ (the only donor at distance 0), so case (a)
+    ///   gives L1(D′) ≥ that number. So N₀(D) ≤ N₀(D′) + L1(D′) ≤ 2·B(D′).
+    ///
+    /// (The triangle-inequality bound max_C Σ_{C′: d(C,C′) ≤ dmin(C) + dmin(C′)}
+    /// |donees(C′)| used before is ≥ (d) but not smooth: removing the only
+    /// donor of one class can make every other class "close" to it, e.g.
+    /// m one-hot classes with one donor and one donee each go from bound 1 to
+    /// m — see the knn tests.)
     pub fn l1(&self, cfg: &KnnConfig, rec: &KnnRecords, enumerate_limit: u64) -> Result<L1Report, String> {
         if cfg.k != 1 {
             return Err(format!("L1(D) is implemented for k = 1 (got k = {})", cfg.k));
@@ -274,12 +303,9 @@ impl Assignment {
                 add_to_donee_class = add_to_donee_class.max(v);
             }
         }
-        // (d) classes absent from the data.
+        // (d) classes absent from the data: exact or bounded by the public space size.
         let space: f64 = cfg.attrs.iter().map(|a| a.size as f64).product();
-        let absent = space - nclass as f64;
-        let (add_new_class, exact) = if absent <= 0.0 {
-            (0, true)
-        } else if absent <= enumerate_limit as f64 {
+        let (add_new_class, exact) = if space <= enumerate_limit as f64 {
             let present: std::collections::HashSet<&[u32]> = self.classes.iter().map(|k| k.as_slice()).collect();
             let mut key = vec![0u32; cfg.attrs.len()];
             let mut best = 0u64;
@@ -301,17 +327,14 @@ impl Assignment {
                 }
             }
         } else {
-            let mut best = 0u64;
-            for &c in &donee_classes {
-                let mut s = 0u64;
-                for &c2 in &donee_classes {
-                    if cfg.distance(&self.classes[c], &self.classes[c2]) <= self.dmin[c] + self.dmin[c2] {
-                        s += donees[c2].len() as u64;
-                    }
-                }
-                best = best.max(s);
-            }
-            (best, false)
+            // N₀: donees of classes with no donor at distance 0 (see the doc comment).
+            let positive = cfg.attrs.iter().all(|a| a.weight > 0.0);
+            let bound: u64 = donee_classes
+                .iter()
+                .filter(|&&c| !positive || self.dmin[c] > 0.0)
+                .map(|&c| donees[c].len() as u64)
+                .sum();
+            (bound, false)
         };
         Ok(finish(remove_donor, add_to_donor_class, add_to_donee_class, add_new_class, exact))
     }

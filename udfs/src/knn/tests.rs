@@ -180,3 +180,118 @@ fn donors_follow_distance_then_cyclic_identifier() {
     let a2 = Assignment::build(&k2, &rec);
     assert_eq!(a2.donors[2], vec![0, 1]);
 }
+
+/// One categorical attribute with `size` codes (one-hot Euclidean, weight 1).
+fn one_hot(size: u32) -> KnnConfig {
+    KnnConfig {
+        attrs: vec![MatchAttr { name: "a".into(), kind: AttrKind::Categorical, weight: 1.0, size }],
+        metric: Metric::Euclidean,
+        k: 1,
+    }
+}
+
+#[test]
+fn case_d_method_depends_on_the_public_space_not_on_the_classes_present() {
+    // Space of 10 keys; one dataset uses 3 classes (7 absent), the other 8 (2 absent).
+    let cfg = one_hot(10);
+    let data = |classes: u32| KnnRecords {
+        keys: (0..2 * classes).map(|i| vec![i / 2]).collect(),
+        rid: (0..2 * classes).map(|i| i as f64).collect(),
+        complete: (0..2 * classes).map(|i| i % 2 == 0 || i == 1).collect(),
+    };
+    for limit in [0u64, 5, 9, 10, 100] {
+        let exact: Vec<bool> = [3, 8]
+            .into_iter()
+            .map(|c| {
+                let rec = data(c);
+                Assignment::build(&cfg, &rec).l1(&cfg, &rec, limit).unwrap().new_class_exact
+            })
+            .collect();
+        // Enumerated iff the public space (10 keys) fits the limit, for both datasets.
+        assert_eq!(exact, vec![limit >= 10; 2], "limit {limit}");
+    }
+}
+
+#[test]
+fn case_d_fallback_keeps_the_smooth_bound_smooth_where_the_triangle_bound_does_not() {
+    // D′: m one-hot classes, each with one donor and one donee; D: D′ without class 0's donor.
+    let m = 6u32;
+    let cfg = one_hot(m + 4);
+    let with = KnnRecords {
+        keys: (0..2 * m).map(|i| vec![i / 2]).collect(),
+        rid: (0..2 * m).map(|i| (10 * (i / 2) + 5 * (i % 2)) as f64).collect(),
+        complete: (0..2 * m).map(|i| i % 2 == 0).collect(),
+    };
+    let mut without = with.clone();
+    without.keys.remove(0);
+    without.rid.remove(0);
+    without.complete.remove(0);
+    let bound = |r: &KnnRecords| Assignment::build(&cfg, r).l1(&cfg, r, 0).unwrap();
+    let exact = |r: &KnnRecords| Assignment::build(&cfg, r).l1(&cfg, r, u64::MAX).unwrap();
+    let (b_with, b_without) = (bound(&with), bound(&without));
+    assert!(!b_with.new_class_exact && !b_without.new_class_exact);
+    // An upper bound on L1, and 2-smooth: 1 + B(D) ≤ 2·(1 + B(D′)) needs B(D) ≤ 2·B(D′).
+    assert!(b_with.value >= exact(&with).value && b_without.value >= exact(&without).value);
+    assert!(b_without.value <= 2 * b_with.value, "B(D) = {}, B(D′) = {}", b_without.value, b_with.value);
+    assert!(b_with.value <= 2 * b_without.value);
+    // The old triangle bound of (d) jumps from 1 to m on the same neighbours.
+    let triangle = |r: &KnnRecords| {
+        let a = Assignment::build(&cfg, r);
+        let mut donees = vec![0u64; a.classes.len()];
+        for i in 0..r.rid.len() {
+            if !r.complete[i] {
+                donees[a.class_of[i] as usize] += 1;
+            }
+        }
+        let cls: Vec<usize> = (0..a.classes.len()).filter(|&c| donees[c] > 0).collect();
+        cls.iter()
+            .map(|&c| {
+                cls.iter()
+                    .filter(|&&c2| cfg.distance(&a.classes[c], &a.classes[c2]) <= a.dmin[c] + a.dmin[c2])
+                    .map(|&c2| donees[c2])
+                    .sum::<u64>()
+            })
+            .max()
+            .unwrap_or(0)
+    };
+    assert_eq!((triangle(&with), triangle(&without)), (1, u64::from(m)));
+    assert!(1.max(triangle(&without)) > 2 * 1.max(triangle(&with)), "the triangle bound is not 2-smooth");
+}
+
+#[test]
+fn case_d_fallback_is_an_upper_bound_and_2_smooth_on_random_neighbours() {
+    let mut rng = SmallRng::seed_from_u64(23);
+    for trial in 0..80 {
+        let metric = if trial % 2 == 0 { Metric::Euclidean } else { Metric::Hamming };
+        // Some trials have a zero weight (then the bound counts every donee).
+        let zero = trial % 5 == 4;
+        let w = [if zero { 0.0 } else { rng.random_range(0.5..2.0) }, rng.random_range(0.2..1.5), 1.0];
+        let cfg = config(metric, w);
+        let keys: Vec<Vec<u32>> = all_keys().into_iter().filter(|_| rng.random::<f64>() < 0.5).collect();
+        if keys.is_empty() {
+            continue;
+        }
+        let n = rng.random_range(4..25);
+        let rec = random_records(&mut rng, n, &keys);
+        let b = |r: &KnnRecords| Assignment::build(&cfg, r).l1(&cfg, r, 0).unwrap().value;
+        let exact = |r: &KnnRecords| Assignment::build(&cfg, r).l1(&cfg, r, u64::MAX).unwrap().value;
+        let bd = b(&rec);
+        assert!(bd >= exact(&rec), "trial {trial}: the bound is below L1(D)");
+        for _ in 0..10 {
+            let mut nb = rec.clone();
+            if rng.random::<bool>() && nb.rid.len() > 1 {
+                let i = rng.random_range(0..nb.rid.len());
+                nb.keys.remove(i);
+                nb.rid.remove(i);
+                nb.complete.remove(i);
+            } else {
+                let all = all_keys();
+                nb.keys.push(all[rng.random_range(0..all.len())].clone());
+                nb.rid.push(rng.random_range(0.0..300.0) + 0.5);
+                nb.complete.push(rng.random::<bool>());
+            }
+            let bn = b(&nb);
+            assert!(bd <= 2 * bn && bn <= 2 * bd, "trial {trial}: B(D) = {bd}, B(D′) = {bn}");
+        }
+    }
+}
