@@ -37,6 +37,9 @@ pub(super) async fn run(a: ImputeArgs) -> Result<i32> {
             "the global-sensitivity estimator is an evaluation baseline (its bound uses the private number of donees); use it through `dpflow bench knn-experiment`"
         );
     }
+    if a.unsafe_seed.is_some() && a.ledger.is_some() {
+        anyhow::bail!(crate::privacy::SEEDED_LEDGER_REFUSAL);
+    }
     let records = planned_records(&spec, a.estimator)?;
     let mut ledger_charge = None;
     if let (Some(l), Some(d)) = (&a.ledger, &a.dataset) {
@@ -51,11 +54,9 @@ pub(super) async fn run(a: ImputeArgs) -> Result<i32> {
     let ctx = crate::io::session_context();
     let report = match crate::impute::run(&ctx, &spec, a.estimator, &mut rng).await {
         Ok(r) => r,
+        // After a protected read every outcome is a release: charged, cause withheld (docs/PRIVACY.md §1).
         Err(e) => {
-            if let Some((l, id)) = ledger_charge {
-                let _ = l.release(id, &format!("failed: {e:#}"));
-            }
-            return Err(e);
+            return Err(crate::privacy::charge_failure("imputation", ledger_charge.as_ref().map(|(l, id)| (l, *id)), e));
         }
     };
     if let Some((l, id)) = ledger_charge {

@@ -16,7 +16,7 @@
 
 use std::time::Instant;
 
-use anyhow::{Context, Result};
+use anyhow::{Context, Result, bail};
 use chrono::{DateTime, Utc};
 use futures::TryStreamExt;
 use object_store::ObjectStoreExt;
@@ -203,7 +203,13 @@ impl Pipeline {
 
     /// Plans every step's cost (reads no data) and checks it fits the release budget.
     pub async fn plan(&self) -> Result<(Vec<StepPlan>, f64)> {
-        let mut engine = SqlEngine::open_precharged(self.catalog()?, Some(0)).await?;
+        let catalog = self.catalog()?;
+        for t in catalog.tables.values().filter(|t| !t.public) {
+            if let Some(why) = t.dataset.domain().dp_read_refusal() {
+                bail!("{}: dataset {}: {why}", self.path.display(), t.name);
+            }
+        }
+        let mut engine = SqlEngine::open_precharged(catalog, Some(0)).await?;
         let mut plans = Vec::new();
         let mut filter = PrivacyFilter::new(self.budget);
         for step in &self.steps {
@@ -279,6 +285,10 @@ impl Pipeline {
         if opts.dry_run {
             return Ok(RunOutcome::DryRun { plan: plans, total });
         }
+        // A pipeline always charges its ledger.
+        if opts.unsafe_seed.is_some() {
+            bail!(crate::privacy::SEEDED_LEDGER_REFUSAL);
+        }
         let when = opts.date.unwrap_or(started).with_timezone(&self.timezone);
         let date = when.format("%Y-%m-%d").to_string();
         let release_id = opts.release_id.clone().unwrap_or_else(|| format!("{}-{}", self.name, date));
@@ -320,10 +330,10 @@ impl Pipeline {
         let step_records = match self.run_steps(&ctx, &loc, opts, progress).await {
             Ok(r) => r,
             Err(e) => {
-                // Nothing was published: return the reservation.
+                // Nothing was published, but the steps read protected data: the
+                // failure is charged and its cause withheld (docs/PRIVACY.md §1).
                 let _ = delete_prefix(&ctx, &loc.staging).await;
-                let _ = ledger.release(charge_id, &format!("run failed: {e:#}"));
-                return Err(e);
+                return Err(crate::privacy::charge_failure("pipeline run", Some((&ledger, charge_id)), e));
             }
         };
         write_bytes(&ctx, &join(&loc.staging, "_steps.json"), serde_json::to_vec(&step_records)?).await?;

@@ -5,7 +5,10 @@
 //! budget's unit, times, status). Charges are two-phase:
 //!
 //! `reserved` (before any data is touched) → `committed` (after the outputs are
-//! durably written) or `released` (clean failure: nothing left the process).
+//! durably written), `failed` (the run failed *after* protected data was read:
+//! the failure itself is an outcome that depends on the data, so it stays
+//! spent, docs/PRIVACY.md §1) or `released` (a failure before any protected
+//! data was read: nothing depending on the data left the process).
 //!
 //! A reservation counts as spent until an operator resolves it
 //! (`dpflow budget resolve`), so a crash can make the ledger over-count but
@@ -23,7 +26,25 @@ use super::budget::{Budget, BudgetError, Normalized, PrivacyFilter, normalize, s
 use dpflow_udfs::cost::MechanismRecord;
 
 const APPLICATION: &str = "dpflow-ledger";
-const SCHEMA_VERSION: &str = "1";
+const SCHEMA_VERSION: &str = "2";
+
+/// The `charges` table (schema 2: adds the `failed` status).
+const CHARGES_TABLE: &str = "CREATE TABLE charges (
+                 id INTEGER PRIMARY KEY AUTOINCREMENT,
+                 dataset TEXT NOT NULL REFERENCES datasets(name),
+                 release_id TEXT NOT NULL,
+                 status TEXT NOT NULL CHECK (status IN ('reserved', 'committed', 'failed', 'released')),
+                 mechanisms_json TEXT NOT NULL,
+                 rho REAL NOT NULL,
+                 eps REAL NOT NULL,
+                 delta REAL NOT NULL,
+                 cost REAL NOT NULL,
+                 reserved_at TEXT NOT NULL,
+                 resolved_at TEXT,
+                 note TEXT,
+                 pid INTEGER,
+                 UNIQUE (dataset, release_id)
+             );";
 
 /// Ledger failures.
 #[derive(Debug, thiserror::Error)]
@@ -118,6 +139,8 @@ pub enum ChargeStatus {
     Reserved,
     /// Spent; the release is complete.
     Committed,
+    /// Spent; the run failed after reading protected data (never refunded).
+    Failed,
     /// Returned to the budget after a clean failure.
     Released,
 }
@@ -127,6 +150,7 @@ impl ChargeStatus {
         match self {
             ChargeStatus::Reserved => "reserved",
             ChargeStatus::Committed => "committed",
+            ChargeStatus::Failed => "failed",
             ChargeStatus::Released => "released",
         }
     }
@@ -134,6 +158,7 @@ impl ChargeStatus {
         match s {
             "reserved" => Some(ChargeStatus::Reserved),
             "committed" => Some(ChargeStatus::Committed),
+            "failed" => Some(ChargeStatus::Failed),
             "released" => Some(ChargeStatus::Released),
             _ => None,
         }
@@ -256,25 +281,10 @@ impl Ledger {
                  budget_json TEXT NOT NULL,
                  created_at TEXT NOT NULL
              );
-             CREATE TABLE charges (
-                 id INTEGER PRIMARY KEY AUTOINCREMENT,
-                 dataset TEXT NOT NULL REFERENCES datasets(name),
-                 release_id TEXT NOT NULL,
-                 status TEXT NOT NULL CHECK (status IN ('reserved', 'committed', 'released')),
-                 mechanisms_json TEXT NOT NULL,
-                 rho REAL NOT NULL,
-                 eps REAL NOT NULL,
-                 delta REAL NOT NULL,
-                 cost REAL NOT NULL,
-                 reserved_at TEXT NOT NULL,
-                 resolved_at TEXT,
-                 note TEXT,
-                 pid INTEGER,
-                 UNIQUE (dataset, release_id)
-             );
              COMMIT;",
         )
         .map_err(sql)?;
+        conn.execute_batch(CHARGES_TABLE).map_err(sql)?;
         conn.execute(
             "INSERT INTO meta (key, value) VALUES ('application', ?1), ('schema_version', ?2), ('created_at', ?3)",
             params![APPLICATION, SCHEMA_VERSION, now()],
@@ -310,10 +320,27 @@ impl Ledger {
             .query_row("SELECT value FROM meta WHERE key = 'schema_version'", [], |r| r.get(0))
             .optional()
             .map_err(|e| corrupt(e.to_string()))?;
-        if version.as_deref() != Some(SCHEMA_VERSION) {
-            return Err(corrupt(format!("unsupported schema version {version:?}")));
+        match version.as_deref() {
+            Some(SCHEMA_VERSION) => {}
+            Some("1") => Self::migrate_v1(&conn).map_err(|e| corrupt(format!("migrating schema 1 to 2: {e}")))?,
+            _ => return Err(corrupt(format!("unsupported schema version {version:?}"))),
         }
         Ok(Self { conn, path })
+    }
+
+    /// Schema 1 → 2: the `failed` status. SQLite cannot alter a CHECK
+    /// constraint, so the charges table is copied into a new one, in one
+    /// transaction (a crash leaves schema 1 intact).
+    fn migrate_v1(conn: &Connection) -> rusqlite::Result<()> {
+        conn.execute_batch(&format!(
+            "BEGIN IMMEDIATE;
+             ALTER TABLE charges RENAME TO charges_v1;
+             {CHARGES_TABLE}
+             INSERT INTO charges SELECT * FROM charges_v1;
+             DROP TABLE charges_v1;
+             UPDATE meta SET value = '{SCHEMA_VERSION}' WHERE key = 'schema_version';
+             COMMIT;"
+        ))
     }
 
     /// The file.
@@ -429,7 +456,7 @@ impl Ledger {
             }
             let n = Normalized { rho, eps, delta };
             all = all + n;
-            if status == "committed" {
+            if status == "committed" || status == "failed" {
                 committed = committed + n;
             } else {
                 open += 1;
@@ -573,7 +600,22 @@ impl Ledger {
         self.transition(charge_id, &[ChargeStatus::Reserved], ChargeStatus::Committed, None)
     }
 
-    /// Returns a reservation to the budget after a clean failure (nothing released).
+    /// Marks a reservation as spent by a run that failed *after* it read
+    /// protected data: whether and how a run fails can depend on the data,
+    /// so the failure is an outcome and its cost is never refunded
+    /// (docs/PRIVACY.md §1). The release id is renamed `<id>#failed-<charge>`
+    /// so the same release can be run again under a fresh charge.
+    pub fn fail(&self, charge_id: i64, note: &str) -> Result<(), LedgerError> {
+        self.transition(charge_id, &[ChargeStatus::Reserved], ChargeStatus::Failed, Some(note))?;
+        self.conn
+            .execute("UPDATE charges SET release_id = release_id || '#failed-' || id WHERE id = ?1", params![charge_id])
+            .map_err(|e| self.sql_err(e))?;
+        Ok(())
+    }
+
+    /// Returns a reservation to the budget after a clean failure *before* any
+    /// protected data was read (nothing that depends on the data left the
+    /// process). After a read, use [`Ledger::fail`].
     pub fn release(&self, charge_id: i64, note: &str) -> Result<(), LedgerError> {
         self.transition(charge_id, &[ChargeStatus::Reserved], ChargeStatus::Released, Some(note))
     }

@@ -7,8 +7,16 @@
 
 pub mod budget;
 pub mod convert;
+pub mod failure;
 pub mod ledger;
 
 pub use budget::{Budget, BudgetError, Normalized, PrivacyFilter};
 pub use dpflow_udfs::cost::{MechanismRecord, PrivacyLoss};
+/// Why seeded noise may not be charged to a ledger: a seed makes the noise
+/// reproducible, so a charged release could be re-run and differenced away.
+pub const SEEDED_LEDGER_REFUSAL: &str = "refused: --unsafe-seed with a ledger: seeded noise is reproducible, so a \
+     charged release could be repeated and its noise differenced away; drop --unsafe-seed for a real release, or run \
+     without a ledger for tests and benchmarks";
+
+pub use failure::{ProtectedFailure, charge_failure};
 pub use ledger::{BudgetStatus, ChargeRow, ChargeStatus, DatasetEntry, Ledger, LedgerError, Reservation};

@@ -1,0 +1,70 @@
+//! The failure rule (docs/PRIVACY.md §1): **once protected data has been
+//! read, every outcome is a release.**
+//!
+//! Whether a run fails, and how, can depend on the data (a division by zero
+//! on one person's row, a malformed line, a value outside the domain). So a
+//! failure after the first protected read is charged like a success (ledger
+//! status `failed`, counted as spent, never refunded) and what it prints
+//! depends only on public inputs: the kind of run, the charge id, and what
+//! to do next. The underlying error is dropped, not logged: its text may
+//! hold a value, a row or line number, a count or an id.
+//!
+//! Curator-only commands (`inspect`, `eval`, `missing inject`) read data
+//! without releasing anything and keep their detailed messages.
+
+use super::ledger::Ledger;
+
+/// A run that failed after reading protected data. Its message is the same
+/// for one bad row or a million, and says nothing about the data.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error(
+    "{what} failed after reading protected data; {charged}. The cause is not shown because it could depend on the data \
+     (docs/PRIVACY.md §1). The data curator can check the input against its domain with `dpflow inspect`; \
+     queries that cannot fail on any row (TRY_CAST, NULLIF-guarded division, an out_of_domain policy of clip, null \
+     or drop-row) avoid this"
+)]
+pub struct ProtectedFailure {
+    /// What failed: "query", "synthesis run", "imputation", "pipeline run".
+    pub what: &'static str,
+    /// How the charge was settled (public: the charge id, or that none was recorded).
+    pub charged: String,
+}
+
+impl ProtectedFailure {
+    /// The failure of `what`; `charge` is the ledger charge kept as spent.
+    pub fn new(what: &'static str, charge: Option<i64>) -> Self {
+        let charged = match charge {
+            Some(id) => format!("its budget stays spent (ledger charge #{id}, status failed)"),
+            None => "no ledger charge was recorded for it (unsafe seed or precharged run)".to_string(),
+        };
+        Self { what, charged }
+    }
+}
+
+/// Settles a failure after a protected read: marks `charge` failed (spent)
+/// in `ledger` and returns the redacted error. The original error is
+/// dropped here on purpose, unformatted.
+pub fn charge_failure(what: &'static str, ledger: Option<(&Ledger, i64)>, _cause: anyhow::Error) -> anyhow::Error {
+    match ledger {
+        Some((l, id)) => match l.fail(id, "failed after reading protected data (cause withheld)") {
+            Ok(()) => ProtectedFailure::new(what, Some(id)).into(),
+            // The reservation stays `reserved`, which also counts as spent.
+            Err(e) => anyhow::Error::new(ProtectedFailure::new(what, Some(id)))
+                .context(format!("and marking charge #{id} failed did not succeed ({e}); it stays reserved (spent)")),
+        },
+        None => ProtectedFailure::new(what, None).into(),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_message_is_the_same_whatever_the_cause() {
+        let a = charge_failure("query", None, anyhow::anyhow!("row 17: value 4242 is outside the domain")).to_string();
+        let b = charge_failure("query", None, anyhow::anyhow!("Divide by zero error")).to_string();
+        assert_eq!(a, b);
+        assert!(!a.contains("4242") && !a.contains("17"));
+    }
+}
