@@ -7,17 +7,25 @@ use datafusion::arrow::datatypes::DataType;
 use serde::{Deserialize, Serialize};
 
 /// What to do with a value outside the public domain (counted apart from nulls).
+///
+/// DP reads accept only the data-independent policies (`clip`, `null`,
+/// `drop-row`): under them encoding cannot fail, and a value a policy cannot
+/// fix (text that is not a number under `clip`, a null in a non-nullable
+/// column) drops its row. `error` fails on the first bad row with its value
+/// and row number, so it is for curator checks only and refused for DP reads
+/// ([`Domain::dp_read_refusal`], docs/PRIVACY.md §1).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, Default)]
 #[serde(rename_all = "kebab-case")]
 pub enum OutOfDomain {
-    /// Fail with an error naming the column, the row and the value (default).
-    #[default]
+    /// Fail with an error naming the column, the row and the value (curator
+    /// checks only; refused for DP reads).
     Error,
     /// Clamp numeric values to the nearest bound (numeric kinds only).
     Clip,
     /// Replace by null (the column must be nullable).
     Null,
-    /// Drop the whole row.
+    /// Drop the whole row (default).
+    #[default]
     DropRow,
 }
 
@@ -229,6 +237,22 @@ pub struct Domain {
 }
 
 impl Domain {
+    /// Why this domain cannot be read for a DP release, if it cannot: a
+    /// column whose out-of-domain policy is `error` would fail on one bad
+    /// row, with its value and row number (docs/PRIVACY.md §1).
+    pub fn dp_read_refusal(&self) -> Option<String> {
+        let bad: Vec<&str> =
+            self.columns.iter().filter(|c| c.out_of_domain == OutOfDomain::Error).map(|c| c.name.as_str()).collect();
+        (!bad.is_empty()).then(|| {
+            format!(
+                "column(s) {} have out_of_domain: error, which fails on one bad row and would reveal it; DP reads \
+                 need a data-independent policy: set out_of_domain: drop-row (any column), clip (numeric) or null \
+                 (nullable) in the domain file, and check the data with `dpflow inspect` (curator-only)",
+                bad.join(", ")
+            )
+        })
+    }
+
     /// Builds a domain, checking every column and that names are unique.
     pub fn new(columns: Vec<Column>) -> Result<Self, String> {
         let mut index = HashMap::new();

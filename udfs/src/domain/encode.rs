@@ -528,10 +528,11 @@ impl BatchEncoder {
                         match col.null_code() {
                             Some(nc) => nc,
                             None => {
-                                // A null in a non-nullable column: only error or drop-row can handle it.
+                                // A null in a non-nullable column: `error` fails; every other
+                                // policy drops the row (data-independent, docs/PRIVACY.md §1).
                                 if !self.enforce {
                                     0
-                                } else if col.out_of_domain == OutOfDomain::DropRow {
+                                } else if col.out_of_domain != OutOfDomain::Error {
                                     st.dropped += 1;
                                     keep.get_or_insert_with(|| vec![true; n])[i] = false;
                                     0
@@ -567,12 +568,11 @@ impl BatchEncoder {
                                         c
                                     }
                                     None => {
-                                        return Err(EncodeError::OutOfDomain {
-                                            column: col.name.clone(),
-                                            row: row0 + i as u64,
-                                            value: value_text(array.as_ref(), i),
-                                            reason: "is not a number and cannot be clipped".into(),
-                                        });
+                                        // Not a number, so nothing to clip to: drop the row
+                                        // (never fail on one row under a DP policy).
+                                        st.dropped += 1;
+                                        keep.get_or_insert_with(|| vec![true; n])[i] = false;
+                                        0
                                     }
                                 },
                                 OutOfDomain::Null => {
