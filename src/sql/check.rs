@@ -43,14 +43,26 @@ pub struct Analysis {
     pub aggregate: Aggregate,
     /// The protected table it aggregates.
     pub table: String,
-    /// Public tables joined before aggregation: (table, join keys on the public side).
-    pub public_joins: Vec<(String, Vec<String>)>,
+    /// Public relations joined before aggregation: the public side's plan and
+    /// its equality keys (expressions over that plan's output).
+    pub public_joins: Vec<PublicJoin>,
+}
+
+/// A join of protected rows with a public relation. Each protected row may
+/// match at most one public row, so the keys must be unique on the public
+/// side as planned (after its own filters, projections and aliases).
+#[derive(Debug, Clone)]
+pub struct PublicJoin {
+    /// The public side's plan.
+    pub plan: LogicalPlan,
+    /// Its ON equality keys, as expressions over `plan`'s output.
+    pub keys: Vec<Expr>,
 }
 
 struct Checker<'a> {
     catalog: &'a Catalog,
     aggregate: Option<(Aggregate, String)>,
-    public_joins: Vec<(String, Vec<String>)>,
+    public_joins: Vec<PublicJoin>,
 }
 
 fn table_name(scan: &datafusion::logical_expr::TableScan) -> String {
@@ -89,6 +101,18 @@ fn find_forbidden_in_rows(e: &Expr) -> Option<String> {
     found
 }
 
+/// Refuses a row expression on protected table `t` that could raise an
+/// error on some row (see [`super::rowsafe`]).
+fn cannot_fail(e: &Expr, schema: &datafusion::common::DFSchema, t: &str) -> Result<(), Refusal> {
+    match super::rowsafe::may_fail(e, schema) {
+        Some(why) => refuse(format!(
+            "{why}. On protected table {t} a row expression must not be able to fail: a failure on one row \
+             would reveal that row (docs/PRIVACY.md §1)"
+        )),
+        None => Ok(()),
+    }
+}
+
 impl Checker<'_> {
     fn is_protected(&self, name: &str) -> bool {
         self.catalog.tables.get(name).is_some_and(|t| !t.public)
@@ -116,16 +140,18 @@ impl Checker<'_> {
                         if let Some(why) = find_forbidden_in_rows(e) {
                             return refuse(format!("{why} (`{e}` on protected table {t})"));
                         }
+                        cannot_fail(e, p.input.schema(), t)?;
                     }
                 }
                 Ok(f)
             }
             P::Filter(x) => {
                 let f = self.flow(&x.input)?;
-                if let Flow::Protected(t) = &f
-                    && let Some(why) = find_forbidden_in_rows(&x.predicate)
-                {
-                    return refuse(format!("{why} (WHERE `{}` on protected table {t})", x.predicate));
+                if let Flow::Protected(t) = &f {
+                    if let Some(why) = find_forbidden_in_rows(&x.predicate) {
+                        return refuse(format!("{why} (WHERE `{}` on protected table {t})", x.predicate));
+                    }
+                    cannot_fail(&x.predicate, x.input.schema(), t)?;
                 }
                 Ok(f)
             }
@@ -136,6 +162,9 @@ impl Checker<'_> {
                 let dp: Vec<Option<String>> = a.aggr_expr.iter().map(is_dp_aggregate).collect();
                 match f {
                     Flow::Protected(t) => {
+                        for e in a.group_expr.iter().chain(&a.aggr_expr) {
+                            cannot_fail(e, a.input.schema(), &t)?;
+                        }
                         for (e, d) in a.aggr_expr.iter().zip(&dp) {
                             if d.is_none() {
                                 return refuse(format!(
@@ -242,8 +271,24 @@ impl Checker<'_> {
                                 j.join_type
                             ));
                         }
-                        let public_side = if protected_left { &j.right } else { &j.left };
+                        let both = j
+                            .left
+                            .schema()
+                            .as_ref()
+                            .clone()
+                            .join(j.right.schema())
+                            .map_err(|e| Refusal(format!("internal: join schema of protected table {t}: {e}")))?;
+                        for (a, b) in &j.on {
+                            // As a comparison, so a text = number key (which casts the text) is refused.
+                            cannot_fail(&a.clone().eq(b.clone()), &both, t)?;
+                        }
+                        if let Some(f) = &j.filter {
+                            cannot_fail(f, &both, t)?;
+                        }
+                        let (public_side, protected_side) =
+                            if protected_left { (&j.right, &j.left) } else { (&j.left, &j.right) };
                         let public_schema = public_side.schema();
+                        let protected_schema = protected_side.schema();
                         // Equality keys from ON pairs or from the join filter's conjuncts.
                         let mut pairs: Vec<(Expr, Expr)> = j.on.clone();
                         if let Some(f) = &j.filter {
@@ -255,21 +300,32 @@ impl Checker<'_> {
                                 }
                             }
                         }
-                        let keys: Vec<String> = pairs
+                        // A key pair equates an expression over the public side only with
+                        // one over the protected side only; conjuncts within one side
+                        // (`p.w = p.v`) only filter and are not keys.
+                        let only_in = |e: &Expr, schema: &datafusion::common::DFSchema| {
+                            let cols = e.column_refs();
+                            !cols.is_empty() && cols.iter().all(|c| schema.has_column(c))
+                        };
+                        let keys: Vec<Expr> = pairs
                             .iter()
-                            .flat_map(|(a, b)| [a, b])
-                            .filter_map(|e| match e {
-                                Expr::Column(c) if public_schema.has_column(c) => Some(c.name.clone()),
-                                _ => None,
+                            .filter_map(|(a, b)| {
+                                if only_in(a, public_schema) && only_in(b, protected_schema) {
+                                    Some(a.clone())
+                                } else if only_in(b, public_schema) && only_in(a, protected_schema) {
+                                    Some(b.clone())
+                                } else {
+                                    None
+                                }
                             })
                             .collect();
                         if keys.is_empty() {
                             return refuse(format!(
-                                "join of protected table {t} without equality keys (a cross join multiplies rows)"
+                                "join of protected table {t} with a public relation without an equality key between \
+                                 them (a cross join multiplies rows)"
                             ));
                         }
-                        let public_table = base_table(public_side).unwrap_or_default();
-                        self.public_joins.push((public_table, keys));
+                        self.public_joins.push(PublicJoin { plan: public_side.as_ref().clone(), keys });
                         Ok(Flow::Protected(t.clone()))
                     }
                     (Flow::Released, Flow::Protected(t)) | (Flow::Protected(t), Flow::Released) => {

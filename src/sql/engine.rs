@@ -17,7 +17,7 @@ use datafusion::functions_aggregate::expr_fn::{count, count_distinct, sum};
 use datafusion::logical_expr::ExprSchemable;
 use datafusion::logical_expr::expr::ScalarFunction;
 use datafusion::logical_expr::{
-    Aggregate, Expr, ExprFunctionExt, LogicalPlan, LogicalPlanBuilder, cast, col, lit, when,
+    Aggregate, Expr, ExprFunctionExt, LogicalPlan, LogicalPlanBuilder, cast, col, lit, try_cast, when,
 };
 use dpflow_udfs::domain::ColumnKind;
 use dpflow_udfs::noise::{DpRng, ExponentialMechanism, NoiseDistribution};
@@ -28,7 +28,7 @@ use super::check::{analyze, no_duplicate_sites};
 use super::sites::{CallSite, SiteBudget, prepare};
 use crate::privacy::convert::cdp_rho;
 use crate::privacy::ledger::Reservation;
-use crate::privacy::{Budget, Ledger, MechanismRecord, PrivacyLoss};
+use crate::privacy::{Budget, Ledger, MechanismRecord, PrivacyLoss, charge_failure};
 
 /// Largest number of public-domain keys a GROUP BY may enumerate.
 const MAX_DOMAIN_KEYS: usize = 1_000_000;
@@ -64,8 +64,9 @@ struct Planned {
     records: Vec<MechanismRecord>,
     /// Helper aggregate column names.
     helpers: Vec<String>,
-    /// Quantile: the exponential mechanism's ε per group and bin count.
-    quantile: Option<(f64, usize)>,
+    /// Quantile: the exponential mechanism's ε per group, bin count, and score
+    /// sensitivity (one unit moves each score by up to `max_rows_per_unit`).
+    quantile: Option<(f64, usize, f64)>,
 }
 
 /// One row of EXPLAIN output.
@@ -147,9 +148,18 @@ fn clamp_expr(e: Expr, lo: f64, hi: f64) -> Expr {
     when(x.clone().lt(lit(lo)), lit(lo)).when(x.clone().gt(lit(hi)), lit(hi)).otherwise(x).expect("valid CASE")
 }
 
-/// round(v / 2^k) as Int64.
+/// round(v / 2^k) as Int64, or null where that cannot be converted (NaN):
+/// a helper expression must not fail on a row (docs/PRIVACY.md §1).
 fn to_units(v: Expr, k: i32) -> Expr {
-    cast(datafusion::functions::math::expr_fn::round(vec![v / lit(2f64.powi(k))]), DataType::Int64)
+    try_cast(datafusion::functions::math::expr_fn::round(vec![v / lit(2f64.powi(k))]), DataType::Int64)
+}
+
+/// Exact 128-bit accumulation: Int64 values summed as Decimal128(38, 0)
+/// (i128). With |row| < 2⁶³ and fewer than 2⁶³ rows a sum of values below
+/// 2⁴³ (grid units) or 2⁶² (squares of exact integers) stays below 2¹²⁶, so
+/// no sum wraps and no refusal ever depends on the data.
+fn sum_i128(v: Expr) -> Expr {
+    sum(cast(v, DataType::Decimal128(38, 0)))
 }
 
 impl SqlEngine {
@@ -157,6 +167,9 @@ impl SqlEngine {
     /// through their domain, with the privacy-unit column passed through), the
     /// DP functions, and the ledger.
     pub async fn open(catalog: Catalog, unsafe_seed: Option<u64>) -> Result<Self> {
+        if unsafe_seed.is_some() && catalog.ledger.is_some() {
+            bail!(crate::privacy::SEEDED_LEDGER_REFUSAL);
+        }
         let ctx = crate::io::session_context();
         for f in dpflow_udfs::dp::dp_aggregates() {
             ctx.register_udaf(f);
@@ -236,8 +249,11 @@ impl SqlEngine {
         }
         let analysis = analyze(&plan, &self.catalog)?;
         let entry = self.table(&analysis.table)?.clone();
-        for (public, keys) in &analysis.public_joins {
-            self.check_unique_keys(public, keys).await?;
+        if let Some(why) = entry.dataset.domain().dp_read_refusal() {
+            bail!("refused: table {}: {why}", entry.name);
+        }
+        for j in &analysis.public_joins {
+            self.check_unique_keys(j).await?;
         }
         let agg = analysis.aggregate.clone();
         let budget = budget.or(self.catalog.query_budget);
@@ -275,8 +291,10 @@ impl SqlEngine {
         }
     }
 
-    /// Commits the reservation when the query succeeded; returns it (nothing
-    /// left the process) when it failed.
+    /// Commits the reservation when the query succeeded. A failure happens
+    /// after protected data was read, so it is charged too (status `failed`)
+    /// and its message is replaced by one that depends on public inputs only
+    /// ([`crate::privacy::failure`]).
     fn settle(
         &self,
         outcome: Result<Vec<RecordBatch>>,
@@ -299,10 +317,10 @@ impl SqlEngine {
                 Ok(QueryResult { batches, mechanisms: records, explain: None, charge_id: None, remaining: None })
             }
             (Err(e), Some(r)) => {
-                let _ = self.ledger.as_ref().expect("reserved").release(r.charge_id, &format!("query failed: {e:#}"));
-                Err(e)
+                let l = self.ledger.as_ref().expect("reserved");
+                Err(charge_failure("query", Some((l, r.charge_id)), e))
             }
-            (Err(e), None) => Err(e),
+            (Err(e), None) => Err(charge_failure("query", None, e)),
         }
     }
 
@@ -318,6 +336,9 @@ impl SqlEngine {
         use crate::impute::{Estimator, query_records};
         let ip =
             super::imputed::plan_imputed(plan, &self.catalog, &prepared.sites, budget.or(self.catalog.query_budget))?;
+        if let Some(why) = ip.table.dataset.domain().dp_read_refusal() {
+            bail!("refused: table {}: {why}", ip.table.name);
+        }
         let records: Vec<MechanismRecord> = ip
             .calls
             .iter()
@@ -357,24 +378,23 @@ impl SqlEngine {
         Ok(vec![RecordBatch::try_new(Arc::new(Schema::new(fields)), columns)?])
     }
 
-    /// A join with a public table must not multiply protected rows: its keys must be unique.
-    async fn check_unique_keys(&self, table: &str, keys: &[String]) -> Result<()> {
-        if table.is_empty() {
-            bail!("refused: joins with a derived public relation are not supported (join a registered public table)");
-        }
-        let cols: Vec<String> = keys.iter().map(|k| k.rsplit('.').next().unwrap_or(k).to_string()).collect();
-        let list = cols.iter().map(|c| format!("\"{c}\"")).collect::<Vec<_>>().join(", ");
-        let q =
-            format!("SELECT count(*) FROM (SELECT {list}, count(*) AS n FROM \"{table}\" GROUP BY {list}) WHERE n > 1");
-        let b = self.ctx.sql(&q).await?.collect().await?;
-        let dup = b
-            .first()
-            .and_then(|b| ScalarValue::try_from_array(b.column(0), 0).ok())
-            .map(|v| v.to_string() != "0")
-            .unwrap_or(false);
-        if dup {
+    /// A join with a public relation must not multiply protected rows: its ON
+    /// keys must be unique on the public side *as planned* (reads public data
+    /// only; runs before anything is charged).
+    async fn check_unique_keys(&self, join: &super::check::PublicJoin) -> Result<()> {
+        let keys: Vec<Expr> = join.keys.iter().enumerate().map(|(i, k)| k.clone().alias(format!("__k{i}"))).collect();
+        let dup = LogicalPlanBuilder::from(join.plan.clone())
+            .aggregate(keys, vec![count(lit(1)).alias("__n")])?
+            .filter(col("__n").gt(lit(1i64)))?
+            .limit(0, Some(1))?
+            .build()?;
+        let b = self.ctx.execute_logical_plan(dup).await?.collect().await?;
+        if b.iter().any(|b| b.num_rows() > 0) {
+            let list = join.keys.iter().map(|k| format!("{k}")).collect::<Vec<_>>().join(", ");
             bail!(
-                "refused: join keys ({list}) are not unique in public table {table}: protected rows would be duplicated"
+                "refused: the join keys ({list}) are not unique on the public side of the join: a protected row \
+                 could match several public rows and be counted more than once. Join on a key that is unique in the \
+                 public relation (deduplicate it first)"
             );
         }
         Ok(())
@@ -446,7 +466,7 @@ impl SqlEngine {
         sites: &[CallSite],
         budget: Option<Budget>,
         needs_selection: bool,
-    ) -> Result<(Vec<Planned>, Option<(MechanismRecord, f64, f64)>)> {
+    ) -> Result<(Vec<Planned>, Option<(MechanismRecord, f64, i128)>)> {
         let grouped = !agg.group_expr.is_empty();
         let l0 = if grouped { entry.max_groups_per_unit as f64 } else { 1.0 };
         let linf = match entry.unit {
@@ -568,14 +588,14 @@ impl SqlEngine {
         }
         let selection = selection.map(|(eps, delta)| {
             let b = l0 / eps;
-            let tau = 1.0 + b * (l0 / (2.0 * delta)).ln();
+            let tau = selection_threshold(eps, delta, l0);
             let rec = MechanismRecord {
                 mechanism: "laplace_partition_selection".into(),
                 target: "GROUP BY keys (units per key)".into(),
                 sensitivity: Some(l0),
                 noise: Some(NoiseDistribution::Laplace { scale: b }),
                 loss: PrivacyLoss::Approx { epsilon: eps, delta },
-                params: serde_json::json!({ "threshold": tau, "max_groups_per_unit": l0 }),
+                params: serde_json::json!({ "threshold": tau as i64, "max_groups_per_unit": l0 }),
             };
             (rec, b, tau)
         });
@@ -589,7 +609,7 @@ impl SqlEngine {
         entry: &TableEntry,
         planned: &[Planned],
         domain_keys: Option<Vec<Vec<ScalarValue>>>,
-        selection: Option<&(MechanismRecord, f64, f64)>,
+        selection: Option<&(MechanismRecord, f64, i128)>,
     ) -> Result<Vec<RecordBatch>> {
         let g = agg.group_expr.len();
         let bounded = self.bound_contributions(agg, entry)?;
@@ -622,7 +642,6 @@ impl SqlEngine {
             fixups.extend(fx.into_iter().map(|f| Fixup {
                 col: f.col + offset,
                 count: f.count.map(|c| c + offset),
-                rows: f.rows + offset,
                 square_of: f.square_of.map(|c| c + offset),
                 ..f
             }));
@@ -632,26 +651,30 @@ impl SqlEngine {
         if selection.is_some() {
             helpers.push(match &entry.unit {
                 PrivacyUnit::Row => count(lit(1)).alias(&units_col),
-                PrivacyUnit::Column(c) => count_distinct(col(Column::new_unqualified(c))).alias(&units_col),
+                // A null id is its own unit (never pooled): distinct ids plus null-id rows.
+                PrivacyUnit::Column(c) => (count_distinct(col(Column::new_unqualified(c)))
+                    + sum(when(col(Column::new_unqualified(c)).is_null(), lit(1i64)).otherwise(lit(0i64))?))
+                .alias(&units_col),
             });
         }
         let helper_plan =
             LogicalPlanBuilder::from(bounded.clone()).aggregate(agg.group_expr.clone(), helpers)?.build()?;
         let batches = self.ctx.execute_logical_plan(helper_plan).await?.collect().await?;
         // Exact stats per key.
-        let mut exact: HashMap<Vec<ScalarValue>, Vec<f64>> = HashMap::new();
+        // Exact integers (counts, and sums in 128 bits): never rounded through f64.
+        let mut exact: HashMap<Vec<ScalarValue>, Vec<i128>> = HashMap::new();
         let mut order: Vec<Vec<ScalarValue>> = Vec::new();
         for b in &batches {
             for r in 0..b.num_rows() {
                 let key: Vec<ScalarValue> =
                     (0..g).map(|c| ScalarValue::try_from_array(b.column(c), r)).collect::<Result<_, _>>()?;
-                let mut vals: Vec<f64> = (g..b.num_columns())
-                    .map(|c| scalar_f64(&ScalarValue::try_from_array(b.column(c), r)?))
+                let mut vals: Vec<i128> = (g..b.num_columns())
+                    .map(|c| scalar_i128(&ScalarValue::try_from_array(b.column(c), r)?))
                     .collect::<Result<_>>()?;
                 if !fixups.is_empty() {
                     let raw = vals.clone();
                     for f in &fixups {
-                        vals[f.col] = f.apply(&raw)?;
+                        vals[f.col] = f.apply(&raw);
                     }
                 }
                 order.push(key.clone());
@@ -659,7 +682,7 @@ impl SqlEngine {
             }
         }
         let n_helpers: usize = planned.iter().map(|p| p.helpers.len()).sum();
-        let zeros = vec![0.0; n_helpers + usize::from(selection.is_some())];
+        let zeros = vec![0i128; n_helpers + usize::from(selection.is_some())];
         // Which keys are released.
         let keys: Vec<Vec<ScalarValue>> = match (domain_keys, selection) {
             (Some(k), _) => k
@@ -683,9 +706,10 @@ impl SqlEngine {
                 let mut order = order;
                 order.sort_by(|a, b| a.partial_cmp(b).unwrap_or(std::cmp::Ordering::Equal));
                 for key in order {
-                    let units = exact.get(&key).map_or(0.0, |v| v[n_helpers]);
-                    // Unit counts are integers: discrete Laplace noise of scale b (exact, no floats).
-                    let noisy = units + (sampler.sample(&mut self.rng) as f64);
+                    let units = exact.get(&key).map_or(0, |v| v[n_helpers]);
+                    // Unit counts are integers: discrete Laplace noise of scale b (exact, no floats),
+                    // kept when above the integer threshold τ of the discrete tail.
+                    let noisy = units + sampler.sample(&mut self.rng);
                     if noisy > *tau {
                         kept.push(key);
                     }
@@ -700,7 +724,7 @@ impl SqlEngine {
             if let Kind::Quantile { arg, lo, hi, .. } = &p.kind {
                 let bins = p.quantile.expect("quantile plan").1;
                 let width = (hi - lo) / bins as f64;
-                let bin = cast(
+                let bin = try_cast(
                     datafusion::functions::math::expr_fn::floor(
                         (clamp_expr(arg.clone(), *lo, *hi) - lit(*lo)) / lit(width),
                     ),
@@ -718,7 +742,11 @@ impl SqlEngine {
                     for r in 0..b.num_rows() {
                         let key: Vec<ScalarValue> =
                             (0..g).map(|c| ScalarValue::try_from_array(b.column(c), r)).collect::<Result<_, _>>()?;
-                        let bi = scalar_f64(&ScalarValue::try_from_array(b.column(g), r)?)? as usize;
+                        let bin = ScalarValue::try_from_array(b.column(g), r)?;
+                        if bin.is_null() {
+                            continue; // NaN: no bin (TRY_CAST gave null)
+                        }
+                        let bi = scalar_f64(&bin)?.max(0.0) as usize;
                         let n = scalar_f64(&ScalarValue::try_from_array(b.column(g + 1), r)?)?;
                         m.entry(key).or_insert_with(|| vec![0.0; bins])[bi.min(bins - 1)] += n;
                     }
@@ -814,14 +842,23 @@ impl SqlEngine {
         let PrivacyUnit::Column(unit) = &entry.unit else { return Ok(input) };
         let unit_col = col(Column::new_unqualified(unit));
         let fields: Vec<Expr> = input.schema().columns().into_iter().map(col).collect();
-        let mut partition = vec![unit_col.clone()];
+        // A row with a null unit id is its own unit: it gets a fresh random id
+        // (uuid, 122 random bits) in a second partition key, so null ids are
+        // never pooled into one unit whose rows would be bounded together.
+        let null_unit = when(unit_col.clone().is_null(), datafusion::functions::string::expr_fn::uuid())
+            .otherwise(lit(ScalarValue::Utf8(None)))?;
+        let mut plan = LogicalPlanBuilder::from(input).project(
+            fields.iter().cloned().chain(std::iter::once(null_unit.alias("__dp_null_unit"))).collect::<Vec<_>>(),
+        )?;
+        let unit_keys = vec![unit_col.clone(), col("__dp_null_unit")];
+        let mut partition = unit_keys.clone();
         partition.extend(agg.group_expr.iter().cloned().map(|e| e.unalias()));
         let rn = datafusion::functions_window::expr_fn::row_number()
             .partition_by(partition)
             .order_by(vec![datafusion::functions::math::expr_fn::random().sort(true, false)])
             .build()?
             .alias("__dp_rn");
-        let mut plan = LogicalPlanBuilder::from(input).window(vec![rn])?;
+        plan = plan.window(vec![rn])?;
         let mut keep = col("__dp_rn").lt_eq(lit(entry.max_rows_per_unit as i64));
         if !agg.group_expr.is_empty() {
             let salt = rand::Rng::next_u64(&mut DpRng::from_os()?) as i64;
@@ -832,7 +869,7 @@ impl SqlEngine {
                 hash_args,
             ));
             let rank = datafusion::functions_window::expr_fn::dense_rank()
-                .partition_by(vec![unit_col])
+                .partition_by(unit_keys)
                 .order_by(vec![hash.sort(true, false)])
                 .build()?
                 .alias("__dp_gr");
@@ -841,6 +878,34 @@ impl SqlEngine {
         }
         Ok(plan.filter(keep)?.project(fields)?.build()?)
     }
+}
+
+/// The integer threshold τ of DP partition selection with discrete Laplace
+/// noise of scale b = l0/ε on unit counts: a key is kept when count + Z > τ.
+///
+/// Proof sketch (docs/PRIVACY.md §3): a unit touches at most l0 keys, each
+/// count by 1, so the noisy counts of keys present in both neighbours are
+/// ε-DP (L1 sensitivity l0). A key present in only one neighbour has count 1
+/// there and is kept with probability P(Z ≥ τ) = p^τ/(1 + p), p = e^(−1/b),
+/// for the discrete Laplace P(Z = z) = (1 − p)/(1 + p)·p^|z|; over at most l0
+/// such keys this is ≤ δ when p^τ/(1 + p) ≤ δ/l0. τ is the smallest such
+/// integer (the continuous-Laplace threshold 1 + b·ln(l0/2δ) is too low for
+/// the discrete tail: at (1, 1e-5), l0 = 1 it keeps a one-unit key with
+/// probability 1.22e-5 > δ).
+pub(crate) fn selection_threshold(epsilon: f64, delta: f64, l0: f64) -> i128 {
+    let b = l0 / epsilon;
+    let ln_p = -1.0 / b;
+    let ln_tail = |k: i128| k as f64 * ln_p - ln_p.exp().ln_1p();
+    let target = (delta / l0).ln();
+    // First guess from the closed form, then step to the exact smallest k.
+    let mut k = (((target + ln_p.exp().ln_1p()) / ln_p).ceil().max(0.0)) as i128;
+    while ln_tail(k) > target {
+        k += 1;
+    }
+    while k > 0 && ln_tail(k - 1) <= target {
+        k -= 1;
+    }
+    k
 }
 
 /// `dp_count(Int64(1),Utf8("__dp_site_0"))` → `dp_count(*)`: a DP call's
@@ -914,6 +979,18 @@ fn passes_unchanged(plan: &LogicalPlan, name: &str) -> bool {
         LogicalPlan::Join(j) => passes_unchanged(&j.left, name) || passes_unchanged(&j.right, name),
         _ => false,
     }
+}
+
+/// An exact helper value (count or 128-bit sum) as an integer; null → 0.
+fn scalar_i128(v: &ScalarValue) -> Result<i128> {
+    Ok(match v {
+        v if v.is_null() => 0,
+        ScalarValue::Decimal128(Some(x), _, 0) => *x,
+        ScalarValue::Int64(Some(x)) => *x as i128,
+        ScalarValue::UInt64(Some(x)) => *x as i128,
+        ScalarValue::Int32(Some(x)) => *x as i128,
+        other => bail!("internal: helper aggregate of type {} is not an exact integer", other.data_type()),
+    })
 }
 
 fn scalar_f64(v: &ScalarValue) -> Result<f64> {
@@ -1028,7 +1105,7 @@ fn plan_one(
                 records.push(record(what, shown, s * scale, l));
                 noise.push(n);
             }
-            if matches!(kind, Kind::Sum { .. }) { vec![h(0), h(1)] } else { (0..noise.len()).map(h).collect() }
+            (0..noise.len()).map(h).collect()
         }
         Kind::Quantile { lo, hi, .. } => {
             let bins = 1024usize;
@@ -1037,7 +1114,9 @@ fn plan_one(
                 // ε²/8 per group, L0 groups: ρ = L0·ε²/8.
                 Share::Rho(r) => ((8.0 * r / l0).sqrt(), PrivacyLoss::Zcdp { rho: r }),
             };
-            quantile = Some((eps_em, bins));
+            // One unit adds up to l∞ rows to a group, each moving every score
+            // −|#{x ≤ edge} − q·n| by at most max(q, 1 − q) ≤ 1: sensitivity l∞.
+            quantile = Some((eps_em, bins, linf));
             records.push(MechanismRecord {
                 mechanism: "exponential".into(),
                 target: target("quantile bin"),
@@ -1052,34 +1131,48 @@ fn plan_one(
     Ok(Planned { field, kind, noise, grid, records, helpers, quantile })
 }
 
-/// Turns an exact integer helper sum S into grid units: (S − n·mid)/g, with n
-/// the helper column `count` (or 0); for a sum of squares S₂ of the values
-/// whose plain sum S₁ is in column `square_of`, Σ(x − mid)²/g² =
-/// (S₂ − 2·mid·S₁ + n·mid²)/g².
+/// Turns exact integer helper sums into grid units, exactly (big-integer
+/// arithmetic, so no refusal and no rounding depends on the data). With the
+/// grid g = 2^k (k ≤ −1 on this path) and m₂ = lo + hi (an integer, so the
+/// midpoint is m₂/2):
+///
+/// - a plain sum S of values in [lo, hi] around 0: S/g = S·2^(−k);
+/// - a sum S₁ around the midpoint: (S₁ − n·m₂/2)/g = (2S₁ − n·m₂)·2^(−k−1);
+/// - a sum of squares S₂ around the midpoint: Σ(x − m₂/2)²/g² =
+///   (4S₂ − 4m₂S₁ + n·m₂²)·2^(−2k−2).
+///
+/// Each is an integer because (x − mid)/g is an integer for integer x.
 #[derive(Debug, Clone, Copy)]
 struct Fixup {
     col: usize,
+    /// Helper column with the count n of summed values (None: a plain sum around 0).
     count: Option<usize>,
-    /// Helper column with (an upper bound on) the rows summed.
-    rows: usize,
-    mid: f64,
-    g: f64,
-    /// max(|lo|, |hi|) (squared for squares): rows × this must fit a 64-bit integer sum.
-    max_abs: f64,
+    /// lo + hi.
+    m2: i128,
+    /// The grid exponent k (≤ −1).
+    k: i32,
+    /// For a sum of squares: the helper column with the plain sum S₁.
     square_of: Option<usize>,
 }
 
 impl Fixup {
     /// The value in grid units, from the raw helper values.
-    fn apply(&self, raw: &[f64]) -> Result<f64> {
-        if raw[self.rows] * self.max_abs >= 9.0e18 {
-            bail!("the exact sum could overflow 64-bit integers; narrow the bounds");
+    fn apply(&self, raw: &[i128]) -> i128 {
+        use num_bigint::BigInt;
+        let big = |x: i128| BigInt::from(x);
+        let shifted = |v: BigInt, by: i32| -> i128 {
+            let v = v << (by.max(0) as usize);
+            // |units| ≤ n·(c/g + 1)² < 2¹²⁶ for n < 2⁶³ rows: always fits.
+            i128::try_from(v).expect("grid units fit 128 bits")
+        };
+        match (self.count, self.square_of) {
+            (None, _) => shifted(big(raw[self.col]), -self.k),
+            (Some(n), None) => shifted(big(2) * big(raw[self.col]) - big(raw[n]) * big(self.m2), -self.k - 1),
+            (Some(n), Some(s1)) => shifted(
+                big(4) * big(raw[self.col]) - big(4) * big(self.m2) * big(raw[s1]) + big(raw[n]) * big(self.m2).pow(2),
+                -2 * self.k - 2,
+            ),
         }
-        let n = self.count.map_or(0.0, |c| raw[c]);
-        Ok(match self.square_of {
-            None => (raw[self.col] - n * self.mid) / self.g,
-            Some(s1) => (raw[self.col] - 2.0 * self.mid * raw[s1] + n * self.mid * self.mid) / (self.g * self.g),
-        })
     }
 }
 
@@ -1090,17 +1183,17 @@ type IntArg<'a> = &'a dyn Fn(&Expr) -> Option<Option<(f64, f64)>>;
 /// The exact helper aggregates of one DP call, and the fix-ups that turn
 /// integer sums into grid units.
 ///
-/// Integer arguments with integer bounds (and a grid g ≤ ½, so the bounds
-/// and their midpoint are multiples of g) are summed as integers, clamped
-/// with a CASE only when the public domain is not already inside [lo, hi],
-/// and converted exactly afterwards: Σ round((clamp(x) − mid)/g) =
-/// (Σ clamp(x) − n·mid)/g. Other arguments are clamped, centred and rounded
-/// to the grid row by row.
+/// Every sum is accumulated in 128 bits ([`sum_i128`]). Integer arguments
+/// with integer bounds (and a grid g ≤ ½, so the bounds and their midpoint
+/// are multiples of g) are summed as integers, clamped with a CASE only when
+/// the public domain is not already inside [lo, hi], and converted exactly
+/// afterwards ([`Fixup`]). Other arguments are clamped, centred and rounded to
+/// the grid row by row (one row is at most 2²¹ units, or 2⁴² for squares).
 fn helper_exprs(p: &Planned, int_arg: IntArg<'_>) -> (Vec<Expr>, Vec<Fixup>) {
     let mut out = Vec::new();
     let mut fixups = Vec::new();
     let g = 2f64.powi(p.grid);
-    // Squares of |x| < 2³¹ fit an i64; sums are guarded at release (`Fixup::apply`).
+    // Squares of |x| < 2³¹ fit an i64 per row; sums are 128-bit.
     let exact = |arg: &Expr, lo: f64, hi: f64| -> Option<Expr> {
         let bounds = int_arg(arg)?;
         if lo.fract() != 0.0 || hi.fract() != 0.0 || g > 0.5 || lo.abs().max(hi.abs()) >= 2f64.powi(31) {
@@ -1115,45 +1208,35 @@ fn helper_exprs(p: &Planned, int_arg: IntArg<'_>) -> (Vec<Expr>, Vec<Fixup>) {
                 .expect("valid CASE"),
         })
     };
+    let m2 = |lo: f64, hi: f64| (lo as i128) + (hi as i128);
     match &p.kind {
         Kind::Count { arg } => out.push(count(arg.clone().unwrap_or(lit(1)))),
-        Kind::Sum { arg, lo, hi } => {
-            match exact(arg, *lo, *hi) {
-                Some(x) => {
-                    out.push(sum(x));
-                    fixups.push(Fixup {
-                        col: 0,
-                        count: None,
-                        rows: 1,
-                        mid: 0.0,
-                        g,
-                        max_abs: lo.abs().max(hi.abs()),
-                        square_of: None,
-                    });
-                }
-                None => out.push(sum(to_units(clamp_expr(arg.clone(), *lo, *hi), p.grid))),
+        Kind::Sum { arg, lo, hi } => match exact(arg, *lo, *hi) {
+            Some(x) => {
+                out.push(sum_i128(x));
+                fixups.push(Fixup { col: 0, count: None, m2: 0, k: p.grid, square_of: None });
             }
-            out.push(count(lit(1)));
-        }
+            None => out.push(sum_i128(to_units(clamp_expr(arg.clone(), *lo, *hi), p.grid))),
+        },
         Kind::Avg { arg, lo, hi } | Kind::Var { arg, lo, hi } => {
-            let (mid, max_abs) = ((lo + hi) / 2.0, lo.abs().max(hi.abs()));
+            let mid = (lo + hi) / 2.0;
             let var = matches!(p.kind, Kind::Var { .. });
             out.push(count(arg.clone()));
             match exact(arg, *lo, *hi) {
                 Some(x) => {
-                    out.push(sum(x.clone()));
-                    fixups.push(Fixup { col: 1, count: Some(0), rows: 0, mid, g, max_abs, square_of: None });
+                    let m2 = m2(*lo, *hi);
+                    out.push(sum_i128(x.clone()));
+                    fixups.push(Fixup { col: 1, count: Some(0), m2, k: p.grid, square_of: None });
                     if var {
-                        out.push(sum(x.clone() * x));
-                        let max_abs = max_abs * max_abs;
-                        fixups.push(Fixup { col: 2, count: Some(0), rows: 0, mid, g, max_abs, square_of: Some(1) });
+                        out.push(sum_i128(x.clone() * x));
+                        fixups.push(Fixup { col: 2, count: Some(0), m2, k: p.grid, square_of: Some(1) });
                     }
                 }
                 None => {
                     let centered = clamp_expr(arg.clone(), *lo, *hi) - lit(mid);
-                    out.push(sum(to_units(centered.clone(), p.grid)));
+                    out.push(sum_i128(to_units(centered.clone(), p.grid)));
                     if var {
-                        out.push(sum(to_units(centered.clone() * centered, 2 * p.grid)));
+                        out.push(sum_i128(to_units(centered.clone() * centered, 2 * p.grid)));
                     }
                 }
             }
@@ -1225,14 +1308,14 @@ fn ci_requests(plan: &LogicalPlan, planned: &[Planned], default_level: f64) -> V
 /// Noises one aggregate for one group; returns the value and requested CI bounds.
 fn release_one(
     p: &Planned,
-    h: &[f64],
+    h: &[i128],
     histogram: &[f64],
     cis: &[CiRequest],
     pi: usize,
     rng: &mut DpRng,
 ) -> Result<(ScalarValue, Vec<(usize, ScalarValue)>)> {
-    let noisy_int =
-        |x: f64, n: &NoiseDistribution, rng: &mut DpRng| -> f64 { (x as i128 + n.sample_integer(rng)) as f64 };
+    // Exact integer + exact integer noise; only the noisy value becomes a float.
+    let noisy_int = |x: i128, n: &NoiseDistribution, rng: &mut DpRng| -> f64 { (x + n.sample_integer(rng)) as f64 };
     let g = 2f64.powi(p.grid);
     let mine: Vec<(usize, &CiRequest)> = cis.iter().enumerate().filter(|(_, r)| r.agg == pi).collect();
     let mut out_cis = Vec::new();
@@ -1245,11 +1328,7 @@ fn release_one(
             }
             ScalarValue::Int64(Some(v as i64))
         }
-        Kind::Sum { lo, hi, .. } => {
-            let max_units = (lo.abs().max(hi.abs()) / g).ceil();
-            if h[1] * max_units >= 9.0e18 {
-                bail!("dp_sum: the sum could overflow 64-bit integers at this precision; narrow the bounds");
-            }
+        Kind::Sum { .. } => {
             let v = noisy_int(h[0], &p.noise[0], rng) * g;
             for (k, r) in &mine {
                 let hw = p.noise[0].ci_half_width(r.level) * g;
@@ -1324,9 +1403,9 @@ fn release_one(
             if c > 1.0 { ScalarValue::Float64(Some(var(c, s1, s2))) } else { ScalarValue::Float64(None) }
         }
         Kind::Quantile { q, lo, hi, .. } => {
-            let (eps, bins) = p.quantile.expect("quantile");
+            let (eps, bins, sensitivity) = p.quantile.expect("quantile");
             let n: f64 = histogram.iter().sum();
-            // Score of bin b: −|#{x below b's upper edge} − q·n| (sensitivity 1 per row).
+            // Score of bin b: −|#{x below b's upper edge} − q·n| (sensitivity 1 per row, l∞ per unit).
             let mut cum = 0.0;
             let scores: Vec<f64> = (0..bins)
                 .map(|b| {
@@ -1334,7 +1413,7 @@ fn release_one(
                     -(cum - q * n).abs()
                 })
                 .collect();
-            let mech = ExponentialMechanism::new(eps, 1.0)?;
+            let mech = ExponentialMechanism::new(eps, sensitivity)?;
             let b = mech.select(rng, &scores)?;
             let width = (hi - lo) / bins as f64;
             for (k, _) in &mine {

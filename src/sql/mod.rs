@@ -6,6 +6,7 @@ pub mod catalog;
 pub mod check;
 pub mod engine;
 pub mod imputed;
+pub mod rowsafe;
 pub mod sites;
 
 pub use catalog::{Catalog, PrivacyUnit, TableEntry};
