@@ -1,0 +1,369 @@
+//! Issue 14: each test pins one way a release could break its guarantee
+//! (docs/PRIVACY.md). Every test here failed on the code before the fix.
+
+use std::path::{Path, PathBuf};
+use std::process::Command;
+
+use datafusion::arrow::array::{Array, AsArray, RecordBatch};
+use datafusion::arrow::compute::cast;
+use datafusion::arrow::datatypes::{DataType, Float64Type};
+use dpflow::privacy::{Budget, ChargeStatus, Ledger};
+use dpflow::sql::{Catalog, SqlEngine};
+
+fn column_f64(b: &[RecordBatch], name: &str) -> Vec<Option<f64>> {
+    let mut out = Vec::new();
+    for batch in b {
+        let i = batch.schema().index_of(name).unwrap();
+        let a = cast(batch.column(i), &DataType::Float64).unwrap();
+        let a = a.as_primitive::<Float64Type>();
+        out.extend((0..a.len()).map(|r| a.is_valid(r).then(|| a.value(r))));
+    }
+    out
+}
+
+/// A catalog with one protected table `t` (CSV `csv`, domain `domain`) and
+/// extra YAML for its entry, plus an optional ledger with budget ε = 100.
+fn catalog(dir: &Path, csv: &str, domain: &str, entry_extra: &str, ledger: bool, public: &str) -> PathBuf {
+    std::fs::write(dir.join("t.csv"), csv).unwrap();
+    std::fs::write(dir.join("t.yaml"), domain).unwrap();
+    let l = if ledger { "ledger: ledger.sqlite\ncreate_ledger_if_missing:\n  t: {epsilon: 100.0}\n" } else { "" };
+    let cat = format!(
+        "{l}query_budget: {{epsilon: 1.0}}\ntables:\n  t:\n    location: t.csv\n    domain: t.yaml\n{entry_extra}{public}"
+    );
+    let p = dir.join("catalog.yaml");
+    std::fs::write(&p, cat).unwrap();
+    p
+}
+
+fn dpflow() -> Command {
+    Command::new(env!("CARGO_BIN_EXE_dpflow"))
+}
+
+// ---------------------------------------------------------------- §1
+
+#[tokio::test]
+async fn the_division_by_zero_membership_oracle_is_refused_before_anything_is_charged() {
+    let d = tempfile::tempdir().unwrap();
+    let csv = "id,age\np1,30\np2,37\np3,50\n";
+    let dom = "columns:\n  - {name: id, kind: categorical, values: [p1, p2, p3, p4]}\n  - {name: age, kind: integer, bounds: [0, 120], bins: {width: 10}}\n";
+    let p = catalog(d.path(), csv, dom, "", true, "");
+    let mut e = SqlEngine::open(Catalog::load(&p).unwrap(), None).await.unwrap();
+    let oracle = "SELECT dp_count(*) FROM t WHERE CASE WHEN id = 'p2' THEN 1/(age-37) ELSE 1 END = 1";
+    let err = format!("{:#}", e.query(oracle, None).await.unwrap_err());
+    assert!(err.contains("integer division") && err.contains("DOUBLE"), "{err}");
+    let cast = "SELECT dp_count(*) FROM t WHERE CAST(id AS INT) = 3";
+    let err = format!("{:#}", e.query(cast, None).await.unwrap_err());
+    assert!(err.contains("TRY_CAST"), "{err}");
+    // Refused at plan time: nothing reserved, nothing spent.
+    let l = Ledger::open(d.path().join("ledger.sqlite")).unwrap();
+    assert!(l.history(Some("t")).unwrap().is_empty());
+    // The safe spelling runs.
+    let ok = "SELECT dp_count(*) FROM t WHERE CASE WHEN id = 'p2' THEN 1.0/CAST(age-37 AS DOUBLE) ELSE 1.0 END = 1.0";
+    e.query(ok, None).await.unwrap();
+}
+
+#[tokio::test]
+async fn out_of_domain_error_policy_is_refused_for_dp_reads_and_drop_row_is_data_independent() {
+    let d = tempfile::tempdir().unwrap();
+    // 987654 is out of the domain [0, 120].
+    let csv = "age\n30\n987654\n50\n";
+    let strict =
+        "out_of_domain: error\ncolumns:\n  - {name: age, kind: integer, bounds: [0, 120], bins: {width: 10}}\n";
+    let p = catalog(d.path(), csv, strict, "", true, "");
+    let mut e = SqlEngine::open(Catalog::load(&p).unwrap(), None).await.unwrap();
+    let err = format!("{:#}", e.query("SELECT dp_count(*) FROM t", None).await.unwrap_err());
+    assert!(err.contains("out_of_domain: error") && err.contains("drop-row"), "{err}");
+    assert!(!err.contains("987654"), "{err}");
+    let l = Ledger::open(d.path().join("ledger.sqlite")).unwrap();
+    assert!(l.history(Some("t")).unwrap().is_empty(), "refused before any charge");
+    // The default (drop-row) runs and drops the bad row, whatever it holds.
+    let lenient = "columns:\n  - {name: age, kind: integer, bounds: [0, 120], bins: {width: 10}}\n";
+    std::fs::write(d.path().join("t.yaml"), lenient).unwrap();
+    let mut e = SqlEngine::open(Catalog::load(&p).unwrap(), None).await.unwrap();
+    // ε = 50: the discrete Laplace noise is 0 with probability 1 − 2e^{-50}/(1 + e^{-50}).
+    let r = e.query("SELECT dp_count(*, epsilon => 50) AS n FROM t", None).await.unwrap();
+    assert_eq!(column_f64(&r.batches, "n"), vec![Some(2.0)]);
+}
+
+/// A CSV whose line 3 has one field too many, holding a planted value: the
+/// reader fails there, after the query was charged.
+fn broken_world(dir: &Path) -> PathBuf {
+    let mut csv = String::from("age\n30\n");
+    csv += "40,31337\n";
+    for i in 0..50 {
+        csv += &format!("{}\n", 20 + i);
+    }
+    let dom = "columns:\n  - {name: age, kind: integer, bounds: [0, 120], bins: {width: 10}}\n";
+    catalog(dir, &csv, dom, "", true, "")
+}
+
+#[tokio::test]
+async fn a_failure_after_reading_is_charged_and_says_nothing_about_the_data() {
+    let d = tempfile::tempdir().unwrap();
+    let p = broken_world(d.path());
+    let mut e = SqlEngine::open(Catalog::load(&p).unwrap(), None).await.unwrap();
+    let err = format!("{:#}", e.query("SELECT dp_count(*) FROM t", None).await.unwrap_err());
+    assert!(err.contains("failed after reading protected data"), "{err}");
+    assert!(!err.contains("31337") && !err.contains("line"), "{err}");
+    let l = Ledger::open(d.path().join("ledger.sqlite")).unwrap();
+    let h = l.history(Some("t")).unwrap();
+    assert_eq!(h.len(), 1);
+    assert_eq!(h[0].status, ChargeStatus::Failed, "charged, never refunded");
+    let s = l.status("t").unwrap();
+    assert!((s.spent - 1.0).abs() < 1e-9 && s.open_reservations == 0, "{s:?}");
+    // The same query again is a new charge (the failed one stays spent).
+    assert!(e.query("SELECT dp_count(*) FROM t", None).await.is_err());
+    assert!((l.status("t").unwrap().spent - 2.0).abs() < 1e-9);
+}
+
+#[test]
+fn no_output_or_trace_log_holds_the_planted_value() {
+    let d = tempfile::tempdir().unwrap();
+    let p = broken_world(d.path());
+    let out = dpflow()
+        .args(["sql", "--catalog", p.to_str().unwrap(), "-e", "SELECT dp_count(*) FROM t"])
+        .env("RUST_LOG", "trace")
+        .output()
+        .unwrap();
+    assert!(!out.status.success());
+    let all = format!("{}{}", String::from_utf8_lossy(&out.stdout), String::from_utf8_lossy(&out.stderr));
+    assert!(all.contains("failed after reading protected data"), "{all}");
+    assert!(!all.contains("31337"), "the planted value leaked: {all}");
+    assert!(!all.contains("Exact("), "exact statistics leaked into the logs: {all}");
+}
+
+#[tokio::test]
+async fn neighbours_around_the_old_overflow_threshold_behave_identically() {
+    // dp_var(age, 2121320343, 2121320344) used to fail iff ≥ 2 rows matched.
+    for rows in [1, 2] {
+        let d = tempfile::tempdir().unwrap();
+        let mut csv = String::from("age\n");
+        for _ in 0..rows {
+            csv += "2121320343\n";
+        }
+        let dom = "columns:\n  - {name: age, kind: integer, bounds: [0, 2147483000], bins: {count: 4}}\n";
+        let p = catalog(d.path(), &csv, dom, "", false, "");
+        let mut e = SqlEngine::open(Catalog::load(&p).unwrap(), Some(5)).await.unwrap();
+        for q in [
+            "SELECT dp_var(age, 2121320343, 2121320344) AS v FROM t",
+            "SELECT dp_sum(age, 2121320343, 2121320344) AS v FROM t",
+        ] {
+            let r = e.query(q, None).await;
+            assert!(r.is_ok(), "{rows} row(s): {q}: {:#}", r.err().unwrap());
+        }
+    }
+}
+
+#[tokio::test]
+async fn variance_sums_are_exact_beyond_2_pow_53() {
+    // var(C + y) computed with bounds shifted by C must release exactly what
+    // var(y) releases (same seed): the grid units are the same integers. With
+    // C = 2^30 and 4000 rows, Σx² ≈ 2^72 ≫ 2^53, so any rounding through f64
+    // moves the units by far more than the sensitivity.
+    let c: i64 = 1 << 30;
+    let d = tempfile::tempdir().unwrap();
+    let mut csv = String::from("y,x\n");
+    for i in 0..4000i64 {
+        let y = (i * 7919) % 1000;
+        csv += &format!("{y},{}\n", c + y);
+    }
+    let dom = format!(
+        "columns:\n  - {{name: y, kind: integer, bounds: [0, 999], bins: {{count: 4}}}}\n  - {{name: x, kind: integer, bounds: [{c}, {}], bins: {{count: 4}}}}\n",
+        c + 999
+    );
+    let p = catalog(d.path(), &csv, &dom, "", false, "");
+    let run = |q: String| {
+        let p = p.clone();
+        async move {
+            let mut e = SqlEngine::open(Catalog::load(&p).unwrap(), Some(17)).await.unwrap();
+            column_f64(&e.query(&q, None).await.unwrap().batches, "v")[0].unwrap()
+        }
+    };
+    let small = run("SELECT dp_var(y, 0, 999) AS v FROM t".into()).await;
+    let large = run(format!("SELECT dp_var(x, {c}, {}) AS v FROM t", c + 999)).await;
+    assert_eq!(small, large, "exact sums: identical releases");
+}
+
+// ---------------------------------------------------------------- §3
+
+#[tokio::test]
+async fn quantile_audit_with_several_rows_per_unit() {
+    // 4000 groups; group g holds one unit with 5 rows at 99 (l∞ = 5). For
+    // q = 1 the 11 bins from 99 up score 0 and every other bin −5. The
+    // neighbour without the unit has an empty group: a uniform choice, so
+    // P'(top 11 bins) = 11/1024 exactly. ε-DP needs P(top) ≤ e^ε·11/1024.
+    // With sensitivity 1 instead of l∞ = 5, P(top) ≈ 0.117 (ε̂ ≈ 2.4 at ε = 1).
+    let d = tempfile::tempdir().unwrap();
+    let mut csv = String::from("pid,g,v\n");
+    for g in 0..4000 {
+        for _ in 0..5 {
+            csv += &format!("u{g},{g},99\n");
+        }
+    }
+    let dom = "columns:\n  - {name: g, kind: integer, bounds: [0, 3999]}\n  - {name: v, kind: float, bounds: [0, 100], bins: {count: 4}}\n";
+    let unit = "    privacy_unit: {column: pid}\n    max_rows_per_unit: 5\n    max_groups_per_unit: 1\n";
+    let p = catalog(d.path(), &csv, dom, unit, false, "");
+    let mut e = SqlEngine::open(Catalog::load(&p).unwrap(), Some(23)).await.unwrap();
+    let r =
+        e.query("SELECT g, dp_quantile(v, 1.0, 0, 100, epsilon => 1.0) AS m FROM t GROUP BY g", None).await.unwrap();
+    let m = column_f64(&r.batches, "m");
+    assert_eq!(m.len(), 4000);
+    let edge = 1013.0 * 100.0 / 1024.0;
+    let top = m.iter().filter(|x| x.unwrap() >= edge).count();
+    let bound = 1f64.exp() * 11.0 / 1024.0 * 4000.0; // 116.8
+    // Correct sensitivity: P(top) = 11/(11 + 1013·e^{−1/2}) ≈ 0.0176, i.e. 70 ± 8 of 4000.
+    assert!((top as f64) < bound, "ε̂ = ln({top}/4000 / (11/1024)) exceeds ε = 1");
+    let eps_hat = ((top as f64 / 4000.0) / (11.0 / 1024.0)).ln();
+    assert!(eps_hat < 1.0, "{eps_hat}");
+}
+
+#[tokio::test]
+async fn partition_selection_keeps_a_one_unit_key_with_probability_at_most_delta() {
+    // At ε = 1, l0 = 1, δ = 0.0711 the continuous threshold 1 + ln(1/2δ) = 2.95
+    // keeps a one-unit key when Z ≥ 2: probability e^{-2}/(1 + e^{-1}) = 0.099 > δ.
+    // The discrete threshold τ = 3 keeps it with probability 0.036 ≤ δ.
+    let d = tempfile::tempdir().unwrap();
+    let mut csv = String::from("k\n");
+    for k in 0..20000 {
+        csv += &format!("{k}\n");
+    }
+    // Bins of width 10: the key has no enumerable public domain, so keys are selected.
+    let dom = "columns:\n  - {name: k, kind: integer, bounds: [0, 19999], bins: {width: 10}}\n";
+    let p = catalog(d.path(), &csv, dom, "", false, "");
+    let mut e = SqlEngine::open(Catalog::load(&p).unwrap(), Some(31)).await.unwrap();
+    let budget = Budget::Approx { epsilon: 1.0, delta: 0.0711 };
+    let r = e.query("SELECT k, dp_count(*, epsilon => 1.0) AS n FROM t GROUP BY k", Some(budget)).await.unwrap();
+    let kept = r.batches.iter().map(|b| b.num_rows()).sum::<usize>() as f64;
+    // Expected 0.0364 · 20000 = 728 ± 27; δ · 20000 = 1422; the old rule kept ≈ 1978.
+    assert!(kept <= 0.0711 * 20000.0, "kept {kept} one-unit keys of 20000: more than δ");
+    assert!(kept > 600.0, "sanity: the keep probability should be ≈ 0.036, kept {kept}");
+    let sel = r.mechanisms.iter().find(|m| m.mechanism == "laplace_partition_selection").unwrap();
+    assert_eq!(sel.params["threshold"], 3);
+}
+
+#[tokio::test]
+async fn null_unit_ids_are_each_their_own_unit() {
+    let d = tempfile::tempdir().unwrap();
+    let mut csv = String::from("pid,v\n");
+    for _ in 0..10 {
+        csv += ",1\n"; // null ids
+    }
+    csv += "a,1\na,1\nb,1\n";
+    let dom = "columns:\n  - {name: v, kind: integer, bounds: [0, 9]}\n";
+    let unit = "    privacy_unit: {column: pid}\n    max_rows_per_unit: 1\n    max_groups_per_unit: 1\n";
+    let p = catalog(d.path(), &csv, dom, unit, false, "");
+    let mut e = SqlEngine::open(Catalog::load(&p).unwrap(), Some(1)).await.unwrap();
+    let r = e.query("SELECT dp_count(*, epsilon => 1000000) AS n FROM t", None).await.unwrap();
+    // Ten null-id rows (ten units) + one row of a + one row of b.
+    assert_eq!(column_f64(&r.batches, "n"), vec![Some(12.0)]);
+}
+
+#[tokio::test]
+async fn an_unsafe_seed_with_a_ledger_is_refused() {
+    let d = tempfile::tempdir().unwrap();
+    let dom = "columns:\n  - {name: v, kind: integer, bounds: [0, 9]}\n";
+    let p = catalog(d.path(), "v\n1\n", dom, "", true, "");
+    let err = SqlEngine::open(Catalog::load(&p).unwrap(), Some(1)).await.err().expect("refused");
+    assert!(format!("{err:#}").contains("--unsafe-seed with a ledger"), "{err:#}");
+}
+
+fn join_world(dir: &Path) -> PathBuf {
+    let dom = "columns:\n  - {name: x, kind: integer, bounds: [0, 9]}\n";
+    std::fs::write(dir.join("p.csv"), "y,w,v\n1,1,1\n2,1,1\n3,2,2\n").unwrap();
+    std::fs::write(
+        dir.join("p.yaml"),
+        "columns:\n  - {name: y, kind: integer, bounds: [0, 9]}\n  - {name: w, kind: integer, bounds: [0, 9]}\n  - {name: v, kind: integer, bounds: [0, 9]}\n",
+    )
+    .unwrap();
+    let public = "  p: {location: p.csv, domain: p.yaml, public: true}\n";
+    catalog(dir, "x\n1\n1\n2\n", dom, "", false, public)
+}
+
+#[tokio::test]
+async fn join_uniqueness_is_checked_on_the_actual_keys_of_the_public_side() {
+    let d = tempfile::tempdir().unwrap();
+    let p = join_world(d.path());
+    let mut e = SqlEngine::open(Catalog::load(&p).unwrap(), Some(1)).await.unwrap();
+    // y is unique in p, but the joined key is w renamed to y, which is not.
+    let renamed = "SELECT dp_count(*) FROM t JOIN (SELECT w AS y FROM p) q ON t.x = q.y";
+    let err = format!("{:#}", e.query(renamed, None).await.unwrap_err());
+    assert!(err.contains("not unique"), "{err}");
+    // (y, w, v) is unique, but the key is y alone... which is unique: accepted; w alone is not.
+    e.query("SELECT dp_count(*) FROM t JOIN p ON t.x = p.y AND p.w = p.v", None).await.unwrap();
+    let err = format!(
+        "{:#}",
+        e.query("SELECT dp_count(*) FROM t JOIN p ON t.x = p.w AND p.y = p.v", None).await.unwrap_err()
+    );
+    assert!(err.contains("not unique"), "{err}");
+}
+
+// ---------------------------------------------------------------- ledger
+
+#[test]
+fn a_failed_charge_stays_spent_and_frees_its_release_id() {
+    let d = tempfile::tempdir().unwrap();
+    let path = d.path().join("l.sqlite");
+    let mut l = Ledger::create(&path).unwrap();
+    l.add_dataset("t", "row", Budget::Pure { epsilon: 2.0 }).unwrap();
+    let rec = dpflow::privacy::MechanismRecord {
+        mechanism: "m".into(),
+        target: "x".into(),
+        sensitivity: None,
+        noise: None,
+        loss: dpflow::privacy::PrivacyLoss::Pure { epsilon: 1.0 },
+        params: serde_json::Value::Null,
+    };
+    let r = l.reserve("t", "r1", std::slice::from_ref(&rec), None).unwrap();
+    l.fail(r.charge_id, "test").unwrap();
+    assert!(l.release(r.charge_id, "refund?").is_err(), "a failed charge cannot be refunded");
+    assert!(l.resolve(r.charge_id, ChargeStatus::Released, "refund?").is_err());
+    let s = l.status("t").unwrap();
+    assert_eq!((s.spent, s.committed, s.open_reservations), (1.0, 1.0, 0));
+    // The same release id can run again, as a new charge; the budget then holds no third.
+    let r2 = l.reserve("t", "r1", std::slice::from_ref(&rec), None).unwrap();
+    assert_ne!(r2.charge_id, r.charge_id);
+    assert!(l.reserve("t", "r2", std::slice::from_ref(&rec), None).is_err(), "over budget");
+    // Reopening keeps it (schema 2).
+    drop(l);
+    assert_eq!(Ledger::open(&path).unwrap().status("t").unwrap().spent, 2.0);
+}
+
+#[test]
+fn a_schema_1_ledger_is_migrated_in_place() {
+    let d = tempfile::tempdir().unwrap();
+    let path = d.path().join("l.sqlite");
+    {
+        let mut l = Ledger::create(&path).unwrap();
+        l.add_dataset("t", "row", Budget::Pure { epsilon: 2.0 }).unwrap();
+        let rec = dpflow::privacy::MechanismRecord {
+            mechanism: "m".into(),
+            target: "x".into(),
+            sensitivity: None,
+            noise: None,
+            loss: dpflow::privacy::PrivacyLoss::Pure { epsilon: 0.5 },
+            params: serde_json::Value::Null,
+        };
+        let r = l.reserve("t", "r1", &[rec], None).unwrap();
+        l.commit(r.charge_id).unwrap();
+    }
+    // Rewrite it as schema 1 (the old CHECK constraint without 'failed').
+    let c = rusqlite::Connection::open(&path).unwrap();
+    c.execute_batch(
+        "BEGIN; ALTER TABLE charges RENAME TO c2;
+         CREATE TABLE charges (id INTEGER PRIMARY KEY AUTOINCREMENT, dataset TEXT NOT NULL REFERENCES datasets(name),
+           release_id TEXT NOT NULL, status TEXT NOT NULL CHECK (status IN ('reserved', 'committed', 'released')),
+           mechanisms_json TEXT NOT NULL, rho REAL NOT NULL, eps REAL NOT NULL, delta REAL NOT NULL, cost REAL NOT NULL,
+           reserved_at TEXT NOT NULL, resolved_at TEXT, note TEXT, pid INTEGER, UNIQUE (dataset, release_id));
+         INSERT INTO charges SELECT * FROM c2; DROP TABLE c2;
+         UPDATE meta SET value = '1' WHERE key = 'schema_version'; COMMIT;",
+    )
+    .unwrap();
+    drop(c);
+    let l = Ledger::open(&path).unwrap();
+    assert_eq!(l.status("t").unwrap().spent, 0.5, "history kept");
+    let rec = l.history(Some("t")).unwrap()[0].mechanisms[0].clone();
+    let mut l = l;
+    let r = l.reserve("t", "r2", &[rec], None).unwrap();
+    l.fail(r.charge_id, "after migration the failed status is accepted").unwrap();
+    assert_eq!(l.status("t").unwrap().spent, 1.0);
+}
