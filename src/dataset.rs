@@ -47,7 +47,7 @@ pub(crate) enum CodeSource {
 }
 
 /// Exact marginal counts (crate-private: never released without noise).
-#[derive(Debug, Clone, PartialEq)]
+#[derive(Clone, PartialEq)]
 pub(crate) struct ExactMarginal {
     pub attrs: Vec<String>,
     pub mode: NullMode,
@@ -186,3 +186,5 @@ impl Dataset {
         out.into_iter().map(|m| m.context("marginal operator returned too few marginals")).collect()
     }
 }
+
+dpflow_udfs::protected_debug!(ExactMarginal);

@@ -128,8 +128,27 @@ fn no_output_or_trace_log_holds_the_planted_value() {
     assert!(!out.status.success());
     let all = format!("{}{}", String::from_utf8_lossy(&out.stdout), String::from_utf8_lossy(&out.stderr));
     assert!(all.contains("failed after reading protected data"), "{all}");
-    assert!(!all.contains("31337"), "the planted value leaked: {all}");
+    assert!(!all.contains("31337") && !all.contains("line 3"), "the bad line leaked: {all}");
     assert!(!all.contains("Exact("), "exact statistics leaked into the logs: {all}");
+
+    // An out-of-domain value, under `error` (refused before reading) and under the
+    // default drop-row (read and dropped): neither run prints it, at any log level.
+    let d = tempfile::tempdir().unwrap();
+    let csv = "age\n30\n987654\n50\n";
+    for (policy, ok) in [("out_of_domain: error\n", false), ("", true)] {
+        let dom =
+            format!("{policy}columns:\n  - {{name: age, kind: integer, bounds: [0, 120], bins: {{width: 10}}}}\n");
+        let p = catalog(d.path(), csv, &dom, "", true, "");
+        let out = dpflow()
+            .args(["sql", "--catalog", p.to_str().unwrap(), "-e", "SELECT dp_count(*) AS n FROM t"])
+            .env("RUST_LOG", "trace")
+            .output()
+            .unwrap();
+        assert_eq!(out.status.success(), ok);
+        let all = format!("{}{}", String::from_utf8_lossy(&out.stdout), String::from_utf8_lossy(&out.stderr));
+        assert!(!all.contains("987654"), "the out-of-domain value leaked: {all}");
+        assert!(!all.contains("Exact("), "{all}");
+    }
 }
 
 #[tokio::test]
@@ -156,20 +175,21 @@ async fn neighbours_around_the_old_overflow_threshold_behave_identically() {
 
 #[tokio::test]
 async fn variance_sums_are_exact_beyond_2_pow_53() {
-    // var(C + y) computed with bounds shifted by C must release exactly what
-    // var(y) releases (same seed): the grid units are the same integers. With
-    // C = 2^30 and 4000 rows, Σx² ≈ 2^72 ≫ 2^53, so any rounding through f64
-    // moves the units by far more than the sensitivity.
-    let c: i64 = 1 << 30;
+    // var(C + y) with bounds [C, C + 1] must release exactly what var(y) with
+    // bounds [0, 1] releases (same seed): the grid units are the same
+    // integers. With C = 2^25 and 4000 rows, Σx² ≈ 2^62: below the old 64-bit
+    // refusal, but far above 2^53, where f64 cancellation (ulp 2^10, i.e.
+    // 2^52 grid units of g² = 2^-42) exceeded the sensitivity (2^40 units).
+    let c: i64 = 1 << 25;
     let d = tempfile::tempdir().unwrap();
     let mut csv = String::from("y,x\n");
     for i in 0..4000i64 {
-        let y = (i * 7919) % 1000;
+        let y = (i * 7919) % 3 % 2;
         csv += &format!("{y},{}\n", c + y);
     }
     let dom = format!(
-        "columns:\n  - {{name: y, kind: integer, bounds: [0, 999], bins: {{count: 4}}}}\n  - {{name: x, kind: integer, bounds: [{c}, {}], bins: {{count: 4}}}}\n",
-        c + 999
+        "columns:\n  - {{name: y, kind: integer, bounds: [0, 1]}}\n  - {{name: x, kind: integer, bounds: [{c}, {}]}}\n",
+        c + 1
     );
     let p = catalog(d.path(), &csv, &dom, "", false, "");
     let run = |q: String| {
@@ -179,8 +199,8 @@ async fn variance_sums_are_exact_beyond_2_pow_53() {
             column_f64(&e.query(&q, None).await.unwrap().batches, "v")[0].unwrap()
         }
     };
-    let small = run("SELECT dp_var(y, 0, 999) AS v FROM t".into()).await;
-    let large = run(format!("SELECT dp_var(x, {c}, {}) AS v FROM t", c + 999)).await;
+    let small = run("SELECT dp_var(y, 0, 1) AS v FROM t".into()).await;
+    let large = run(format!("SELECT dp_var(x, {c}, {}) AS v FROM t", c + 1)).await;
     assert_eq!(small, large, "exact sums: identical releases");
 }
 

@@ -34,11 +34,13 @@ pub use workload::{Workload, WorkloadQuery};
 
 /// Exact marginal answers (crate-private: never released without noise).
 /// Keys are sorted attribute ids; values in the sorted-attribute layout.
-#[derive(Debug, Clone, Default)]
+#[derive(Clone, Default)]
 pub(crate) struct Answers {
     pub(crate) sizes: Vec<usize>,
     pub(crate) map: HashMap<Vec<usize>, Vec<f64>>,
 }
+
+dpflow_udfs::protected_debug!(Answers);
 
 impl Answers {
     pub(crate) fn get(&self, attrs: &[usize]) -> Result<&[f64]> {

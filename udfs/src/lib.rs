@@ -18,3 +18,23 @@ pub mod marginal;
 pub mod noise;
 pub mod session;
 pub mod synth;
+
+/// Implements `Debug` for a type holding exact (unnoised) statistics or
+/// protected values as a placeholder, so that no log line or panic message
+/// at any level can print them (docs/PRIVACY.md §1).
+///
+/// ```
+/// struct Exact { n: u64 }
+/// dpflow_udfs::protected_debug!(Exact);
+/// assert_eq!(format!("{:?}", Exact { n: 42 }), "Exact(<protected>)");
+/// ```
+#[macro_export]
+macro_rules! protected_debug {
+    ($($t:ty),+ $(,)?) => {$(
+        impl ::std::fmt::Debug for $t {
+            fn fmt(&self, f: &mut ::std::fmt::Formatter<'_>) -> ::std::fmt::Result {
+                f.write_str(concat!(stringify!($t), "(<protected>)"))
+            }
+        }
+    )+};
+}

@@ -18,7 +18,7 @@ use serde::{Deserialize, Serialize};
 use super::column::{Column, ColumnKind, Domain, OutOfDomain};
 
 /// Per-column counts gathered while encoding (curator-only: exact, not DP).
-#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
 pub struct ColumnStats {
     /// Nulls in the input (Arrow nulls and null tokens).
     pub nulls: u64,
@@ -33,7 +33,7 @@ pub struct ColumnStats {
 }
 
 /// Counts for a whole stream.
-#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
 pub struct EncodeStats {
     /// Rows read.
     pub rows_in: u64,
@@ -42,6 +42,9 @@ pub struct EncodeStats {
     /// Per column, in domain order.
     pub columns: Vec<ColumnStats>,
 }
+
+// Counts of nulls and out-of-domain values are exact statistics.
+crate::protected_debug!(ColumnStats, EncodeStats);
 
 /// An encoding failure; names the column, the row and the offending value.
 #[derive(Debug, Clone, thiserror::Error, PartialEq)]
