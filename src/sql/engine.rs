@@ -1424,3 +1424,72 @@ fn release_one(
     };
     Ok((value, out_cis))
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn selection_threshold_is_the_smallest_integer_with_a_discrete_tail_below_delta() {
+        // Issue 14's example: (ε, δ) = (1, 1e-5), l0 = 1. The continuous rule kept a
+        // one-unit key when Z ≥ 11: p^11/(1 + p) = 1.22e-5 > δ.
+        let p = (-1.0f64).exp();
+        let tail = |k: i128| p.powi(k as i32) / (1.0 + p);
+        assert!(tail(11) > 1e-5);
+        let tau = selection_threshold(1.0, 1e-5, 1.0);
+        assert_eq!(tau, 12);
+        assert!(tail(tau) <= 1e-5 && tail(tau - 1) > 1e-5);
+        // Brute force over a grid of (ε, δ, l0).
+        for eps in [0.1f64, 0.5, 1.0, 2.0, 8.0] {
+            for delta in [1e-9, 1e-6, 1e-3, 0.05, 0.3] {
+                for l0 in [1.0, 3.0, 10.0] {
+                    let p = (-eps / l0).exp();
+                    let tail = |k: i128| p.powf(k as f64) / (1.0 + p);
+                    let tau = selection_threshold(eps, delta, l0);
+                    assert!(tail(tau) <= delta / l0 * (1.0 + 1e-12), "{eps} {delta} {l0}");
+                    assert!(tau == 0 || tail(tau - 1) > delta / l0, "{eps} {delta} {l0}: τ not minimal");
+                }
+            }
+        }
+    }
+
+    #[test]
+    fn fixups_match_grid_units_computed_row_by_row() {
+        // Brute force: Σ (x − mid)/g and Σ ((x − mid)/g)² over exact integers, for bounds
+        // whose midpoint is a half-integer and values far from 0 (sums beyond 2^64).
+        let (lo, hi) = (2_000_000_001i64, 2_000_000_004i64);
+        let k = ((((hi - lo) as f64) / 2.0).log2().floor() as i32) - 20;
+        let xs: Vec<i64> = (0..2000).map(|i| lo + (i * 7) % 4).collect();
+        let n = xs.len() as i128;
+        let s1: i128 = xs.iter().map(|&x| x as i128).sum();
+        let s2: i128 = xs.iter().map(|&x| (x as i128) * (x as i128)).sum();
+        assert!(s2 > i64::MAX as i128, "the test must exceed 64 bits");
+        let m2 = (lo + hi) as i128;
+        // (x − mid)/g = (2x − m2)·2^(−k−1), an integer.
+        let unit = |x: i64| (2 * x as i128 - m2) << (-k - 1);
+        let want1: i128 = xs.iter().map(|&x| unit(x)).sum();
+        let want2: i128 = xs.iter().map(|&x| unit(x) * unit(x)).sum();
+        let raw = [n, s1, s2];
+        let f1 = Fixup { col: 1, count: Some(0), m2, k, square_of: None };
+        let f2 = Fixup { col: 2, count: Some(0), m2, k, square_of: Some(1) };
+        assert_eq!(f1.apply(&raw), want1);
+        assert_eq!(f2.apply(&raw), want2);
+        let plain = Fixup { col: 1, count: None, m2: 0, k, square_of: None };
+        assert_eq!(plain.apply(&raw), s1 << -k);
+    }
+
+    #[tokio::test]
+    async fn helper_sums_do_not_wrap_past_64_bits() {
+        use datafusion::arrow::array::Int64Array;
+        let ctx = SessionContext::new();
+        let batch = RecordBatch::try_from_iter(vec![(
+            "x",
+            Arc::new(Int64Array::from(vec![i64::MAX, i64::MAX, i64::MAX])) as ArrayRef,
+        )])
+        .unwrap();
+        let df = ctx.read_batch(batch).unwrap().aggregate(vec![], vec![sum_i128(col("x")).alias("s")]).unwrap();
+        let out = df.collect().await.unwrap();
+        let v = ScalarValue::try_from_array(out[0].column(0), 0).unwrap();
+        assert_eq!(scalar_i128(&v).unwrap(), 3 * i64::MAX as i128);
+    }
+}
