@@ -39,7 +39,7 @@ fn world(dir: &Path, ledger: bool) -> std::path::PathBuf {
     let ledger =
         if ledger { "ledger: ledger.sqlite\ncreate_ledger_if_missing:\n  survey: {epsilon: 30.0}\n" } else { "" };
     let cat = format!(
-        "{ledger}query_budget: {{epsilon: 2.0}}\ntables:\n  survey:\n    location: survey.csv\n    domain: survey.yaml\n    impute:\n      columns: [inc]\n      match: {MATCH}\n      metric: euclidean\n  plain: {{location: plain.csv, domain: survey.yaml}}\n"
+        "{ledger}query_budget: {{epsilon: 6.0}}\ntables:\n  survey:\n    location: survey.csv\n    domain: survey.yaml\n    impute:\n      columns: [inc]\n      match: {MATCH}\n      metric: euclidean\n  plain: {{location: plain.csv, domain: survey.yaml}}\n"
     );
     let p = dir.join("catalog.yaml");
     std::fs::write(&p, cat).unwrap();
@@ -97,9 +97,10 @@ async fn imputed_count_defaults_to_the_query_budget() {
     let cat = Catalog::load(world(dir.path(), false)).unwrap();
     let mut e = SqlEngine::open(cat, Some(3)).await.unwrap();
     let r = e.query("SELECT dp_imputed_count(*), dp_imputed_var(inc, 0, 1000) AS v FROM survey", None).await.unwrap();
-    // query_budget ε = 2 split over two calls; the variance releases 3 numbers.
+    // query_budget ε = 6 split over two calls (3 each); the variance releases 3 numbers (ε = 1 each).
     assert_eq!(r.mechanisms.len(), 4);
-    assert!((r.mechanisms[0].loss.describe()).contains('1'), "{:?}", r.mechanisms[0].loss);
+    assert!((r.mechanisms[0].loss.describe()).contains('3'), "{:?}", r.mechanisms[0].loss);
+    assert!((r.mechanisms[3].loss.describe()).contains('1'), "{:?}", r.mechanisms[3].loss);
     let names: Vec<String> = r.batches[0].schema().fields().iter().map(|f| f.name().clone()).collect();
     assert_eq!(names, vec!["dp_imputed_count(*)".to_string(), "v".to_string()]);
     let v = value(&r.batches, "v").unwrap();
@@ -123,6 +124,8 @@ async fn imputed_queries_outside_the_supported_shape_are_refused() {
         ("SELECT dp_imputed_mean(sex, 0, 1) FROM survey", "not numeric"),
         ("SELECT dp_imputed_count(inc) FROM survey", "dp_imputed_count(*)"),
         ("SELECT dp_imputed_count(*) AS n FROM survey ORDER BY n LIMIT 1", "ORDER BY"),
+        // ε ≤ ln 2 per released number cannot be calibrated (issue 14 §2): 2 numbers at ε = 0.6 each.
+        ("SELECT dp_imputed_mean(inc, 0, 1000, epsilon => 1.2) FROM survey", "ε > ln 2"),
     ];
     for (sql, want) in cases {
         let err = format!("{:#}", e.query(sql, None).await.unwrap_err());

@@ -1,8 +1,20 @@
 //! DP statistics on kNN-imputed data with smooth sensitivity (004 §3–6;
 //! NOTES §9): counts and proportions (Thm 5.1, Cor 5.2), means over a
 //! subpopulation (Thm 5.4, Cor 5.5, count released first), variances
-//! (Thm 5.6, Cor 5.7), with generalized Cauchy noise (γ = 1 + ε/(2 ln 2)) or
-//! the Gaussian variant for (ε, δ); plus the two baselines of 004 §6.3.
+//! (Thm 5.6, Cor 5.7), with generalized Cauchy noise calibrated by
+//! [`smooth_calibration`]; plus the two baselines of 004 §6.3 (Laplace).
+//!
+//! Calibration (issue 14 §2; proof in [`smooth_calibration`]): the 004 bounds
+//! are ln 2-smooth (β = ln 2, fixed by Thm 5.1–5.6), so each released number
+//! needs ε > ln 2; for ε ≥ 2 ln 2 the paper's γ = 1 + ε/(2 ln 2), α = ln 2
+//! holds, for ln 2 < ε < 2 ln 2 we use γ = 2, α = ε − ln 2, and ε ≤ ln 2 is
+//! refused at plan time ([`planned_records`], the SQL planner). The (ε, δ)
+//! Gaussian variant is refused (NRS07 Lemma 2.10 cannot give β ≥ ln 2).
+//!
+//! Every released number is snapped to (smooth) or drawn on (baselines) a
+//! grid 2^k fixed by public quantities only ([`OutputGrid`]): counts on the
+//! integers, means and variances at 2⁻³² of their public range; never from
+//! S(D) or L1(D), whose value would otherwise show in the lattice of outputs.
 //!
 //! The imputed microdata never leaves this module: only noisy statistics do.
 //! The smooth bound S(D) = f(L1(D)) is data-dependent and is *not* reported.
@@ -18,7 +30,8 @@ use datafusion::arrow::datatypes::{Float64Type, UInt32Type};
 use datafusion::execution::context::SessionContext;
 use dpflow_udfs::domain::{ColumnKind, EncodeExec};
 use dpflow_udfs::knn::{Assignment, KnnConfig, KnnRecords, L1Report};
-use dpflow_udfs::noise::cauchy::{grid_exponent, snap};
+use dpflow_udfs::noise::cauchy::{dilation_cost, log_density_lipschitz, public_grid_exponent, snap};
+use dpflow_udfs::noise::real::{from_grid_units, to_grid_units};
 use dpflow_udfs::noise::{DpRng, GeneralizedCauchy, NoiseDistribution};
 use futures::StreamExt;
 use serde::Serialize;
@@ -182,22 +195,160 @@ fn rows_where(d: &HashMap<String, Vec<Option<f64>>>, p: &[Predicate], n: usize) 
     (0..n).map(|r| p.iter().all(|q| q.matches(d[&q.column][r]))).collect()
 }
 
-/// Draws noise and releases `q + scale·X` safely (snapped to a grid).
-fn release(q: f64, scale: f64, noise: &SmoothNoise, rng: &mut DpRng) -> f64 {
-    let x = match *noise {
-        SmoothNoise::Cauchy { gamma } => GeneralizedCauchy::new(gamma).expect("γ > 1").sample(rng),
-        SmoothNoise::Gaussian => dpflow_udfs::noise::cauchy::standard_normal_sample(rng),
-        SmoothNoise::Laplace => {
-            // Unit Laplace from the exact discrete sampler at a fine grid.
-            let g = 2f64.powi(-20);
-            NoiseDistribution::Laplace { scale: 1.0 / g }.sample_integer(rng) as f64 * g
+/// The calibration of a smooth-sensitivity release of one number at ε
+/// (pure DP; `delta` must be `None`): the generalized Cauchy shape γ and the
+/// divisor α of the release y = q(D) + (S(D)/α)·Z, Z with density
+/// h(z) ∝ 1/(1 + |z|^γ), S a β-smooth upper bound on the local sensitivity
+/// with β = ln 2 (the 004 bounds, Thm 5.1–5.6: S(D) ≤ 2·S(D′)).
+///
+/// Proof (sliding + dilation, NRS07 Lemma 2.5–2.7 / Bun–Steinke 2019, with
+/// the constants of `dpflow_udfs::noise::cauchy`). Let D, D′ be neighbours,
+/// s = S(D)/α, s′ = S(D′)/α, r = S(D)/S(D′) ∈ [e^−β, e^β] and
+/// |q − q′| ≤ LS(D) or LS(D′), hence ≤ min(S, S′) when both bounds dominate
+/// the local sensitivities. With f_D(y) = h((y − q)/s)/s, for every y:
+/// ln f_D(y) − ln f_D′(y) = [ln h(z) − ln h(z″)] + [ln h(z″) − ln h(r·z″) − ln r]
+/// with z = (y − q)/s, z″ = (y − q′)/s (so (y − q′)/s′ = r·z″). The slide
+/// |z − z″| = |q − q′|/s ≤ α costs at most α·L_γ, L_γ = (γ − 1)^{(γ−1)/γ};
+/// the dilation costs at most max(1, γ − 1)·|ln r| ≤ max(1, γ − 1)·β. So the
+/// mechanism is ε-DP whenever α·L_γ + max(1, γ − 1)·β ≤ ε.
+/// - ε ≥ 2 ln 2: γ = 1 + ε/(2 ln 2) ≥ 2, α = ln 2 (004 Cor 3.9; the 004 §6
+///   experiment's setting, ε = 6 ln 2 → γ = 4): L_γ ≤ γ − 1, so the total is
+///   ≤ 2 ln 2·(γ − 1) = ε.
+/// - ln 2 < ε < 2 ln 2: γ = 2, α = ε − ln 2: total = (ε − ln 2)·1 + ln 2 = ε.
+/// - ε ≤ ln 2: refused. No noise shape can do better here: at y = q = q′ and
+///   S′ = 2S the density ratio is exactly 2 (f_D(q) = h(0)/s), a loss of ln 2
+///   whatever h is, and the slide needs α > 0 on top.
+///
+/// (004 Cor 3.9 as stated — γ = 1 + ε/(2β), α = β = ln 2 for every ε — fails
+/// for small ε: its dilation term alone is ln 2 when γ ≤ 2; a direct search
+/// gives a log density ratio ≈ 0.91 at ε = 0.5 and ≈ 0.89 at ε = 0.7.)
+///
+/// The Gaussian (ε, δ) variant (004 Remark 5.3(b), NRS07 Lemma 2.10:
+/// α = ε/(5√(2 ln(2/δ))), β = ε/(4(1 + ln(2/δ)))) is refused: the lemma
+/// holds for ε < 1, where β < 1/4 < ln 2, so it never covers our ln 2-smooth
+/// bounds.
+pub fn smooth_calibration(epsilon: f64, delta: Option<f64>) -> Result<SmoothCalibration> {
+    let ln2 = std::f64::consts::LN_2;
+    if let Some(d) = delta {
+        bail!(
+            "smooth-sensitivity releases with an (ε, δ) budget (δ = {d:e}) are refused: the Gaussian variant \
+             (Nissim–Raskhodnikova–Smith 2007, Lemma 2.10) needs β = ε/(4(1 + ln(2/δ))) ≥ ln 2 with ε < 1, \
+             which never holds for the ln 2-smooth bounds of 004; give a pure ε budget (generalized Cauchy noise)"
+        );
+    }
+    if !(epsilon.is_finite() && epsilon > ln2) {
+        bail!(
+            "smooth-sensitivity releases need ε > ln 2 ≈ 0.693 per released number (got ε = {epsilon}): the 004 \
+             smooth bounds may double between neighbouring datasets, which alone costs ln 2; give each released \
+             number more ε (a mean releases 2 numbers — count and mean —, a variance 3, a proportion 2), \
+             e.g. ε = 6·ln 2 ≈ 4.16 per number as in 004 §6, or use the ignore-missing estimator"
+        );
+    }
+    Ok(if epsilon >= 2.0 * ln2 {
+        SmoothCalibration { gamma: 1.0 + epsilon / (2.0 * ln2), alpha: ln2 }
+    } else {
+        SmoothCalibration { gamma: 2.0, alpha: epsilon - ln2 }
+    })
+}
+
+/// The generalized Cauchy shape γ and divisor α of a smooth release (the
+/// release is q(D) + (S(D)/α)·X, X with density ∝ 1/(1 + |x|^γ)).
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct SmoothCalibration {
+    /// γ > 1.
+    pub gamma: f64,
+    /// α > 0.
+    pub alpha: f64,
+}
+
+impl SmoothCalibration {
+    /// The proven bound α·L_γ + max(1, γ − 1)·ln 2 on the log density ratio
+    /// of neighbours (see [`smooth_calibration`]); at most the charged ε.
+    pub fn loss_bound(&self) -> f64 {
+        self.alpha * log_density_lipschitz(self.gamma) + dilation_cost(self.gamma) * std::f64::consts::LN_2
+    }
+
+    /// The noise of the release.
+    pub fn noise(&self) -> SmoothNoise {
+        SmoothNoise::Cauchy { gamma: self.gamma, alpha: self.alpha }
+    }
+}
+
+/// The public output grid 2^k of one released number: a function of the
+/// statistic's kind and its public range only, never of the data, of L1(D)
+/// or of a smooth bound S(D) (issue 14 §2).
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub enum OutputGrid {
+    /// Counts: the integers (k = 0); an exact count is on the grid.
+    Count,
+    /// A mean clamped to the public [a, b]: 2^k ≤ max(|a|, |b|)·2⁻³².
+    Mean {
+        /// Public lower bound a.
+        lo: f64,
+        /// Public upper bound b.
+        hi: f64,
+    },
+    /// A variance of values in the public [a, b] (at most (b − a)²/2 once
+    /// clamped): 2^k ≤ (b − a)²·2⁻³².
+    Variance {
+        /// Public lower bound a.
+        lo: f64,
+        /// Public upper bound b.
+        hi: f64,
+    },
+}
+
+impl OutputGrid {
+    /// The grid exponent k (public).
+    pub fn exponent(&self) -> i32 {
+        match *self {
+            OutputGrid::Count => 0,
+            OutputGrid::Mean { lo, hi } => public_grid_exponent(lo.abs().max(hi.abs()).max(hi - lo)),
+            OutputGrid::Variance { lo, hi } => public_grid_exponent((hi - lo).powi(2)),
         }
-    };
-    snap(q + scale * x, grid_exponent(scale.max(f64::MIN_POSITIVE)))
+    }
+
+    /// Whether every exact value of the statistic is already on the grid
+    /// (then rounding it adds nothing to its sensitivity).
+    fn exact_on_grid(&self) -> bool {
+        matches!(self, OutputGrid::Count)
+    }
+}
+
+/// Releases `q` with the noise of one estimator on the public grid `grid`;
+/// `bound` is the smooth bound S(D) (smooth) or the global sensitivity Δ
+/// (baselines).
+///
+/// - Smooth (generalized Cauchy): y = q + (S/α)·X drawn in floating point,
+///   then snapped to the public grid (module docs of
+///   `dpflow_udfs::noise::cauchy` for the residual floating-point caveat).
+/// - Laplace baselines (`sensitivity` global, ε per number): exact discrete
+///   Laplace noise drawn directly in grid units g = 2^k and added to
+///   round(q/g): y = g·(round(q/g) + Z), P(Z = z) ∝ exp(−|z|/t),
+///   t = Δ_g/ε. Rounding moves a neighbour's round(q/g) by at most
+///   ⌊Δ/g⌋ + 1, so Δ_g = ⌈Δ/g⌉ + 1 (or ⌈Δ/g⌉ when exact values are on the
+///   grid, as counts are: then t = Δ/ε, the classic scale). Every output is
+///   on the public grid and no float noise is involved.
+fn release(q: f64, bound: f64, noise: &SmoothNoise, grid: OutputGrid, rng: &mut DpRng) -> f64 {
+    let k = grid.exponent();
+    match *noise {
+        SmoothNoise::Cauchy { gamma, alpha } => {
+            let x = GeneralizedCauchy::new(gamma).expect("γ > 1").sample(rng);
+            snap(q + bound / alpha * x, k)
+        }
+        SmoothNoise::Laplace { epsilon } => {
+            let g = 2f64.powi(k);
+            let units = (bound / g).ceil() + if grid.exact_on_grid() { 0.0 } else { 1.0 };
+            let z = NoiseDistribution::Laplace { scale: units / epsilon }.sample_integer(rng);
+            from_grid_units(to_grid_units(q, k).saturating_add(z), k)
+        }
+    }
 }
 
 /// Answers the queries with one estimator; every query spends `epsilon` per
-/// released number (counts first, then means/variances).
+/// released number (counts first, then means/variances). The smooth
+/// estimator is calibrated by [`smooth_calibration`] (refuses ε ≤ ln 2 and
+/// any δ); the baselines use exact discrete Laplace noise on the public grid.
 pub(crate) fn answer(
     data: &Imputed,
     queries: &[QuerySpec],
@@ -206,25 +357,14 @@ pub(crate) fn answer(
     delta: Option<f64>,
     rng: &mut DpRng,
 ) -> Result<Vec<Released>> {
-    let ln2 = std::f64::consts::LN_2;
-    let smooth_noise = match delta {
-        None => SmoothNoise::Cauchy { gamma: 1.0 + epsilon / (2.0 * ln2) },
-        Some(d) => {
-            // Gaussian is (α, β)-admissible with α = ε/(5√(2 ln(2/δ))), β = ε/(4(1 + ln(2/δ)))
-            // (Nissim, Raskhodnikova, Smith 2007, Lemma 2.10); our bound is ln 2-smooth.
-            let beta = epsilon / (4.0 * (1.0 + (2.0 / d).ln()));
-            if beta < ln2 {
-                bail!(
-                    "the Gaussian smooth-sensitivity variant needs ε ≥ 4·ln2·(1 + ln(2/δ)) = {:.2} at δ = {d:e} (the bound is only ln 2-smooth); use the generalized Cauchy (no δ)",
-                    4.0 * ln2 * (1.0 + (2.0 / d).ln())
-                );
+    let noise = match estimator {
+        Estimator::Smooth => smooth_calibration(epsilon, delta)?.noise(),
+        _ => {
+            if !(epsilon.is_finite() && epsilon > 0.0) {
+                bail!("ε must be positive and finite, got {epsilon}");
             }
-            SmoothNoise::Gaussian
+            SmoothNoise::Laplace { epsilon }
         }
-    };
-    let alpha = match (smooth_noise, delta) {
-        (SmoothNoise::Gaussian, Some(d)) => epsilon / (5.0 * (2.0 * (2.0 / d).ln()).sqrt()),
-        _ => ln2,
     };
     let l1 = data.l1.value as f64;
     let donees = data.imputed.iter().filter(|x| **x).count() as f64;
@@ -247,39 +387,47 @@ pub(crate) fn answer(
             Some(d) if estimator == Estimator::Smooth => PrivacyLoss::Approx { epsilon, delta: d },
             _ => PrivacyLoss::Pure { epsilon },
         };
-        let mut record = |what: &str, sens: Option<f64>| {
+        let mut record = |what: &str, sens: Option<f64>, grid: OutputGrid| {
+            let mut params = serde_json::json!({
+                "estimator": estimator,
+                "grid": 2f64.powi(grid.exponent()),
+            });
+            if let SmoothNoise::Cauchy { gamma, alpha } = noise {
+                params["smooth_bound"] = "data-dependent, not released".into();
+                params["gamma"] = gamma.into();
+                params["alpha"] = alpha.into();
+            }
             mechs.push(MechanismRecord {
                 mechanism: match estimator {
-                    Estimator::Smooth => format!(
-                        "smooth_sensitivity_{}",
-                        if delta.is_some() { "gaussian" } else { "generalized_cauchy" }
-                    ),
-                    _ => "laplace".into(),
+                    Estimator::Smooth => "smooth_sensitivity_generalized_cauchy".into(),
+                    _ => "discrete_laplace".into(),
                 },
                 target: format!("{} ({what})", q.name),
                 sensitivity: sens,
                 noise: None,
                 loss: loss.clone(),
-                params: serde_json::json!({ "estimator": estimator, "smooth_bound": "data-dependent, not released" }),
+                params,
             });
         };
+        // The released sensitivity: only for the baselines (a smooth bound is data-dependent).
+        let shown = |sens: f64| (estimator != Estimator::Smooth).then_some(sens);
         // Count of the subpopulation (the denominator).
         let count = sel.iter().filter(|x| **x).count() as f64;
-        let (count_scale, count_noise) = match estimator {
-            Estimator::Smooth => ((1.0 + l1) / alpha, smooth_noise),
-            Estimator::IgnoreMissing => (1.0 / epsilon, SmoothNoise::Laplace),
-            Estimator::GlobalSensitivity => ((1.0 + donees) / epsilon, SmoothNoise::Laplace),
+        let count_sens = match estimator {
+            Estimator::Smooth => 1.0 + l1,
+            Estimator::IgnoreMissing => 1.0,
+            Estimator::GlobalSensitivity => 1.0 + donees,
         };
-        let noisy_count = release(count, count_scale, &count_noise, rng);
-        record("count", (estimator != Estimator::Smooth).then_some(count_scale * epsilon));
+        let noisy_count = release(count, count_sens, &noise, OutputGrid::Count, rng);
+        record("count", shown(count_sens), OutputGrid::Count);
         let value = match &q.kind {
             QueryKind::Count => Some(noisy_count),
             QueryKind::Proportion { numerator } => {
                 let num_sel: Vec<bool> =
                     rows_where(cols, numerator, data.n).iter().zip(&sel).map(|(a, b)| *a && *b).collect();
                 let num = num_sel.iter().filter(|x| **x).count() as f64;
-                let noisy_num = release(num, count_scale, &count_noise, rng);
-                record("numerator count", (estimator != Estimator::Smooth).then_some(count_scale * epsilon));
+                let noisy_num = release(num, count_sens, &noise, OutputGrid::Count, rng);
+                record("numerator count", shown(count_sens), OutputGrid::Count);
                 (noisy_count >= 1.0).then(|| (noisy_num / noisy_count).clamp(0.0, 1.0))
             }
             QueryKind::Mean { value, lo, hi } | QueryKind::Variance { value, lo, hi } => {
@@ -302,12 +450,9 @@ pub(crate) fn answer(
                         Estimator::IgnoreMissing => b.abs().max(a.abs()) / s,
                         Estimator::GlobalSensitivity => (b.abs().max(a.abs()) + donees * (b - a)) / s,
                     };
-                    let (mscale, mnoise) = match estimator {
-                        Estimator::Smooth => (mean_sens / alpha, smooth_noise),
-                        _ => (mean_sens / epsilon, SmoothNoise::Laplace),
-                    };
-                    let noisy_mean = release(mean, mscale, &mnoise, rng).clamp(a, b);
-                    record("mean", (estimator != Estimator::Smooth).then_some(mean_sens));
+                    let mgrid = OutputGrid::Mean { lo: a, hi: b };
+                    let noisy_mean = release(mean, mean_sens, &noise, mgrid, rng).clamp(a, b);
+                    record("mean", shown(mean_sens), mgrid);
                     if let QueryKind::Variance { .. } = q.kind {
                         let m = (a - noisy_mean).powi(2).max((b - noisy_mean).powi(2));
                         let var = vals.iter().map(|v| (v - noisy_mean).powi(2)).sum::<f64>() / (s - 1.0);
@@ -317,12 +462,9 @@ pub(crate) fn answer(
                             Estimator::GlobalSensitivity => donees,
                         };
                         let vsens = m * (1.0 + l) / (s - 1.0);
-                        let (vscale, vnoise) = match estimator {
-                            Estimator::Smooth => (vsens / alpha, smooth_noise),
-                            _ => (vsens / epsilon, SmoothNoise::Laplace),
-                        };
-                        record("variance", (estimator != Estimator::Smooth).then_some(vsens));
-                        Some(release(var, vscale, &vnoise, rng).clamp(0.0, (b - a).powi(2) / 4.0 * s / (s - 1.0)))
+                        let vgrid = OutputGrid::Variance { lo: a, hi: b };
+                        record("variance", shown(vsens), vgrid);
+                        Some(release(var, vsens, &noise, vgrid, rng).clamp(0.0, (b - a).powi(2) / 4.0 * s / (s - 1.0)))
                     } else {
                         Some(noisy_mean)
                     }
@@ -440,6 +582,16 @@ pub fn planned_records(spec: &spec::ImputeSpec, estimator: Estimator) -> Result<
         crate::privacy::Budget::Approx { epsilon, delta } => PrivacyLoss::Approx { epsilon, delta },
         crate::privacy::Budget::Zcdp { .. } => bail!("smooth-sensitivity releases need an ε (or ε, δ) budget"),
     };
+
+    if estimator == Estimator::Smooth {
+        // Refused here, before any ledger charge or data read (issue 14 §2).
+        let (epsilon, delta) = match spec.budget {
+            crate::privacy::Budget::Approx { epsilon, delta } => (epsilon, Some(delta)),
+            crate::privacy::Budget::Pure { epsilon } => (epsilon, None),
+            crate::privacy::Budget::Zcdp { .. } => unreachable!("refused above"),
+        };
+        smooth_calibration(epsilon, delta)?;
+    }
     Ok(spec.queries.iter().flat_map(|q| query_records(q, estimator, &loss)).collect())
 }
 
@@ -448,11 +600,8 @@ pub fn query_records(q: &QuerySpec, estimator: Estimator, loss: &PrivacyLoss) ->
     (0..q.kind.released_numbers())
         .map(|i| MechanismRecord {
             mechanism: match estimator {
-                Estimator::Smooth => match loss {
-                    PrivacyLoss::Approx { .. } => "smooth_sensitivity_gaussian".into(),
-                    _ => "smooth_sensitivity_generalized_cauchy".into(),
-                },
-                _ => "laplace".into(),
+                Estimator::Smooth => "smooth_sensitivity_generalized_cauchy".into(),
+                _ => "discrete_laplace".into(),
             },
             target: format!("{} ({})", q.name, q.kind.part_names()[i]),
             sensitivity: None,
@@ -500,7 +649,11 @@ mod tests {
         let mut rng = DpRng::unsafe_seeded(3);
         let mut z: Vec<f64> = (0..4000)
             .map(|_| {
-                (answer(&data, &q, Estimator::Smooth, eps, None, &mut rng).unwrap()[0].value.unwrap() - 40.0) / scale
+                let v = answer(&data, &q, Estimator::Smooth, eps, None, &mut rng).unwrap()[0].value.unwrap();
+                assert_eq!(v, v.round(), "counts are released on the integers");
+                // Undo the integer grid with a uniform jitter (changes the cdf by < 10⁻³ here).
+                let u = (rand::Rng::next_u64(&mut rng) >> 11) as f64 / (1u64 << 53) as f64 - 0.5;
+                (v + u - 40.0) / scale
             })
             .collect();
         let d = dpflow_udfs::noise::GeneralizedCauchy::new(4.0).unwrap();
@@ -538,8 +691,165 @@ mod tests {
         let r = answer(&data, &q, Estimator::Smooth, 1e7, None, &mut rng).unwrap();
         assert!((r[0].value.unwrap() - ex[0].unwrap()).abs() < 0.1);
         assert!((r[1].value.unwrap() - ex[1].unwrap()).abs() < 0.01);
-        // Gaussian variant refuses ε below its admissibility condition.
-        assert!(answer(&data, &q, Estimator::Smooth, 1.0, Some(1e-6), &mut rng).is_err());
-        assert!(answer(&data, &q, Estimator::Smooth, 60.0, Some(1e-6), &mut rng).is_ok());
+        // The Gaussian (ε, δ) variant is refused at every ε (NRS07 Lemma 2.10 needs β < ln 2).
+        for eps in [1.0, 60.0] {
+            let e = answer(&data, &q, Estimator::Smooth, eps, Some(1e-6), &mut rng).unwrap_err();
+            assert!(e.to_string().contains("pure ε"), "{e}");
+        }
+    }
+
+    /// ln f(y) for the release y = q + (S/α)·X, X generalized Cauchy(γ) (normalised pdf).
+    fn ln_density(y: f64, q: f64, s: f64, cal: SmoothCalibration) -> f64 {
+        let d = GeneralizedCauchy::new(cal.gamma).unwrap();
+        let scale = s / cal.alpha;
+        (d.pdf((y - q) / scale) / scale).ln()
+    }
+
+    /// The largest |ln f_D(y) − ln f_D′(y)| over a grid of y, S′/S ∈ [1/2, 2] and
+    /// |q − q′| ≤ min(S, S′) (S = 1, q = 0).
+    fn worst_log_ratio(cal: SmoothCalibration) -> f64 {
+        let ln2 = std::f64::consts::LN_2;
+        let mut zs: Vec<f64> = (-1000..=1000).map(|i| i as f64 / 50.0).collect();
+        zs.extend((-80..=140).flat_map(|k| [10f64.powf(k as f64 / 20.0), -(10f64.powf(k as f64 / 20.0))]));
+        let mut worst = 0f64;
+        for i in 0..=20 {
+            let r = (-ln2 + 2.0 * ln2 * i as f64 / 20.0).exp();
+            let m = r.min(1.0);
+            for j in 0..=10 {
+                let dq = -m + 2.0 * m * j as f64 / 10.0;
+                for &z in &zs {
+                    let y = z / cal.alpha;
+                    let v = ln_density(y, 0.0, 1.0, cal) - ln_density(y, dq, r, cal);
+                    assert!(v.is_finite());
+                    worst = worst.max(v.abs());
+                }
+            }
+        }
+        worst
+    }
+
+    #[test]
+    fn calibration_keeps_the_log_density_ratio_of_neighbours_within_epsilon() {
+        let ln2 = std::f64::consts::LN_2;
+        for eps in [0.7, 0.75, 0.8, 1.0, 1.2, 2.0 * ln2, 2.0, 3.0, 6.0 * ln2, 10.0] {
+            let cal = smooth_calibration(eps, None).unwrap();
+            assert!(cal.loss_bound() <= eps * (1.0 + 1e-12), "ε = {eps}: proven bound {}", cal.loss_bound());
+            let w = worst_log_ratio(cal);
+            assert!(w <= eps * (1.0 + 1e-9), "ε = {eps}: log density ratio {w}");
+        }
+        // The paper's γ = 4 at ε = 6 ln 2 (004 §6) is kept.
+        let cal = smooth_calibration(6.0 * ln2, None).unwrap();
+        assert!((cal.gamma - 4.0).abs() < 1e-12 && (cal.alpha - ln2).abs() < 1e-15);
+        // The old calibration (γ = 1 + ε/(2 ln 2), α = ln 2 for every ε) breaks below ≈ 0.86.
+        for eps in [0.5, 0.7] {
+            let old = SmoothCalibration { gamma: 1.0 + eps / (2.0 * ln2), alpha: ln2 };
+            let w = worst_log_ratio(old);
+            assert!(w > eps + 0.15, "ε = {eps}: the old calibration gives {w}");
+        }
+        // ε ≤ ln 2 (and nonsense) is refused with a message saying what to do.
+        for eps in [0.5, ln2, 0.0, -1.0, f64::NAN, f64::INFINITY] {
+            let e = smooth_calibration(eps, None).unwrap_err().to_string();
+            assert!(e.contains("ε > ln 2") && e.contains("ignore-missing"), "{e}");
+        }
+    }
+
+    #[test]
+    fn small_epsilon_is_refused_at_plan_time_before_any_read() {
+        let dir = tempfile::tempdir().unwrap();
+        let domain = dir.path().join("d.yaml");
+        std::fs::write(
+            &domain,
+            "columns:\n  - {name: x, kind: integer, bounds: [0, 3]}\n  - {name: y, kind: integer, bounds: [0, 99], nullable: true}\n",
+        )
+        .unwrap();
+        // The input file does not exist: planning must fail before anything reads it.
+        let spec = |budget: &str| {
+            let path = dir.path().join("spec.yaml");
+            std::fs::write(
+                &path,
+                format!(
+                    "input: missing.csv\ndomain: d.yaml\nimpute: [y]\nmatch: [{{column: x}}]\nbudget: {budget}\nqueries:\n  - {{name: n, count: {{}}}}\n"
+                ),
+            )
+            .unwrap();
+            spec::ImputeSpec::load(path.to_str().unwrap()).unwrap()
+        };
+        let small = spec("{epsilon: 0.6}");
+        let e = planned_records(&small, Estimator::Smooth).unwrap_err().to_string();
+        assert!(e.contains("ε > ln 2"), "{e}");
+        // The Laplace baseline has no such limit; a valid ε plans fine.
+        assert!(planned_records(&small, Estimator::IgnoreMissing).is_ok());
+        assert_eq!(planned_records(&spec("{epsilon: 1.0}"), Estimator::Smooth).unwrap().len(), 1);
+        let approx = spec("{epsilon: 60.0, delta: 1.0e-6}");
+        assert!(planned_records(&approx, Estimator::Smooth).is_err());
+    }
+
+    #[test]
+    fn smooth_outputs_lie_on_a_grid_fixed_by_public_ranges_only() {
+        // Two datasets with different L1(D) (hence different smooth bounds).
+        let a = tiny();
+        let mut b = tiny();
+        b.l1.value = 37;
+        assert_ne!(a.l1.value, b.l1.value);
+        let q = vec![
+            QuerySpec { name: "n".into(), kind: QueryKind::Count, predicate: vec![] },
+            QuerySpec {
+                name: "v".into(),
+                kind: QueryKind::Variance { value: "y".into(), lo: 0.0, hi: 100.0 },
+                predicate: vec![],
+            },
+        ];
+        let mut rng = DpRng::unsafe_seeded(12);
+        let on = |v: f64, k: i32| (v / 2f64.powi(k)).fract() == 0.0;
+        let (km, kv) = (
+            OutputGrid::Mean { lo: 0.0, hi: 100.0 }.exponent(),
+            OutputGrid::Variance { lo: 0.0, hi: 100.0 }.exponent(),
+        );
+        assert_eq!((km, kv), (6 - 32, 13 - 32));
+        for data in [&a, &b] {
+            for _ in 0..300 {
+                let r = answer(data, &q, Estimator::Smooth, 3.0, None, &mut rng).unwrap();
+                assert!(on(r[0].value.unwrap(), 0), "count {:?}", r[0].value);
+                assert!(on(r[1].count.unwrap(), 0));
+                if let Some(v) = r[1].value {
+                    // Or clamped to the public bound (b − a)²/4·s/(s − 1) (post-processing).
+                    let s = r[1].count.unwrap();
+                    assert!(on(v, kv) || v == 2500.0 * s / (s - 1.0), "variance {v}");
+                }
+            }
+        }
+    }
+
+    #[test]
+    fn laplace_baseline_draws_discrete_noise_on_the_public_grid() {
+        let data = tiny();
+        let q = vec![QuerySpec { name: "n".into(), kind: QueryKind::Count, predicate: vec![] }];
+        let mut rng = DpRng::unsafe_seeded(21);
+        // Ignore-missing count: 32 complete rows, sensitivity 1, ε = 1: integer noise with
+        // P(z) ∝ e^{−|z|}: P(0) = (1 − p)/(1 + p), Var = 2p/(1 − p)², p = e^{−1}.
+        let n = 20_000;
+        let (mut zeros, mut sum2) = (0usize, 0.0);
+        for _ in 0..n {
+            let v = answer(&data, &q, Estimator::IgnoreMissing, 1.0, None, &mut rng).unwrap()[0].value.unwrap();
+            assert_eq!(v, v.round(), "on the integer grid: {v}");
+            zeros += usize::from(v == 32.0);
+            sum2 += (v - 32.0).powi(2);
+        }
+        let p = (-1f64).exp();
+        let (p0, var) = ((1.0 - p) / (1.0 + p), 2.0 * p / (1.0 - p).powi(2));
+        assert!((zeros as f64 / n as f64 - p0).abs() < 0.015, "P(0) = {}", zeros as f64 / n as f64);
+        assert!((sum2 / n as f64 - var).abs() < 0.1, "variance {}", sum2 / n as f64);
+        // A mean's release: on the public grid of [0, 100] whatever q, Laplace spread Δ/ε.
+        let grid = OutputGrid::Mean { lo: 0.0, hi: 100.0 };
+        let k = grid.exponent();
+        let (mut abs, m) = (0.0, 20_000);
+        for i in 0..m {
+            let q = 10.123456789 + i as f64 * 1e-7;
+            let y = release(q, 1.0, &SmoothNoise::Laplace { epsilon: 0.5 }, grid, &mut rng);
+            assert_eq!((y / 2f64.powi(k)).fract(), 0.0, "{y}");
+            abs += (y - q).abs();
+        }
+        // E|Laplace(b = 2)| = 2 (grid rounding adds 2⁻²⁶-sized terms).
+        assert!((abs / m as f64 - 2.0).abs() < 0.06, "{}", abs / m as f64);
     }
 }

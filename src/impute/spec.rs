@@ -89,18 +89,23 @@ pub struct QuerySpec {
     pub predicate: Vec<Predicate>,
 }
 
-/// Noise for smooth-sensitivity releases.
+/// The noise of one released number (see `crate::impute::smooth_calibration`).
 #[derive(Debug, Clone, Copy, PartialEq)]
 pub enum SmoothNoise {
-    /// Generalized Cauchy with parameter γ.
+    /// Generalized Cauchy with shape γ: the release is q + (S(D)/α)·X for a
+    /// ln 2-smooth upper bound S (the smooth estimator).
     Cauchy {
-        /// γ.
+        /// γ > 1.
         gamma: f64,
+        /// α > 0.
+        alpha: f64,
     },
-    /// Standard normal (the (ε, δ) variant).
-    Gaussian,
-    /// Unit Laplace (baselines).
-    Laplace,
+    /// Exact discrete Laplace at ε with a global sensitivity, on the public
+    /// output grid (the baselines of 004 §6.3).
+    Laplace {
+        /// ε of the released number.
+        epsilon: f64,
+    },
 }
 
 #[derive(Debug, Deserialize)]

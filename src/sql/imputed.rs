@@ -15,7 +15,8 @@
 //! Privacy: each released number is charged at plan time (before reading
 //! data) with the ε the call was given, split evenly over the numbers the
 //! call releases; the smooth bound is ln 2-smooth, so the generalized Cauchy
-//! noise with γ = 1 + ε/(2 ln 2) makes each number ε-DP (004 Thm 3.8).
+//! noise of `crate::impute::smooth_calibration` makes each number ε-DP, and a
+//! call whose ε per number is ≤ ln 2 is refused here (issue 14 §2).
 //!
 //! Refused (each with its reason): GROUP BY (one tuple may change imputations
 //! in every group, so disjoint groups do not compose in parallel), mixing
@@ -206,6 +207,8 @@ pub(super) fn plan_imputed(
     for ((kind, _, field), eps) in parsed.into_iter().zip(shares) {
         let per_number = eps / kind.released_numbers() as f64;
         let name = super::engine::clean_dp_name(&field);
+        // ε ≤ ln 2 per number cannot be calibrated (issue 14 §2): refused before any charge.
+        crate::impute::smooth_calibration(per_number, None).map_err(|e| anyhow::anyhow!("refused: {name}: {e}"))?;
         calls.push((QuerySpec { name, kind, predicate: subpopulation.clone() }, per_number));
         fields.push(field);
     }

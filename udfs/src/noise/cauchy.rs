@@ -1,15 +1,29 @@
 //! Generalized Cauchy noise for smooth-sensitivity mechanisms
 //! (004 Def 3.7, Thm 3.8, Cor 3.9; NOTES §2).
 //!
-//! Density ∝ 1/(1 + |x|^γ), γ > 1. |X|^γ has the Beta-prime(1/γ, 1 − 1/γ) law,
-//! so X = S·(G₁/G₂)^{1/γ} with G₁ ~ Gamma(1/γ), G₂ ~ Gamma(1 − 1/γ), S a fair sign.
+//! Density h(x) ∝ 1/(1 + |x|^γ), γ > 1. |X|^γ has the Beta-prime(1/γ, 1 − 1/γ)
+//! law, so X = S·(G₁/G₂)^{1/γ} with G₁ ~ Gamma(1/γ), G₂ ~ Gamma(1 − 1/γ), S a
+//! fair sign.
+//!
+//! Calibration facts (proofs next to the functions): sliding the argument by
+//! μ changes ln h by at most |μ|·[`log_density_lipschitz`]`(γ)`, and dilating
+//! it by e^λ (with the Jacobian) changes the log density by at most
+//! [`dilation_cost`]`(γ)`·|λ|. `dpflow::impute::smooth_calibration` turns them
+//! into (α, γ) for a ln 2-smooth bound.
 //!
 //! No exact (integer-arithmetic) sampler is known for this law. We sample it in
 //! `f64` and never release `x + noise` raw: [`snap`] rounds the noisy value to a
 //! power-of-two grid far coarser than the floating-point spacing of the inputs,
 //! so the set of possible outputs no longer depends on the low-order bits of the
-//! private value (the attack of Mironov 2012). The discretisation changes the
-//! output law only at the grid scale (2⁻²⁰ of the noise scale).
+//! private value (the attack of Mironov 2012). **The grid must be a public
+//! quantity** (a function of the statistic's public range, never of the data or
+//! of a data-dependent noise scale such as a smooth bound S(D)): otherwise the
+//! lattice of possible outputs itself reveals S(D) (issue 14 §2). Residual
+//! caveat: the draw and the sum `q + scale·x` are computed in floating point, so
+//! the released law differs from the ideal continuous mechanism by rounding
+//! errors of relative size ~2⁻⁵² before snapping; with a grid ≥ 2²⁰ times the
+//! floating-point spacing this only matters when `q + scale·x` falls within
+//! that error of a rounding boundary.
 
 use rand::Rng;
 
@@ -104,9 +118,37 @@ pub fn snap(x: f64, exp: i32) -> f64 {
     (x / g).round_ties_even() * g
 }
 
-/// The grid exponent used for a noise scale: 2^k ≤ scale·2⁻²⁰.
-pub fn grid_exponent(scale: f64) -> i32 {
-    (scale.log2().floor() as i32) - 20
+/// The exponent k of the public output grid 2^k for a statistic whose values
+/// have public magnitude `magnitude` (> 0): 2^k ≤ magnitude·2⁻³² < 2^{k+1}.
+///
+/// `magnitude` must be public (e.g. max(|a|, |b|) for a mean clamped to the
+/// public [a, b]); the grid is then the same for every dataset. It sits 2²⁰
+/// above the floating-point spacing of numbers of that magnitude (2⁻⁵²).
+pub fn public_grid_exponent(magnitude: f64) -> i32 {
+    assert!(magnitude > 0.0 && magnitude.is_finite(), "a public magnitude is positive and finite");
+    (magnitude.log2().floor() as i32) - 32
+}
+
+/// L_γ = sup_x |d/dx ln h(x)| = (γ − 1)^{(γ−1)/γ} for h(x) ∝ 1/(1 + |x|^γ), γ > 1.
+///
+/// Proof: for x > 0, |(ln h)'(x)| = γx^{γ−1}/(1 + x^γ) =: φ(x); φ'(x) = 0 iff
+/// (γ − 1)(1 + x^γ) = γx^γ, i.e. x^γ = γ − 1, where φ = (γ − 1)^{(γ−1)/γ}; φ → 0
+/// at 0⁺ (γ > 1) and at ∞, so this is the maximum; h is even. By the mean value
+/// theorem |ln h(x) − ln h(x + μ)| ≤ L_γ·|μ| (cf. 004 Thm 3.8, whose bound
+/// γ − 1 ≥ L_γ holds only for γ ≥ 2).
+pub fn log_density_lipschitz(gamma: f64) -> f64 {
+    (gamma - 1.0).powf((gamma - 1.0) / gamma)
+}
+
+/// max(1, γ − 1): the cost per unit |λ| of dilating the generalized Cauchy
+/// density: for all x and λ, |ln h(x) − ln h(e^λ·x) − λ| ≤ max(1, γ − 1)·|λ|
+/// (the −λ is the Jacobian of the change of scale).
+///
+/// Proof: with t = |x|^γ ≥ 0, ln h(x) − ln h(e^λ x) = ln((1 + e^{γλ} t)/(1 + t)),
+/// monotone in t from 0 (t = 0) to γλ (t → ∞); so the difference minus λ lies
+/// between −λ and (γ − 1)λ, and both ends are attained in the limit.
+pub fn dilation_cost(gamma: f64) -> f64 {
+    (gamma - 1.0).max(1.0)
 }
 
 #[cfg(test)]
@@ -176,7 +218,35 @@ mod tests {
     fn snapping_rounds_to_grid() {
         assert_eq!(snap(1.3, -1), 1.5);
         assert_eq!(snap(-0.2, 0), 0.0);
-        assert_eq!(grid_exponent(1.0), -20);
+        assert_eq!(public_grid_exponent(1.0), -32);
+        assert_eq!(public_grid_exponent(300_000.0), 18 - 32);
+    }
+
+    #[test]
+    fn slide_and_dilation_constants_match_a_brute_force_search() {
+        let lnh = |x: f64, g: f64| -(x.abs().powf(g)).ln_1p();
+        for g in [1.2, 1.5, 2.0, 3.0, 4.0, 8.0] {
+            // Largest |d/dx ln h| by finite differences over a wide grid.
+            let h = 1e-6;
+            let slope = (1..200_000)
+                .map(|i| i as f64 * 1e-4)
+                .map(|x| ((lnh(x + h, g) - lnh(x - h, g)) / (2.0 * h)).abs())
+                .fold(0.0, f64::max);
+            let l = log_density_lipschitz(g);
+            assert!(slope <= l * (1.0 + 1e-6) && slope >= l * (1.0 - 1e-4), "γ = {g}: {slope} vs {l}");
+            if g >= 2.0 {
+                assert!(l <= g - 1.0 + 1e-12, "004 Thm 3.8's bound γ − 1 holds for γ ≥ 2");
+            }
+            // Dilation by e^λ, Jacobian included.
+            for lambda in [-0.7, -0.1, 0.3, 0.7] {
+                let worst = (-200..=200)
+                    .map(|k| 10f64.powf(k as f64 / 20.0))
+                    .map(|x| (lnh(x, g) - lnh(f64::exp(lambda) * x, g) - lambda).abs())
+                    .fold(0.0, f64::max);
+                let bound = dilation_cost(g) * lambda.abs();
+                assert!(worst <= bound + 1e-9 && worst >= 0.99 * bound, "γ = {g}, λ = {lambda}: {worst} vs {bound}");
+            }
+        }
     }
 }
 
