@@ -11,9 +11,12 @@
 //!   marginals with a share of the budget; each null drawn from its
 //!   conditional given the row's parents), and `mode-stability` (the exact,
 //!   non-private mode — the imputation is then a transformation whose
-//!   stability 1 + M, for a public bound M on the missing cells, multiplies
-//!   the synthesizer's cost (000 Lemma 4.2 / Thm 4.3), so the synthesizer
-//!   gets only ρ/(1+M)² or ε/(1+M): this is why it is expensive).
+//!   stability c = 1 + 2M under add/remove neighbours, for a public bound M
+//!   on the missing cells ([`mode_stability`]; 000 Lemma 4.2 / Thm 4.3 count
+//!   1 + M *changed* rows, and a changed row is a removal plus an addition),
+//!   multiplies the synthesizer's cost, so the synthesizer gets only ρ/c² or
+//!   ε/c ([`stability_share`]): this is why it is expensive. M is enforced
+//!   ([`check_missing_cells`]): data with more missing cells fail, charged).
 //! - `adaptive` (000 §4.2, partial marginal observation): each marginal is
 //!   counted on the rows observed on its own attributes — AIME for AIM,
 //!   PrivBayesE for PrivBayes. The model is over observed values; a measured
@@ -119,6 +122,50 @@ impl Default for StrategyOptions {
     fn default() -> Self {
         Self { impute_share: 0.2, total_share: 0.01, max_missing_cells: None }
     }
+}
+
+/// The stability c of `impute-first:mode-stability` for a public bound M on
+/// the number of missing cells: c = 1 + 2M.
+///
+/// Proof (000 Lemma 4.2 restated for add/remove neighbours, the relation
+/// dpflow's budgets use): let D′ = D + t, both with at most M missing cells.
+/// Filling every null with the exact column modes gives T(D) and T(D′) that
+/// differ in t's row and in the rows that had a null in both and whose
+/// column mode changed; those are among the common rows with a null, at most
+/// M of them (a row with a null has at least one missing cell). A changed row
+/// is one removal plus one addition, so the add/remove distance is at most
+/// 1 + 2M (000 counts 1 + M changed rows, a substitution distance). A
+/// mechanism that is ε-DP (ρ-zCDP) on T(D) is then cε-DP (c²ρ-zCDP) on D by
+/// group privacy; (ε, δ) budgets are spent as ρ (zCDP synthesizers) or as
+/// pure ε (PrivBayes), so the same factors apply.
+pub fn mode_stability(max_missing_cells: u64) -> f64 {
+    1.0 + 2.0 * max_missing_cells as f64
+}
+
+/// The share of the budget a synthesizer run on c-stably transformed data
+/// may spend: 1/c² of a ρ-zCDP budget, 1/c of a pure-ε budget (group
+/// privacy, [`mode_stability`]).
+pub fn stability_share(c: f64, zcdp: bool) -> f64 {
+    if zcdp { 1.0 / (c * c) } else { 1.0 / c }
+}
+
+/// Enforces the public bound M on the missing cells of the data read.
+///
+/// Call it only after the release's budget is reserved: the outcome depends on
+/// the protected data, so a failure is a (charged) release. The message is
+/// fixed: it never holds the count, the bound or any value, and is the same
+/// for one extra missing cell or a million. The guarantee of
+/// [`mode_stability`] holds for datasets that satisfy the public bound; this
+/// check refuses the others (it reveals only that the declared bound was
+/// wrong).
+pub fn check_missing_cells(missing_cells: u64, max_missing_cells: u64) -> Result<()> {
+    if missing_cells > max_missing_cells {
+        bail!(
+            "the data has more missing cells than the public bound --max-missing-cells; the charge is kept \
+             (impute-first:mode-stability)"
+        );
+    }
+    Ok(())
 }
 
 /// The amplification request of a release: declared mechanism and public rates.
@@ -228,5 +275,57 @@ mod tests {
         let mar = AmplificationRequest { missingness: Missingness::Mar, ..req.clone() };
         assert!(amplification_for(Strategy::Adaptive, &recs, &names, &mar).is_err());
         assert!(amplification_for(Strategy::Reproduce, &recs, &names, &req).is_err());
+    }
+
+    #[test]
+    fn mode_stability_counts_a_changed_row_as_two_add_remove_steps() {
+        // c = 1 + 2M, not 000's 1 + M (substitution distance).
+        assert_eq!(mode_stability(0), 1.0);
+        assert_eq!(mode_stability(1), 3.0);
+        assert_eq!(mode_stability(10), 21.0);
+        // Brute force on a tiny world: one column, values {0, 1}, nulls filled with the mode
+        // (ties → 0). D has M nulls; D′ = D + one complete row. Count add/remove steps.
+        let mode = |d: &[Option<u8>]| {
+            let ones = d.iter().filter(|v| **v == Some(1)).count();
+            let zeros = d.iter().filter(|v| **v == Some(0)).count();
+            u8::from(ones > zeros)
+        };
+        let fill = |d: &[Option<u8>]| {
+            let m = mode(d);
+            let mut v: Vec<u8> = d.iter().map(|x| x.unwrap_or(m)).collect();
+            v.sort_unstable();
+            v
+        };
+        for m in 0..5usize {
+            // k ones and k zeros: adding a 1 flips the mode from 0 to 1.
+            let k = 3;
+            let mut d: Vec<Option<u8>> = vec![None; m];
+            d.extend(std::iter::repeat_n(Some(1), k));
+            d.extend(std::iter::repeat_n(Some(0), k));
+            let mut d2 = d.clone();
+            d2.push(Some(1));
+            let (a, b) = (fill(&d), fill(&d2));
+            // Add/remove distance of multisets = |a \ b| + |b \ a|.
+            let ones = |v: &[u8]| v.iter().filter(|x| **x == 1).count() as i64;
+            let zeros = |v: &[u8]| v.iter().filter(|x| **x == 0).count() as i64;
+            let dist = (ones(&a) - ones(&b)).abs() + (zeros(&a) - zeros(&b)).abs();
+            assert_eq!(dist as f64, mode_stability(m as u64), "M = {m}");
+            assert!(dist as f64 > 1.0 + m as f64 || m == 0, "000's 1 + M undercounts at M = {m}");
+        }
+        // The synthesizer's share: ρ/c², ε/c.
+        let c = mode_stability(2);
+        assert_eq!(stability_share(c, true), 1.0 / 25.0);
+        assert_eq!(stability_share(c, false), 1.0 / 5.0);
+    }
+
+    #[test]
+    fn exceeding_the_missing_cell_bound_fails_without_the_count() {
+        assert!(check_missing_cells(7, 7).is_ok());
+        let e = check_missing_cells(123_457, 7).unwrap_err();
+        let msg = format!("{e:#}");
+        assert!(msg.contains("--max-missing-cells") && msg.contains("charge is kept"), "{msg}");
+        assert!(!msg.chars().any(|c| c.is_ascii_digit()), "no count or bound in the message: {msg}");
+        // The same message for one extra cell or many.
+        assert_eq!(e.to_string(), check_missing_cells(8, 7).unwrap_err().to_string());
     }
 }

@@ -466,7 +466,7 @@ async fn prepare(
                 }
                 ImputeMethod::Mode | ImputeMethod::ModeStability => {
                     let sets: Vec<Vec<usize>> = nullable.iter().map(|&i| vec![i]).collect();
-                    let (ones, _) =
+                    let (ones, rows) =
                         exact_answers_from(ctx, dataset, &sets, NullMode::Observed, &CodeSource::Plain).await?;
                     let mut modes = vec![0u32; domain.len()];
                     if method == ImputeMethod::Mode {
@@ -493,15 +493,22 @@ async fn prepare(
                         let m = mopts.max_missing_cells.context(
                             "impute-first:mode-stability needs --max-missing-cells M, a public bound on the number of missing cells (000 Thm 4.3)",
                         )?;
+                        // Enforce the public bound M (the budget is already reserved: a failure is charged,
+                        // and its message holds no count).
+                        let mut missing = 0u64;
+                        for &i in &nullable {
+                            let observed: f64 = ones.get(&[i])?.iter().sum();
+                            missing = missing.saturating_add(rows.saturating_sub(observed as u64));
+                        }
+                        crate::missing::strategy::check_missing_cells(missing, m)?;
                         for &i in &nullable {
                             modes[i] = argmax(ones.get(&[i])?);
                         }
-                        let c = 1.0 + m as f64;
-                        // A c-stable transformation multiplies ε by c and ρ by c² (group privacy).
-                        fit_budget = match budget {
-                            FitBudget::Zcdp(r) => FitBudget::Zcdp(r / (c * c)),
-                            FitBudget::Pure(e) => FitBudget::Pure(e / c),
-                        };
+                        // c = 1 + 2M under add/remove neighbours; a c-stable transformation multiplies
+                        // ε by c and ρ by c² (group privacy).
+                        let c = crate::missing::strategy::mode_stability(m);
+                        fit_budget = budget
+                            .scaled(crate::missing::strategy::stability_share(c, matches!(budget, FitBudget::Zcdp(_))));
                         stability = Some(c);
                         notes.push(format!(
                             "impute-first:mode-stability: exact modes make the input {c}-stable (000 Lemma 4.2 / Thm 4.3); the synthesizer runs with {:.3e} instead of {:.3e}",
