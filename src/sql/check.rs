@@ -11,7 +11,7 @@
 use std::collections::{BTreeMap, HashSet};
 
 use datafusion::common::tree_node::{TreeNode, TreeNodeRecursion};
-use datafusion::logical_expr::{Aggregate, Expr, JoinType, LogicalPlan};
+use datafusion::logical_expr::{Aggregate, Expr, ExprSchemable, JoinType, LogicalPlan};
 use dpflow_udfs::dp::DP_AGGREGATES;
 
 use super::catalog::Catalog;
@@ -99,6 +99,101 @@ fn find_forbidden_in_rows(e: &Expr) -> Option<String> {
         Ok(TreeNodeRecursion::Continue)
     });
     found
+}
+
+/// Refuses a public relation joined with protected rows of `t` if any of its
+/// expressions could fail on a row, or if it reads a public table whose
+/// out-of-domain policy is `error`: whether it is evaluated can depend on
+/// the protected rows.
+fn public_cannot_fail(plan: &LogicalPlan, catalog: &Catalog, t: &str) -> Result<(), Refusal> {
+    let mut found = None;
+    let _ = plan.apply(|node| {
+        if let LogicalPlan::TableScan(s) = node
+            && let Some(entry) = catalog.tables.get(&table_name(s))
+            && let Some(why) = entry.dataset.domain().dp_read_refusal()
+        {
+            found = Some(format!("public table {} joined with protected table {t}: {why}", entry.name));
+            return Ok(TreeNodeRecursion::Stop);
+        }
+        let inputs = node.inputs();
+        if let Some(input) = inputs.first() {
+            let schema = if inputs.len() == 2 {
+                input.schema().as_ref().clone().join(inputs[1].schema()).ok()
+            } else {
+                Some(input.schema().as_ref().clone())
+            };
+            for e in node.expressions() {
+                if let Some(why) = schema.as_ref().and_then(|s| super::rowsafe::may_fail(&e, s)) {
+                    found = Some(format!(
+                        "{why}. The public side of a join with protected table {t} must not be able to fail \
+                         either: whether it runs depends on the protected rows (docs/PRIVACY.md §1)"
+                    ));
+                    return Ok(TreeNodeRecursion::Stop);
+                }
+            }
+        }
+        Ok(TreeNodeRecursion::Continue)
+    });
+    found.map_or(Ok(()), refuse)
+}
+
+/// Whether output column `c` of `plan` is column `name` of the scan of
+/// protected table `table`, unchanged: followed through projections (only a
+/// bare column, maybe aliased), filters, aliases, repartitions and joins by
+/// position, never by name (a user column named like a domain or unit
+/// column proves nothing).
+pub fn from_scan(plan: &LogicalPlan, c: &datafusion::common::Column, table: &str, name: &str) -> bool {
+    use LogicalPlan as P;
+    use datafusion::common::Column;
+    let Ok(i) = plan.schema().index_of_column(c) else { return false };
+    let field_of = |p: &LogicalPlan, j: usize| {
+        let (q, f) = p.schema().qualified_field(j);
+        Column::from((q, f))
+    };
+    match plan {
+        P::TableScan(s) => table_name(s) == table && s.projected_schema.field(i).name() == name,
+        P::Projection(p) => match p.expr.get(i).map(|e| e.clone().unalias()) {
+            Some(Expr::Column(inner)) => from_scan(&p.input, &inner, table, name),
+            _ => false,
+        },
+        P::Filter(f) => from_scan(&f.input, c, table, name),
+        P::Repartition(r) => from_scan(&r.input, c, table, name),
+        P::SubqueryAlias(a) => from_scan(&a.input, &field_of(&a.input, i), table, name),
+        P::Join(j) => {
+            let l = j.left.schema().fields().len();
+            match j.join_type {
+                JoinType::Inner | JoinType::Left | JoinType::Right | JoinType::Full => {
+                    if i < l {
+                        from_scan(&j.left, &field_of(&j.left, i), table, name)
+                    } else {
+                        from_scan(&j.right, &field_of(&j.right, i - l), table, name)
+                    }
+                }
+                JoinType::LeftSemi | JoinType::LeftAnti | JoinType::LeftMark => {
+                    i < l && from_scan(&j.left, &field_of(&j.left, i), table, name)
+                }
+                JoinType::RightSemi | JoinType::RightAnti | JoinType::RightMark => {
+                    i < j.right.schema().fields().len() && from_scan(&j.right, &field_of(&j.right, i), table, name)
+                }
+            }
+        }
+        _ => false,
+    }
+}
+
+/// Checks the plan again after DataFusion's type coercion, where every
+/// implicit cast is explicit (a text column compared with a number, IN and
+/// BETWEEN operands, CASE branches): each must be unable to fail too.
+pub fn analyze_coerced(
+    plan: &LogicalPlan,
+    catalog: &Catalog,
+    config: &datafusion::common::config::ConfigOptions,
+) -> Result<(), Refusal> {
+    use datafusion::optimizer::analyzer::AnalyzerRule;
+    let coerced = datafusion::optimizer::analyzer::type_coercion::TypeCoercion::new()
+        .analyze(plan.clone(), config)
+        .map_err(|e| Refusal(format!("the query does not type-check: {e}")))?;
+    analyze(&coerced, catalog).map(|_| ())
 }
 
 /// Refuses a row expression on protected table `t` that could raise an
@@ -249,7 +344,15 @@ impl Checker<'_> {
                 }
                 Ok(f)
             }
-            P::Repartition(r) => self.flow(&r.input),
+            P::Repartition(r) => {
+                let f = self.flow(&r.input)?;
+                if let Flow::Protected(t) = &f {
+                    for e in plan.expressions() {
+                        cannot_fail(&e, r.input.schema(), t)?;
+                    }
+                }
+                Ok(f)
+            }
             P::Join(j) => {
                 let l = self.flow(&j.left)?;
                 let r = self.flow(&j.right)?;
@@ -307,24 +410,40 @@ impl Checker<'_> {
                             let cols = e.column_refs();
                             !cols.is_empty() && cols.iter().all(|c| schema.has_column(c))
                         };
-                        let keys: Vec<Expr> = pairs
-                            .iter()
-                            .filter_map(|(a, b)| {
+                        let mut keys: Vec<Expr> = Vec::new();
+                        for (a, b) in &pairs {
+                            let (public_key, protected_key) =
                                 if only_in(a, public_schema) && only_in(b, protected_schema) {
-                                    Some(a.clone())
+                                    (a, b)
                                 } else if only_in(b, public_schema) && only_in(a, protected_schema) {
-                                    Some(b.clone())
+                                    (b, a)
                                 } else {
-                                    None
-                                }
-                            })
-                            .collect();
+                                    continue;
+                                };
+                            // Uniqueness is checked on the key's own values; a join that
+                            // coerces one side (Int64 → Float64) could make distinct keys equal.
+                            let (pt, qt) =
+                                (public_key.get_type(public_schema), protected_key.get_type(protected_schema));
+                            if !matches!((&pt, &qt), (Ok(x), Ok(y)) if x == y) {
+                                return refuse(format!(
+                                    "join key `{public_key}` and `{protected_key}` have different types ({} and {}): \
+                                     cast the public side's key to the protected side's type",
+                                    pt.map_or("?".into(), |t| t.to_string()),
+                                    qt.map_or("?".into(), |t| t.to_string())
+                                ));
+                            }
+                            keys.push(public_key.clone());
+                        }
                         if keys.is_empty() {
                             return refuse(format!(
                                 "join of protected table {t} with a public relation without an equality key between \
                                  them (a cross join multiplies rows)"
                             ));
                         }
+                        // Whether the public side is evaluated at all can depend on the
+                        // protected rows (a hash join skips its probe side when the build
+                        // side is empty), so it must not be able to fail either.
+                        public_cannot_fail(public_side, self.catalog, t)?;
                         self.public_joins.push(PublicJoin { plan: public_side.as_ref().clone(), keys });
                         Ok(Flow::Protected(t.clone()))
                     }

@@ -143,8 +143,28 @@ pub(super) fn site_of(args: &[Expr]) -> Result<usize> {
     }
 }
 
+/// Refuses DP aggregate arguments that are not numbers (their helper
+/// expressions cast to numbers, which could fail on a row).
+fn check_dp_arguments(agg: &Aggregate) -> Result<()> {
+    for e in &agg.aggr_expr {
+        let Expr::AggregateFunction(f) = e.clone().unalias() else { continue };
+        let name = f.func.name();
+        if name == "dp_count" {
+            continue;
+        }
+        if let Some(arg) = f.params.args.first() {
+            let t = arg.get_type(agg.input.schema())?;
+            if !(t.is_integer() || matches!(t, DataType::Float16 | DataType::Float32 | DataType::Float64)) {
+                bail!("refused: {name} needs a numeric argument, got `{arg}` of type {t}");
+            }
+        }
+    }
+    Ok(())
+}
+
 fn clamp_expr(e: Expr, lo: f64, hi: f64) -> Expr {
-    let x = cast(e, DataType::Float64);
+    // Numeric arguments only (checked at plan time); TRY_CAST so even so nothing can fail on a row.
+    let x = try_cast(e, DataType::Float64);
     when(x.clone().lt(lit(lo)), lit(lo)).when(x.clone().gt(lit(hi)), lit(hi)).otherwise(x).expect("valid CASE")
 }
 
@@ -248,6 +268,8 @@ impl SqlEngine {
             return self.imputed_query(&plan, &prepared, budget, force_explain).await;
         }
         let analysis = analyze(&plan, &self.catalog)?;
+        // Again after type coercion: implicit casts must not be able to fail either.
+        super::check::analyze_coerced(&plan, &self.catalog, self.ctx.state().config_options())?;
         let entry = self.table(&analysis.table)?.clone();
         if let Some(why) = entry.dataset.domain().dp_read_refusal() {
             bail!("refused: table {}: {why}", entry.name);
@@ -256,6 +278,11 @@ impl SqlEngine {
             self.check_unique_keys(j).await?;
         }
         let agg = analysis.aggregate.clone();
+        let unit = self.unit_column(&agg, &entry)?;
+        check_dp_arguments(&agg)?;
+        // Plan errors that do not depend on the data (a literal that does not convert)
+        // surface here, before anything is charged.
+        self.ctx.state().optimize(&plan)?;
         let budget = budget.or(self.catalog.query_budget);
         // Domain-enumerable GROUP BY keys, else partition selection.
         let domain_keys = self.domain_keys(&agg, &entry)?;
@@ -270,7 +297,7 @@ impl SqlEngine {
         }
         // Reserve before touching data; refuse if it does not fit.
         let reservation = self.reserve(&entry.ledger_dataset, &records)?;
-        let outcome = self.execute(&plan, &agg, &entry, &planned, domain_keys, selection.as_ref()).await;
+        let outcome = self.execute(&plan, &agg, &entry, unit.as_ref(), &planned, domain_keys, selection.as_ref()).await;
         self.settle(outcome, reservation, records)
     }
 
@@ -400,6 +427,28 @@ impl SqlEngine {
         Ok(())
     }
 
+    /// The privacy-unit column as it reaches the aggregation (None for row
+    /// units). It must be the protected scan's own unit column, proven by
+    /// provenance: a query could otherwise rename another column (or NULL,
+    /// or random()) to the unit's name and make every row its own unit.
+    fn unit_column(&self, agg: &Aggregate, entry: &TableEntry) -> Result<Option<Column>> {
+        let PrivacyUnit::Column(unit) = &entry.unit else { return Ok(None) };
+        let named: Vec<Column> = agg.input.schema().columns().into_iter().filter(|c| &c.name == unit).collect();
+        match named.as_slice() {
+            [c] if super::check::from_scan(&agg.input, c, &entry.name, unit) => Ok(Some(c.clone())),
+            [] => bail!(
+                "refused: the privacy unit column {unit:?} of table {} must reach the aggregation: keep it in \
+                 every subquery's SELECT list",
+                entry.name
+            ),
+            _ => bail!(
+                "refused: the column {unit:?} reaching the aggregation must be table {}'s own privacy unit column, \
+                 unchanged (not renamed from another column or computed, and not ambiguous with a joined column)",
+                entry.name
+            ),
+        }
+    }
+
     /// Public-domain keys for the GROUP BY, when every key column is a raw
     /// protected column with an enumerable domain.
     fn domain_keys(&self, agg: &Aggregate, entry: &TableEntry) -> Result<Option<Vec<Vec<ScalarValue>>>> {
@@ -410,13 +459,13 @@ impl SqlEngine {
         for g in &agg.group_expr {
             let Expr::Column(c) = g.clone().unalias() else { return Ok(None) };
             // A column of a joined public table has that table's public domain.
-            let domain = match source_table(&agg.input, &c).and_then(|t| self.catalog.tables.get(&t)) {
-                Some(t) if t.public => t.dataset.domain(),
-                _ => entry.dataset.domain(),
+            let source = match source_table(&agg.input, &c).and_then(|t| self.catalog.tables.get(&t)) {
+                Some(t) if t.public => t,
+                _ => entry,
             };
-            let Some(column) = domain.column(&c.name) else { return Ok(None) };
-            // Only if the column reaches the aggregate unchanged from the scan.
-            if !passes_unchanged(&agg.input, &c.name) {
+            let Some(column) = source.dataset.domain().column(&c.name) else { return Ok(None) };
+            // Only if the column is that table's own column, unchanged (by provenance, not name).
+            if !super::check::from_scan(&agg.input, &c, &source.name, &c.name) {
                 return Ok(None);
             }
             let mut vals: Vec<ScalarValue> = match &column.kind {
@@ -602,29 +651,37 @@ impl SqlEngine {
         Ok((planned, selection))
     }
 
+    #[allow(clippy::too_many_arguments)]
     async fn execute(
         &mut self,
         plan: &LogicalPlan,
         agg: &Aggregate,
         entry: &TableEntry,
+        unit: Option<&Column>,
         planned: &[Planned],
         domain_keys: Option<Vec<Vec<ScalarValue>>>,
         selection: Option<&(MechanismRecord, f64, i128)>,
     ) -> Result<Vec<RecordBatch>> {
         let g = agg.group_expr.len();
-        let bounded = self.bound_contributions(agg, entry)?;
+        let bounded = self.bound_contributions(agg, entry, unit)?;
         // Exact helper aggregates, executed once.
         let mut helpers: Vec<Expr> = Vec::new();
         let mut fixups: Vec<Fixup> = Vec::new();
         let schema = bounded.schema().clone();
         let domain = entry.dataset.domain();
         let int_arg = |e: &Expr| -> Option<Option<(f64, f64)>> {
-            if !e.get_type(&schema).ok()?.is_integer() {
+            // Integer types that convert to Int64 without failing (UInt64 takes the float path).
+            use DataType as D;
+            if !matches!(
+                e.get_type(&schema).ok()?,
+                D::Int8 | D::Int16 | D::Int32 | D::Int64 | D::UInt8 | D::UInt16 | D::UInt32
+            ) {
                 return None;
             }
-            // A bare column that reaches the aggregate unchanged keeps its domain's bounds.
+            // A column proven to be the protected scan's own column keeps its domain's
+            // bounds (by provenance through the plan, never by name).
             let bounds = match e {
-                Expr::Column(c) if passes_unchanged(&agg.input, &c.name) => {
+                Expr::Column(c) if super::check::from_scan(&agg.input, c, &entry.name, &c.name) => {
                     match domain.column(&c.name).map(|x| &x.kind) {
                         Some(ColumnKind::Integer { edges }) => {
                             Some((edges[0] as f64, (edges[edges.len() - 1] - 1) as f64))
@@ -649,11 +706,11 @@ impl SqlEngine {
         }
         let units_col = "__units".to_string();
         if selection.is_some() {
-            helpers.push(match &entry.unit {
-                PrivacyUnit::Row => count(lit(1)).alias(&units_col),
+            helpers.push(match unit {
+                None => count(lit(1)).alias(&units_col),
                 // A null id is its own unit (never pooled): distinct ids plus null-id rows.
-                PrivacyUnit::Column(c) => (count_distinct(col(Column::new_unqualified(c)))
-                    + sum(when(col(Column::new_unqualified(c)).is_null(), lit(1i64)).otherwise(lit(0i64))?))
+                Some(c) => (count_distinct(col(c.clone()))
+                    + sum(when(col(c.clone()).is_null(), lit(1i64)).otherwise(lit(0i64))?))
                 .alias(&units_col),
             });
         }
@@ -837,10 +894,10 @@ impl SqlEngine {
 
     /// Per-unit contribution bounding: at most L∞ rows per (unit, group) and L0
     /// groups per unit, chosen at random (row units need none).
-    fn bound_contributions(&self, agg: &Aggregate, entry: &TableEntry) -> Result<LogicalPlan> {
+    fn bound_contributions(&self, agg: &Aggregate, entry: &TableEntry, unit: Option<&Column>) -> Result<LogicalPlan> {
         let input = agg.input.as_ref().clone();
-        let PrivacyUnit::Column(unit) = &entry.unit else { return Ok(input) };
-        let unit_col = col(Column::new_unqualified(unit));
+        let Some(unit) = unit else { return Ok(input) };
+        let unit_col = col(unit.clone());
         let fields: Vec<Expr> = input.schema().columns().into_iter().map(col).collect();
         // A row with a null unit id is its own unit: it gets a fresh random id
         // (uuid, 122 random bits) in a second partition key, so null ids are
@@ -899,10 +956,13 @@ pub(crate) fn selection_threshold(epsilon: f64, delta: f64, l0: f64) -> i128 {
     let target = (delta / l0).ln();
     // First guess from the closed form, then step to the exact smallest k.
     let mut k = (((target + ln_p.exp().ln_1p()) / ln_p).ceil().max(0.0)) as i128;
-    while ln_tail(k) > target {
+    // A relative slack of 1e-12 keeps τ conservative where the tail is within
+    // rounding of δ/l0.
+    let slack = 1e-12 * target.abs().max(1.0);
+    while ln_tail(k) > target - slack {
         k += 1;
     }
-    while k > 0 && ln_tail(k - 1) <= target {
+    while k > 0 && ln_tail(k - 1) <= target - slack {
         k -= 1;
     }
     k
@@ -964,21 +1024,6 @@ fn source_table(plan: &LogicalPlan, c: &Column) -> Option<String> {
         })
     });
     found
-}
-
-/// Whether column `name` reaches the top of `plan` unchanged from a table scan.
-fn passes_unchanged(plan: &LogicalPlan, name: &str) -> bool {
-    match plan {
-        LogicalPlan::TableScan(_) => true,
-        LogicalPlan::Filter(f) => passes_unchanged(&f.input, name),
-        LogicalPlan::SubqueryAlias(a) => passes_unchanged(&a.input, name),
-        LogicalPlan::Projection(p) => p.expr.iter().any(|e| match e {
-            Expr::Column(c) => c.name == name && passes_unchanged(&p.input, name),
-            _ => false,
-        }),
-        LogicalPlan::Join(j) => passes_unchanged(&j.left, name) || passes_unchanged(&j.right, name),
-        _ => false,
-    }
 }
 
 /// An exact helper value (count or 128-bit sum) as an integer; null → 0.

@@ -22,12 +22,29 @@
 //! - `TRY_CAST` (null on failure) and the casts that cannot fail (integer
 //!   widening, integer → float, float → double, anything → text, boolean →
 //!   number); every other `CAST` is refused with the fix: `TRY_CAST`;
-//! - the scalar functions in [`SAFE_FUNCTIONS`], and the float-only math
-//!   functions in [`FLOAT_FUNCTIONS`] when every argument is a float (on
-//!   integers some of them raise on overflow, e.g. `abs(i64::MIN)`).
+//! - the scalar functions in [`SAFE_FUNCTIONS`], and the one-argument math
+//!   functions in [`FLOAT_FUNCTIONS`] when the argument is a float (on
+//!   integers some raise on overflow, e.g. `abs(i64::MIN)`; `sqrt` and
+//!   `power` raise on negative input and are not listed);
+//! - `LIKE` with a literal pattern of at most [`MAX_LIKE_PATTERN`] characters
+//!   (a pattern is compiled to a regular expression, which can exceed the
+//!   regex engine's size limit).
 //!
-//! Everything else is refused with a message naming the expression. The
-//! check needs types, so it runs with the schema of the node's input.
+//! No exemption for literals: DataFusion evaluates a constant that failed to
+//! fold at run time, on the rows that reach it, so `CASE WHEN <one person>
+//! THEN abs(-9223372036854775808) ...` would fail only when that person is
+//! present. Volatile functions (`random()`) are not listed: the engine
+//! evaluates GROUP BY keys more than once (contribution bounding, then the
+//! aggregation), and a key that changes between evaluations escapes the
+//! bounds.
+//!
+//! DataFusion's type coercion inserts casts after planning (a text column
+//! compared with a number is cast to the number), so the engine runs the
+//! check twice: on the planned query, for messages in the user's terms, and
+//! on the type-coerced plan, where every implicit cast is explicit
+//! ([`super::check::analyze_coerced`]). Everything else is refused with a
+//! message naming the expression. The check needs types, so it runs with the
+//! schema of the node's input.
 
 use datafusion::arrow::datatypes::DataType;
 use datafusion::common::DFSchema;
@@ -56,12 +73,14 @@ pub const SAFE_FUNCTIONS: &[&str] = &[
     "least",
     "isnan",
     "iszero",
-    "random",
 ];
 
-/// Math functions that cannot fail on float arguments (NaN/inf instead).
+/// One-argument math functions that cannot fail on a float (NaN/inf instead).
 pub const FLOAT_FUNCTIONS: &[&str] =
-    &["abs", "round", "floor", "ceil", "trunc", "sqrt", "cbrt", "ln", "log10", "log2", "exp", "signum", "power", "pow"];
+    &["abs", "round", "floor", "ceil", "trunc", "cbrt", "ln", "log10", "log2", "exp", "signum"];
+
+/// Longest LIKE pattern accepted on protected rows.
+pub const MAX_LIKE_PATTERN: usize = 256;
 
 fn is_float(t: &DataType) -> bool {
     matches!(t, DataType::Float16 | DataType::Float32 | DataType::Float64)
@@ -79,8 +98,12 @@ fn is_text(t: &DataType) -> bool {
 /// `safe = false`, so an unconvertible value is an error).
 pub fn infallible_cast(from: &DataType, to: &DataType) -> bool {
     use DataType as D;
-    if from == to || matches!(from, D::Null) || is_text(to) {
+    if from == to || matches!(from, D::Null) {
         return true;
+    }
+    // Anything but bytes has a text form (bytes may not be valid UTF-8).
+    if is_text(to) {
+        return !matches!(from, D::Binary | D::LargeBinary | D::BinaryView | D::FixedSizeBinary(_));
     }
     let int_rank = |t: &DataType| match t {
         D::Int8 => Some((true, 8)),
@@ -123,9 +146,11 @@ pub fn may_fail(e: &Expr, schema: &DFSchema) -> Option<String> {
         | Expr::IsNotTrue(x)
         | Expr::IsNotFalse(x)
         | Expr::IsNotUnknown(x) => may_fail(x, schema),
+        // On a scalar (a constant) integer negation is checked and raises on
+        // MIN; on floats it cannot fail.
         Expr::Negative(x) => match ty(x) {
-            Some(t) if is_int_or_float(&t) => may_fail(x, schema),
-            _ => Some(format!("`{e}`: unary minus is allowed on integers and floats only")),
+            Some(t) if is_float(&t) => may_fail(x, schema),
+            _ => Some(format!("`{e}`: unary minus is allowed on floats only; write 0 - <x> for integers")),
         },
         Expr::BinaryExpr(b) => {
             use Operator as O;
@@ -133,11 +158,8 @@ pub fn may_fail(e: &Expr, schema: &DFSchema) -> Option<String> {
             let ok = match b.op {
                 O::Eq | O::NotEq | O::Lt | O::LtEq | O::Gt | O::GtEq | O::IsDistinctFrom | O::IsNotDistinctFrom => {
                     // A comparison of text with a number casts the text, which can fail.
-                    let mixed = |a: &Option<DataType>, b: &Option<DataType>, be: &Expr| {
-                        matches!((a, b), (Some(x), Some(y)) if is_text(x) && is_int_or_float(y))
-                            && !matches!(be, Expr::Literal(..))
-                    };
-                    if mixed(&lt, &rt, &b.left) || mixed(&rt, &lt, &b.right) {
+                    let mixed = |a: &Option<DataType>, b: &Option<DataType>| matches!((a, b), (Some(x), Some(y)) if is_text(x) && is_int_or_float(y));
+                    if mixed(&lt, &rt) || mixed(&rt, &lt) {
                         return Some(format!(
                             "`{e}` compares text with a number, which casts the text and fails on a non-number; \
                              compare TRY_CAST(<text> AS <type>) instead"
@@ -174,7 +196,12 @@ pub fn may_fail(e: &Expr, schema: &DFSchema) -> Option<String> {
             if l.escape_char.is_some() {
                 return Some(format!("`{e}`: LIKE with ESCAPE can fail on a pattern; drop the ESCAPE clause"));
             }
-            sub(&[&l.expr, &l.pattern])
+            match &*l.pattern {
+                Expr::Literal(v, _) if v.to_string().chars().count() <= MAX_LIKE_PATTERN => may_fail(&l.expr, schema),
+                _ => Some(format!(
+                    "`{e}`: LIKE needs a literal pattern of at most {MAX_LIKE_PATTERN} characters on protected rows"
+                )),
+            }
         }
         Expr::Between(b) => sub(&[&b.expr, &b.low, &b.high]),
         Expr::InList(l) => may_fail(&l.expr, schema).or_else(|| l.list.iter().find_map(|x| may_fail(x, schema))),
@@ -200,11 +227,12 @@ pub fn may_fail(e: &Expr, schema: &DFSchema) -> Option<String> {
                 return sub(&args);
             }
             if FLOAT_FUNCTIONS.contains(&name) {
-                if args.iter().all(|a| matches!(ty(a), Some(t) if is_float(&t)) || matches!(a, Expr::Literal(..))) {
+                if args.len() == 1 && matches!(ty(args[0]), Some(t) if is_float(&t)) {
                     return sub(&args);
                 }
                 return Some(format!(
-                    "`{e}`: {name} can fail on integer arguments (overflow); cast them to DOUBLE first"
+                    "`{e}`: on protected rows {name} takes one DOUBLE argument (on integers it can fail by \
+                     overflow): cast it to DOUBLE first"
                 ));
             }
             Some(format!(
@@ -212,7 +240,12 @@ pub fn may_fail(e: &Expr, schema: &DFSchema) -> Option<String> {
                  (see docs/PRIVACY.md §1)"
             ))
         }
-        Expr::AggregateFunction(f) => sub(&f.params.args.iter().collect::<Vec<_>>()),
+        Expr::AggregateFunction(f) => {
+            if f.params.filter.is_some() || !f.params.order_by.is_empty() {
+                return Some(format!("`{e}`: FILTER and ORDER BY inside a DP aggregate are not supported"));
+            }
+            sub(&f.params.args.iter().collect::<Vec<_>>())
+        }
         other => Some(format!("`{other}` is not on the list of row expressions that cannot fail")),
     }
 }
@@ -266,8 +299,27 @@ mod tests {
         let e = (col("age") * lit(2i64) + lit(1i64)).gt(lit(40i64)).and(col("income").between(lit(0.0), lit(1e5)));
         assert_eq!(may_fail(&e, &s), None);
         assert_eq!(may_fail(&(col("income") % lit(7.0)), &s), None);
+        assert_eq!(may_fail(&datafusion::functions::math::expr_fn::floor(col("income")), &s), None);
         assert!(may_fail(&(col("age") % lit(7i64)), &s).is_some());
         assert!(may_fail(&col("id").eq(col("age")), &s).is_some(), "text = number casts the text");
+    }
+
+    #[test]
+    fn failures_the_review_found_are_refused() {
+        let s = schema();
+        let big = lit(i64::MIN);
+        // abs on an integer constant raises on MIN, even as a literal.
+        assert!(may_fail(&datafusion::functions::math::expr_fn::abs(big.clone()), &s).is_some());
+        assert!(may_fail(&datafusion::functions::math::expr_fn::sqrt(col("income")), &s).is_some());
+        assert!(may_fail(&Expr::Negative(Box::new(col("age"))), &s).is_some());
+        assert_eq!(may_fail(&Expr::Negative(Box::new(col("income"))), &s), None);
+        assert!(may_fail(&datafusion::functions::math::expr_fn::random().gt(lit(0.5)), &s).is_some());
+        assert!(may_fail(&col("id").like(col("id")), &s).is_some(), "non-literal pattern");
+        assert!(may_fail(&col("id").like(lit("_".repeat(MAX_LIKE_PATTERN + 1))), &s).is_some());
+        assert_eq!(may_fail(&col("id").like(lit("p%")), &s), None);
+        // A literal text compared with a number is cast at run time too.
+        assert!(may_fail(&col("age").eq(lit("37")), &s).is_some());
+        assert!(!infallible_cast(&DataType::Binary, &DataType::Utf8));
     }
 
     #[test]
