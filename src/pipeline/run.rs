@@ -336,7 +336,11 @@ impl Pipeline {
                 return Err(crate::privacy::charge_failure("pipeline run", Some((&ledger, charge_id)), e));
             }
         };
-        write_bytes(&ctx, &join(&loc.staging, "_steps.json"), serde_json::to_vec(&step_records)?).await?;
+        if let Err(e) = write_bytes(&ctx, &join(&loc.staging, "_steps.json"), serde_json::to_vec(&step_records)?).await
+        {
+            let _ = delete_prefix(&ctx, &loc.staging).await;
+            return Err(crate::privacy::charge_failure("pipeline run", Some((&ledger, charge_id)), e));
+        }
         ledger.commit(charge_id)?;
         progress("ledger charge committed");
         self.publish(&ctx, &loc, &release_id, charge_id, &mut ledger, started, opts, Some(step_records)).await

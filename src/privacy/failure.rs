@@ -49,8 +49,10 @@ pub fn charge_failure(what: &'static str, ledger: Option<(&Ledger, i64)>, _cause
         Some((l, id)) => match l.fail(id, "failed after reading protected data (cause withheld)") {
             Ok(()) => ProtectedFailure::new(what, Some(id)).into(),
             // The reservation stays `reserved`, which also counts as spent.
-            Err(e) => anyhow::Error::new(ProtectedFailure::new(what, Some(id)))
-                .context(format!("and marking charge #{id} failed did not succeed ({e}); it stays reserved (spent)")),
+            Err(e) => anyhow::Error::new(ProtectedFailure::new(what, Some(id))).context(format!(
+                "and marking charge #{id} failed did not succeed ({e}); it stays reserved, which also counts as spent: \
+                 resolve it with `dpflow budget resolve` as failed, never as released"
+            )),
         },
         None => ProtectedFailure::new(what, None).into(),
     }

@@ -28,6 +28,9 @@ use dpflow_udfs::cost::MechanismRecord;
 const APPLICATION: &str = "dpflow-ledger";
 const SCHEMA_VERSION: &str = "2";
 
+/// Appended (with the charge id) to the release id of a failed charge.
+const FAILED_SUFFIX: &str = "#failed-";
+
 /// The `charges` table (schema 2: adds the `failed` status).
 const CHARGES_TABLE: &str = "CREATE TABLE charges (
                  id INTEGER PRIMARY KEY AUTOINCREMENT,
@@ -110,6 +113,22 @@ pub enum LedgerError {
         /// Charge id.
         charge_id: i64,
     },
+    /// This release id belongs to a charge that failed after reading data.
+    #[error(
+        "release id {release_id:?} of dataset {dataset:?} names a failed charge (#{charge_id}), which stays spent; \
+         run the release under a new release id"
+    )]
+    FailedRelease {
+        /// Dataset.
+        dataset: String,
+        /// Release id.
+        release_id: String,
+        /// Charge id.
+        charge_id: i64,
+    },
+    /// A release id that uses the suffix reserved for failed charges.
+    #[error("release id {0:?} contains {FAILED_SUFFIX:?}, which is reserved for failed charges; choose another id")]
+    BadReleaseId(String),
     /// No such charge, or not in the expected state.
     #[error("charge #{0} {1}")]
     BadCharge(i64, String),
@@ -500,6 +519,9 @@ impl Ledger {
     ) -> Result<Reservation, LedgerError> {
         let path = self.path.clone();
         let sql = |e| LedgerError::Sql { path: path.display().to_string(), source: e };
+        if release_id.contains(FAILED_SUFFIX) {
+            return Err(LedgerError::BadReleaseId(release_id.to_string()));
+        }
         let tx = self.conn.transaction_with_behavior(TransactionBehavior::Immediate).map_err(sql)?;
         let entry = Self::dataset_in(&tx, &path, dataset)?;
         let budget_err = |source| LedgerError::Budget { dataset: dataset.to_string(), source };
@@ -518,6 +540,14 @@ impl Ledger {
         let (_, before, _) = Self::totals_in(&tx, &path, dataset, existing.as_ref().map(|e| e.0))?;
         if let Some((id, status, rho, eps, delta)) = &existing {
             match ChargeStatus::parse(status) {
+                // Terminal: a failed charge is never overwritten (that would refund it).
+                Some(ChargeStatus::Failed) => {
+                    return Err(LedgerError::FailedRelease {
+                        dataset: dataset.into(),
+                        release_id: release_id.into(),
+                        charge_id: *id,
+                    });
+                }
                 Some(ChargeStatus::Committed) => {
                     return Err(LedgerError::AlreadyCommitted {
                         dataset: dataset.into(),
@@ -606,10 +636,22 @@ impl Ledger {
     /// (docs/PRIVACY.md §1). The release id is renamed `<id>#failed-<charge>`
     /// so the same release can be run again under a fresh charge.
     pub fn fail(&self, charge_id: i64, note: &str) -> Result<(), LedgerError> {
-        self.transition(charge_id, &[ChargeStatus::Reserved], ChargeStatus::Failed, Some(note))?;
-        self.conn
-            .execute("UPDATE charges SET release_id = release_id || '#failed-' || id WHERE id = ?1", params![charge_id])
+        // One statement: status, rename and note together (user release ids never
+        // contain the suffix, so the new id is free).
+        let n = self
+            .conn
+            .execute(
+                &format!(
+                    "UPDATE charges SET status = 'failed', resolved_at = ?2, note = ?3,
+                         release_id = release_id || '{FAILED_SUFFIX}' || id
+                     WHERE id = ?1 AND status = 'reserved'"
+                ),
+                params![charge_id, now(), note],
+            )
             .map_err(|e| self.sql_err(e))?;
+        if n != 1 {
+            return Err(LedgerError::BadCharge(charge_id, "is not reserved, so it cannot be marked failed".into()));
+        }
         Ok(())
     }
 
