@@ -50,7 +50,11 @@ crate::protected_debug!(ColumnStats, EncodeStats);
 #[derive(Debug, Clone, thiserror::Error, PartialEq)]
 pub enum EncodeError {
     /// A domain column is missing from the input.
-    #[error("column {column:?} of the domain is not in the input (input columns: {available})")]
+    // The input's column names are not printed: in a headerless file they are the first data row.
+    #[error(
+        "column {column:?} of the domain is not in the input; check the file's header (and `text: header`) against \
+         the domain with `dpflow inspect` (curator-only)"
+    )]
     MissingColumn {
         /// Domain column.
         column: String,
@@ -296,6 +300,12 @@ impl BatchEncoder {
                 column: c.name.clone(),
                 available: input_schema.fields().iter().map(|f| f.name().as_str()).collect::<Vec<_>>().join(", "),
             })?;
+            // Decided by the schema alone, before any row: a type the kind cannot read
+            // fails here for every input, never on the first non-null value.
+            let dt = input_schema.field(idx).data_type();
+            if !reads(&c.kind, dt) {
+                return Err(bad_type(c, dt));
+            }
             input_index.push(idx);
         }
         let output_schema = encoded_schema(&domain);
@@ -636,6 +646,19 @@ pub fn encoded_schema(domain: &Domain) -> SchemaRef {
     Arc::new(Schema::new(
         domain.columns().iter().map(|c| Field::new(&c.name, DataType::UInt32, false)).collect::<Vec<_>>(),
     ))
+}
+
+/// Whether an input column of type `dt` can be read as `kind` (the cases of
+/// `classify_array`).
+fn reads(kind: &ColumnKind, dt: &DataType) -> bool {
+    match dt {
+        DataType::Utf8 | DataType::LargeUtf8 | DataType::Utf8View | DataType::Null => true,
+        DataType::Dictionary(_, v) => reads(kind, v),
+        DataType::Boolean => matches!(kind, ColumnKind::Boolean),
+        dt if dt.is_integer() || dt.is_floating() => true,
+        DataType::Decimal128(_, _) | DataType::Decimal256(_, _) => true,
+        _ => false,
+    }
 }
 
 fn bad_type(col: &Column, dt: &DataType) -> EncodeError {
