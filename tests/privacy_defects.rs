@@ -387,3 +387,102 @@ fn a_schema_1_ledger_is_migrated_in_place() {
     l.fail(r.charge_id, "after migration the failed status is accepted").unwrap();
     assert_eq!(l.status("t").unwrap().spent, 1.0);
 }
+
+// ---------------------------------------------------------------- review findings
+
+/// t(pid, age, id) with a unit column, and a public table p(k, w).
+fn review_world(dir: &Path, unit: bool) -> PathBuf {
+    let mut csv = String::from("pid,age,id\n");
+    for i in 0..40 {
+        csv += &format!("u{},{},{}\n", i % 20, 20 + i % 50, if i == 7 { "p2" } else { "p1" });
+    }
+    let dom = "columns:\n  - {name: age, kind: integer, bounds: [0, 120], bins: {width: 10}}\n  - {name: id, kind: categorical, values: [p1, p2]}\n";
+    std::fs::write(dir.join("p.csv"), "k,w\n20,1\n21,2\n22,3\n").unwrap();
+    std::fs::write(
+        dir.join("p.yaml"),
+        "columns:\n  - {name: k, kind: integer, bounds: [0, 120]}\n  - {name: w, kind: integer, bounds: [0, 9]}\n",
+    )
+    .unwrap();
+    let entry = if unit {
+        "    privacy_unit: {column: pid}\n    max_rows_per_unit: 1\n    max_groups_per_unit: 1\n"
+    } else {
+        ""
+    };
+    catalog(dir, &csv, dom, entry, false, "  p: {location: p.csv, domain: p.yaml, public: true}\n")
+}
+
+#[tokio::test]
+async fn the_unit_column_cannot_be_redefined_by_the_query() {
+    let d = tempfile::tempdir().unwrap();
+    let p = review_world(d.path(), true);
+    let mut e = SqlEngine::open(Catalog::load(&p).unwrap(), Some(1)).await.unwrap();
+    for q in [
+        "SELECT dp_count(*) FROM (SELECT CAST(NULL AS VARCHAR) AS pid, age FROM t) s",
+        "SELECT dp_count(*) FROM (SELECT id AS pid, age FROM t) s",
+        "SELECT dp_count(*) FROM (SELECT age FROM t) s",
+    ] {
+        let err = format!("{:#}", e.query(q, None).await.unwrap_err());
+        assert!(err.contains("privacy unit column"), "{q}: {err}");
+    }
+    e.query("SELECT dp_count(*) FROM (SELECT pid, age FROM t WHERE age > 30) s", None).await.unwrap();
+}
+
+#[tokio::test]
+async fn a_column_named_like_a_domain_column_is_still_clamped() {
+    // v.age is a VALUES column named like t's domain column age ∈ [0, 120]: its
+    // 10^9 must be clamped to the call's bound 200, not trusted as in-domain.
+    let d = tempfile::tempdir().unwrap();
+    let p = review_world(d.path(), false);
+    let mut e = SqlEngine::open(Catalog::load(&p).unwrap(), Some(2)).await.unwrap();
+    let q = "SELECT dp_sum(v.age, 0, 200, epsilon => 50) AS s FROM t JOIN (VALUES (0, 1000000000)) AS v(k, age) ON t.age * 0 = v.k";
+    let s = column_f64(&e.query(q, None).await.unwrap().batches, "s")[0].unwrap();
+    assert!(s <= 200.0 * 40.0 + 200.0, "not clamped: {s}");
+}
+
+#[tokio::test]
+async fn join_keys_of_different_types_and_volatile_keys_are_refused() {
+    let d = tempfile::tempdir().unwrap();
+    let p = review_world(d.path(), false);
+    let mut e = SqlEngine::open(Catalog::load(&p).unwrap(), Some(3)).await.unwrap();
+    let cases = [
+        // Int64 keys compared as Float64 could all collapse to one value.
+        ("SELECT dp_count(*) FROM t JOIN (VALUES (20.0), (21.0)) AS v(y) ON t.age = v.y", "different types"),
+        ("SELECT dp_count(*) FROM t GROUP BY random() < 0.5", "random"),
+        // Failure oracles the first whitelist let through.
+        ("SELECT dp_count(*) FROM t WHERE sqrt(CASE WHEN id = 'p2' THEN -1.0 ELSE 1.0 END) > 0", "sqrt"),
+        ("SELECT dp_count(*) FROM t WHERE CASE WHEN id = 'p2' THEN 'x' ELSE '1' END IN (1)", "fail"),
+        ("SELECT dp_count(*) FROM t WHERE CASE WHEN id = 'p2' THEN abs(-9223372036854775808) > 0 ELSE true END", "abs"),
+        ("SELECT dp_sum(CASE WHEN id = 'p2' THEN id END, 0, 1) FROM t", "numeric argument"),
+        ("SELECT dp_count(*) FILTER (WHERE age > 50) FROM t", "FILTER"),
+        // The public side runs or not depending on the protected rows: it must not fail either.
+        ("SELECT dp_count(*) FROM t JOIN (SELECT k, 1/(k-k) AS z FROM p) q ON t.age = q.k", "public side"),
+    ];
+    for (q, want) in cases {
+        let err = format!("{:#}", e.query(q, None).await.unwrap_err());
+        assert!(err.contains(want), "{q}: {err}");
+    }
+}
+
+#[test]
+fn a_failed_charge_cannot_be_refunded_by_reusing_its_release_id() {
+    let d = tempfile::tempdir().unwrap();
+    let mut l = Ledger::create(d.path().join("l.sqlite")).unwrap();
+    l.add_dataset("t", "row", Budget::Pure { epsilon: 2.0 }).unwrap();
+    let rec = |e: f64| dpflow::privacy::MechanismRecord {
+        mechanism: "m".into(),
+        target: "x".into(),
+        sensitivity: None,
+        noise: None,
+        loss: dpflow::privacy::PrivacyLoss::Pure { epsilon: e },
+        params: serde_json::Value::Null,
+    };
+    let r = l.reserve("t", "R", &[rec(1.0)], None).unwrap();
+    l.fail(r.charge_id, "test").unwrap();
+    let renamed = l.history(Some("t")).unwrap()[0].release_id.clone();
+    assert_eq!(renamed, format!("R#failed-{}", r.charge_id));
+    // Reserving under the failed charge's id would overwrite (refund) it.
+    assert!(l.reserve("t", &renamed, &[rec(0.01)], None).is_err());
+    assert!(l.reserve("t", "mine#failed-99", &[rec(0.01)], None).is_err());
+    assert!(l.fail(r.charge_id, "twice").is_err());
+    assert_eq!(l.status("t").unwrap().spent, 1.0);
+}
