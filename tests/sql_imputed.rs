@@ -54,9 +54,13 @@ fn value(b: &[RecordBatch], name: &str) -> Option<f64> {
 
 #[tokio::test]
 async fn imputed_statistics_from_sql_equal_the_impute_command_and_are_charged() {
+    // Charged: a session with a ledger (and OS randomness: a seed may not be charged).
+    let charged = tempfile::tempdir().unwrap();
+    let mut e = SqlEngine::open(Catalog::load(world(charged.path(), true)).unwrap(), None).await.unwrap();
+    // Seeded, to compare with the impute command: a session without a ledger.
     let dir = tempfile::tempdir().unwrap();
-    let cat = Catalog::load(world(dir.path(), true)).unwrap();
-    let mut e = SqlEngine::open(cat, Some(11)).await.unwrap();
+    let cat = Catalog::load(world(dir.path(), false)).unwrap();
+    let mut seeded = SqlEngine::open(cat, Some(11)).await.unwrap();
     // Mean (count + mean) and proportion (count + numerator): 4 numbers at ε = 1.5 each.
     let sql = "SELECT dp_imputed_mean(inc, 0, 1000, epsilon => 3) AS m, \
                dp_imputed_proportion(inc >= 300, epsilon => 3) AS p \
@@ -66,10 +70,11 @@ async fn imputed_statistics_from_sql_equal_the_impute_command_and_are_charged() 
     assert_eq!(rows.len(), 4, "{rows:?}");
     assert!(rows.iter().all(|r| r.loss.contains("1.5")), "{rows:?}");
     let r = e.query(sql, None).await.unwrap();
-    let (m, p) = (value(&r.batches, "m").unwrap(), value(&r.batches, "p").unwrap());
     assert!(r.charge_id.is_some());
-    let ledger = dpflow::privacy::Ledger::open(dir.path().join("ledger.sqlite")).unwrap();
+    let ledger = dpflow::privacy::Ledger::open(charged.path().join("ledger.sqlite")).unwrap();
     assert!((ledger.status("survey").unwrap().spent - 6.0).abs() < 1e-9);
+    let r = seeded.query(sql, None).await.unwrap();
+    let (m, p) = (value(&r.batches, "m").unwrap(), value(&r.batches, "p").unwrap());
 
     // The same statistics through `dpflow impute`'s spec, same seed and ε per number.
     let spec_path = dir.path().join("spec.yaml");

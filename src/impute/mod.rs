@@ -577,6 +577,9 @@ pub async fn run(
 /// The mechanisms a spec will charge (known before reading data): one per
 /// released number.
 pub fn planned_records(spec: &spec::ImputeSpec, estimator: Estimator) -> Result<Vec<MechanismRecord>> {
+    if let Some(why) = crate::domain::DomainSpec::load(&spec.domain)?.domain.dp_read_refusal() {
+        bail!("refused: {}: {why}", spec.domain);
+    }
     let loss = match spec.budget {
         crate::privacy::Budget::Pure { epsilon } => PrivacyLoss::Pure { epsilon },
         crate::privacy::Budget::Approx { epsilon, delta } => PrivacyLoss::Approx { epsilon, delta },

@@ -588,6 +588,12 @@ pub async fn run_synth(ctx: &SessionContext, req: &SynthRequest, progress: &dyn 
     let model_domain = if req.missing.models_nulls() { domain.clone() } else { domain.without_nulls() };
     let workload = Workload::parse(&req.workload, &model_domain)?;
 
+    if req.unsafe_seed.is_some() && req.ledger.is_some() {
+        bail!(crate::privacy::SEEDED_LEDGER_REFUSAL);
+    }
+    if let Some(why) = req.dataset.domain().dp_read_refusal() {
+        bail!("refused: dataset {}: {why}", req.dataset.name);
+    }
     // Reserve the whole release budget in the ledger before touching data.
     let mut ledger_state = None;
     if let Some((file, ds)) = &req.ledger {
@@ -614,105 +620,118 @@ pub async fn run_synth(ctx: &SessionContext, req: &SynthRequest, progress: &dyn 
         ledger_state = Some((ledger, r.charge_id));
     }
 
-    let t0 = Instant::now();
-    let mut accountant = ReleaseAccountant::new(PrivacyFilter::new(budget.filter_budget()));
-    let prepared =
-        match prepare(ctx, req, synth.as_ref(), &model_domain, &workload, budget, &mut accountant, &mut rng, progress)
-            .await
-        {
-            Ok(p) => p,
-            Err(e) => {
-                if accountant.records().is_empty() {
-                    // Nothing was computed from the data that could leak: a clean failure.
-                    if let Some((l, id)) = ledger_state.take() {
-                        let _ = l.release(id, &format!("failed before any noise was drawn: {e:#}"));
-                    }
+    // From here on protected data is read: every outcome is a release, so a
+    // failure is charged (status `failed`) and reported without its cause
+    // (docs/PRIVACY.md §1).
+    let released = async {
+        let t0 = Instant::now();
+        let mut accountant = ReleaseAccountant::new(PrivacyFilter::new(budget.filter_budget()));
+        let prepared =
+            prepare(ctx, req, synth.as_ref(), &model_domain, &workload, budget, &mut accountant, &mut rng, progress)
+                .await?;
+        let t_answers = t0.elapsed().as_secs_f64();
+        progress(&format!("computed exact marginals ({}) in {t_answers:.1}s", req.missing));
+
+        let t1 = Instant::now();
+        let Prepared { answers, observed, fit_budget, stability, notes } = prepared;
+        let spent_before = accountant.filter().spent_amount();
+        let mut fitted = fit_in(
+            synth.as_ref(),
+            &model_domain,
+            &answers,
+            &workload,
+            fit_budget,
+            &req.options,
+            &mut rng,
+            progress,
+            &mut accountant,
+            observed,
+        )?;
+        drop(answers);
+        if let Some(c) = stability {
+            // The synthesizer's charges hold for the imputed data; for the input they cost c× (ε) or c²× (ρ).
+            let spent = accountant.filter().spent_amount() - spent_before;
+            let factor = match budget {
+                FitBudget::Zcdp(_) => c * c,
+                FitBudget::Pure(_) => c,
+            };
+            let surcharge = match budget {
+                FitBudget::Zcdp(_) => PrivacyLoss::Zcdp { rho: spent * (factor - 1.0) },
+                FitBudget::Pure(_) => PrivacyLoss::Pure { epsilon: spent * (factor - 1.0) },
+            };
+            accountant.charge(&[MechanismRecord {
+                mechanism: "stability".into(),
+                target: format!("imputation-first with exact statistics: stability {c} (000 Lemma 4.2 / Thm 4.3)"),
+                sensitivity: None,
+                noise: None,
+                loss: surcharge,
+                params: serde_json::json!({ "stability": c }),
+            }])?;
+        }
+        fitted.metadata.notes.extend(notes);
+        let t_fit = t1.elapsed().as_secs_f64();
+        let spent = accountant.filter().spent_amount();
+
+        let names = domain.names();
+        let (amplification, amplification_note) = match &req.amplification {
+            None => (None, None),
+            Some(a) => {
+                match crate::missing::strategy::amplification_for(req.missing, accountant.records(), &names, a) {
+                    Ok(x) => (Some(x), None),
+                    Err(e) => (None, Some(format!("{e:#}"))),
                 }
-                return Err(e);
             }
         };
-    let t_answers = t0.elapsed().as_secs_f64();
-    progress(&format!("computed exact marginals ({}) in {t_answers:.1}s", req.missing));
 
-    let t1 = Instant::now();
-    let Prepared { answers, observed, fit_budget, stability, notes } = prepared;
-    let spent_before = accountant.filter().spent_amount();
-    let mut fitted = fit_in(
-        synth.as_ref(),
-        &model_domain,
-        &answers,
-        &workload,
-        fit_budget,
-        &req.options,
-        &mut rng,
-        progress,
-        &mut accountant,
-        observed,
-    )?;
-    drop(answers);
-    if let Some(c) = stability {
-        // The synthesizer's charges hold for the imputed data; for the input they cost c× (ε) or c²× (ρ).
-        let spent = accountant.filter().spent_amount() - spent_before;
-        let factor = match budget {
-            FitBudget::Zcdp(_) => c * c,
-            FitBudget::Pure(_) => c,
+        let t2 = Instant::now();
+        let total = fitted.model.total;
+        let rows = req.rows.unwrap_or(total.round().max(1.0) as u64);
+        let plan = plan_for(&fitted.model, fitted.compression.as_ref(), &model_domain, req.decode)?;
+        let seed = match req.unsafe_seed {
+            Some(s) => s,
+            None => {
+                let mut r = DpRng::from_os()?;
+                rand::Rng::next_u64(&mut r)
+            }
         };
-        let surcharge = match budget {
-            FitBudget::Zcdp(_) => PrivacyLoss::Zcdp { rho: spent * (factor - 1.0) },
-            FitBudget::Pure(_) => PrivacyLoss::Pure { epsilon: spent * (factor - 1.0) },
-        };
-        accountant.charge(&[MechanismRecord {
-            mechanism: "stability".into(),
-            target: format!("imputation-first with exact statistics: stability {c} (000 Lemma 4.2 / Thm 4.3)"),
-            sensitivity: None,
-            noise: None,
-            loss: surcharge,
-            params: serde_json::json!({ "stability": c }),
-        }])?;
+        let exec = synthetic_exec(plan, rows, seed)?;
+        let stream = datafusion::physical_plan::execute_stream(exec, ctx.task_ctx())?;
+        let written = write_stream(ctx, &req.out, stream).await?;
+        let mut outputs = vec![req.out.clone()];
+        if let Some(mo) = &req.model_out {
+            let saved = SavedModel {
+                format: "dpflow-model-v1".into(),
+                domain: model_domain.clone(),
+                model: ModelFile::from(&fitted.model),
+                compression: fitted.compression.clone(),
+                mechanism: synth.name().into(),
+            };
+            crate::io::write_bytes(ctx, mo, serde_json::to_vec(&saved)?)
+                .await
+                .with_context(|| format!("writing model {mo}"))?;
+            outputs.push(mo.clone());
+        }
+        let t_gen = t2.elapsed().as_secs_f64();
+        Ok::<_, anyhow::Error>((
+            accountant,
+            fitted.metadata,
+            spent,
+            amplification,
+            amplification_note,
+            written,
+            outputs,
+            TimingRecord { answers: t_answers, fit: t_fit, generate: t_gen },
+        ))
     }
-    fitted.metadata.notes.extend(notes);
-    let t_fit = t1.elapsed().as_secs_f64();
-    let spent = accountant.filter().spent_amount();
-
-    let names = domain.names();
-    let (amplification, amplification_note) = match &req.amplification {
-        None => (None, None),
-        Some(a) => match crate::missing::strategy::amplification_for(req.missing, accountant.records(), &names, a) {
-            Ok(x) => (Some(x), None),
-            Err(e) => (None, Some(format!("{e:#}"))),
-        },
-    };
-
-    let t2 = Instant::now();
-    let total = fitted.model.total;
-    let rows = req.rows.unwrap_or(total.round().max(1.0) as u64);
-    let plan = plan_for(&fitted.model, fitted.compression.as_ref(), &model_domain, req.decode)?;
-    let seed = match req.unsafe_seed {
-        Some(s) => s,
-        None => {
-            let mut r = DpRng::from_os()?;
-            rand::Rng::next_u64(&mut r)
+    .await;
+    let (accountant, fit_metadata, spent, amplification, amplification_note, written, outputs, seconds) = match released
+    {
+        Ok(x) => x,
+        Err(e) => {
+            let ledger = ledger_state.as_ref().map(|(l, id)| (l, *id));
+            return Err(crate::privacy::charge_failure("synthesis run", ledger, e));
         }
     };
-    let exec = synthetic_exec(plan, rows, seed)?;
-    let stream = datafusion::physical_plan::execute_stream(exec, ctx.task_ctx())?;
-    let written = write_stream(ctx, &req.out, stream).await?;
-    let mut outputs = vec![req.out.clone()];
-    if let Some(mo) = &req.model_out {
-        let saved = SavedModel {
-            format: "dpflow-model-v1".into(),
-            domain: model_domain.clone(),
-            model: ModelFile::from(&fitted.model),
-            compression: fitted.compression.clone(),
-            mechanism: synth.name().into(),
-        };
-        crate::io::write_bytes(ctx, mo, serde_json::to_vec(&saved)?)
-            .await
-            .with_context(|| format!("writing model {mo}"))?;
-        outputs.push(mo.clone());
-    }
-    let t_gen = t2.elapsed().as_secs_f64();
-
     // Outputs are durable: commit the charge.
     let mut ledger_charge = None;
     if let Some((l, id)) = ledger_state.take() {
@@ -738,9 +757,9 @@ pub async fn run_synth(ctx: &SessionContext, req: &SynthRequest, progress: &dyn 
         workload: req.workload.clone(),
         rows: written,
         mechanisms: accountant.into_records(),
-        fit: fitted.metadata,
+        fit: fit_metadata,
         outputs,
-        seconds: TimingRecord { answers: t_answers, fit: t_fit, generate: t_gen },
+        seconds,
         unsafe_seed: req.unsafe_seed,
         ledger_charge,
     };
