@@ -56,7 +56,11 @@ pub(super) async fn run(a: ImputeArgs) -> Result<i32> {
         Ok(r) => r,
         // After a protected read every outcome is a release: charged, cause withheld (docs/PRIVACY.md §1).
         Err(e) => {
-            return Err(crate::privacy::charge_failure("imputation", ledger_charge.as_ref().map(|(l, id)| (l, *id)), e));
+            return Err(crate::privacy::charge_failure(
+                "imputation",
+                ledger_charge.as_ref().map(|(l, id)| (l, *id)),
+                e,
+            ));
         }
     };
     if let Some((l, id)) = ledger_charge {

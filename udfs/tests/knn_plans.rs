@@ -24,7 +24,7 @@ fn codes(i: usize) -> (u32, u32) {
 }
 
 fn missing(i: usize) -> bool {
-    i % 5 == 0 || codes(i) == (2, 3)
+    i.is_multiple_of(5) || codes(i) == (2, 3)
 }
 
 fn input() -> RecordBatch {

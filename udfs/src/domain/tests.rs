@@ -98,8 +98,8 @@ fn round_trip_with_nulls_for_every_kind() {
     // Nulls stay nulls, values stay values: re-encoding gives the same codes.
     let mut enc2 = BatchEncoder::new(domain.clone(), &dec.schema()).unwrap();
     let again = enc2.encode(&dec).unwrap();
-    for k in 0..4 {
-        assert_eq!(codes(&again, k), cols[k]);
+    for (k, col) in cols.iter().enumerate().take(4) {
+        assert_eq!(&codes(&again, k), col);
     }
 }
 
