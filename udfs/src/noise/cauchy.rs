@@ -124,9 +124,11 @@ pub fn snap(x: f64, exp: i32) -> f64 {
 /// `magnitude` must be public (e.g. max(|a|, |b|) for a mean clamped to the
 /// public [a, b]); the grid is then the same for every dataset. It sits 2²⁰
 /// above the floating-point spacing of numbers of that magnitude (2⁻⁵²).
+/// Never panics: a magnitude outside [f64::MIN_POSITIVE, f64::MAX] (0, ∞ or
+/// NaN from extreme public bounds) is clamped into it.
 pub fn public_grid_exponent(magnitude: f64) -> i32 {
-    assert!(magnitude > 0.0 && magnitude.is_finite(), "a public magnitude is positive and finite");
-    (magnitude.log2().floor() as i32) - 32
+    let m = if magnitude.is_nan() { f64::MAX } else { magnitude.clamp(f64::MIN_POSITIVE, f64::MAX) };
+    (m.log2().floor() as i32) - 32
 }
 
 /// L_γ = sup_x |d/dx ln h(x)| = (γ − 1)^{(γ−1)/γ} for h(x) ∝ 1/(1 + |x|^γ), γ > 1.
@@ -220,6 +222,10 @@ mod tests {
         assert_eq!(snap(-0.2, 0), 0.0);
         assert_eq!(public_grid_exponent(1.0), -32);
         assert_eq!(public_grid_exponent(300_000.0), 18 - 32);
+        // Extreme public bounds (e.g. (b − a)² overflowing) still give a usable grid.
+        assert_eq!(public_grid_exponent(f64::INFINITY), 1023 - 32);
+        assert_eq!(public_grid_exponent(0.0), -1022 - 32);
+        assert!(2f64.powi(public_grid_exponent(0.0)) > 0.0);
     }
 
     #[test]
