@@ -124,11 +124,12 @@ pub fn snap(x: f64, exp: i32) -> f64 {
 /// `magnitude` must be public (e.g. max(|a|, |b|) for a mean clamped to the
 /// public [a, b]); the grid is then the same for every dataset. It sits 2²⁰
 /// above the floating-point spacing of numbers of that magnitude (2⁻⁵²).
-/// Never panics: a magnitude outside [f64::MIN_POSITIVE, f64::MAX] (0, ∞ or
-/// NaN from extreme public bounds) is clamped into it.
+/// Never panics: the exponent is kept in [−900, 900], so 2^k and its
+/// reciprocal are finite and nonzero even for extreme public bounds (0, ∞ or
+/// NaN magnitudes).
 pub fn public_grid_exponent(magnitude: f64) -> i32 {
     let m = if magnitude.is_nan() { f64::MAX } else { magnitude.clamp(f64::MIN_POSITIVE, f64::MAX) };
-    (m.log2().floor() as i32) - 32
+    ((m.log2().floor() as i32) - 32).clamp(-900, 900)
 }
 
 /// L_γ = sup_x |d/dx ln h(x)| = (γ − 1)^{(γ−1)/γ} for h(x) ∝ 1/(1 + |x|^γ), γ > 1.
@@ -223,8 +224,10 @@ mod tests {
         assert_eq!(public_grid_exponent(1.0), -32);
         assert_eq!(public_grid_exponent(300_000.0), 18 - 32);
         // Extreme public bounds (e.g. (b − a)² overflowing) still give a usable grid.
-        assert_eq!(public_grid_exponent(f64::INFINITY), 1023 - 32);
-        assert_eq!(public_grid_exponent(0.0), -1022 - 32);
+        let top = public_grid_exponent(f64::INFINITY);
+        assert_eq!(top, public_grid_exponent(f64::MAX));
+        assert!(2f64.powi(top).is_finite());
+        assert_eq!(public_grid_exponent(0.0), -900);
         assert!(2f64.powi(public_grid_exponent(0.0)) > 0.0);
     }
 
