@@ -137,3 +137,18 @@ async fn imputed_queries_outside_the_supported_shape_are_refused() {
         assert!(err.contains(want), "{sql}: {err}");
     }
 }
+
+#[test]
+fn an_infinite_match_weight_is_refused() {
+    // ∞·0 = NaN distances: the donor search and L1(D) cannot order them (L1 came out 1).
+    let dir = tempfile::tempdir().unwrap();
+    world(dir.path(), false);
+    let p = dir.path().join("inf.yaml");
+    std::fs::write(
+        &p,
+        "input: survey.csv\ndomain: survey.yaml\nimpute: [inc]\nmatch: [{column: sex, weight: .inf}]\nmetric: euclidean\nbudget: {epsilon: 2.0}\nqueries:\n  - {name: n, count: {}}\n",
+    )
+    .unwrap();
+    let err = format!("{:#}", ImputeSpec::load(p.to_str().unwrap()).unwrap_err());
+    assert!(err.contains("finite"), "{err}");
+}

@@ -41,7 +41,7 @@ use crate::privacy::{MechanismRecord, PrivacyLoss};
 pub use spec::{Predicate, QueryKind, QuerySpec, SmoothNoise};
 
 /// The imputed data held in memory (crate-private: never released).
-#[derive(Debug, Clone)]
+#[derive(Clone)]
 pub(crate) struct Imputed {
     /// Column name → values (numbers, or category codes) after imputation.
     pub columns: HashMap<String, Vec<Option<f64>>>,
@@ -53,9 +53,9 @@ pub(crate) struct Imputed {
     pub l1: L1Report,
     /// Rows.
     pub n: usize,
-    /// Imputed attributes A.
-    pub a: Vec<String>,
 }
+
+dpflow_udfs::protected_debug!(Imputed);
 
 /// Reads the columns `needed` of a dataset as numbers (categorical → code).
 pub(crate) async fn load_columns(
@@ -64,43 +64,65 @@ pub(crate) async fn load_columns(
     needed: &[String],
     as_codes: &[String],
 ) -> Result<HashMap<String, Vec<Option<f64>>>> {
+    use datafusion::physical_plan::ExecutionPlan;
+    // Rows are paired across reads (typed values with codes, and across calls), so
+    // every read must see them in the same order: one partition per input in file
+    // order, partitions read one after the other (never merged as they finish).
+    let ctx = &ordered_context(ctx);
     let domain = std::sync::Arc::new(ds.domain().clone());
     let df = ds.raw(ctx).await?;
     let plan = df.create_physical_plan().await?;
     let typed = std::sync::Arc::new(EncodeExec::typed(plan, domain.clone())?);
     let codes_plan =
         std::sync::Arc::new(EncodeExec::try_new(ds.raw(ctx).await?.create_physical_plan().await?, domain.clone())?);
+    let parts = typed.properties().partitioning.partition_count();
+    if codes_plan.properties().partitioning.partition_count() != parts {
+        bail!("internal: the two reads of an imputation input are partitioned differently");
+    }
     let mut out: HashMap<String, Vec<Option<f64>>> = needed.iter().map(|n| (n.clone(), Vec::new())).collect();
-    let mut s_typed = datafusion::physical_plan::execute_stream(typed, ctx.task_ctx())?;
-    let mut s_codes = datafusion::physical_plan::execute_stream(codes_plan, ctx.task_ctx())?;
-    while let (Some(t), Some(c)) = (s_typed.next().await, s_codes.next().await) {
-        let (t, c) = (t?, c?);
-        for name in needed {
-            let col = domain.column(name).with_context(|| format!("unknown column {name}"))?;
-            let i = domain.position(name).expect("known");
-            let v = out.get_mut(name).expect("inserted");
-            match col.kind {
-                _ if as_codes.contains(name) => {
-                    let codes = c.column(i).as_primitive::<UInt32Type>();
-                    v.extend(codes.values().iter().map(|&x| Some(x as f64)));
-                }
-                ColumnKind::Categorical { .. } | ColumnKind::Boolean => {
-                    let codes = c.column(i).as_primitive::<UInt32Type>();
-                    let null = col.null_code();
-                    v.extend(codes.values().iter().map(|&x| (Some(x) != null).then_some(x as f64)));
-                }
-                _ => {
-                    let f = datafusion::arrow::compute::cast(
-                        t.column(i),
-                        &datafusion::arrow::datatypes::DataType::Float64,
-                    )?;
-                    let f = f.as_primitive::<Float64Type>();
-                    v.extend((0..f.len()).map(|r| f.is_valid(r).then(|| f.value(r))));
+    for p in 0..parts {
+        let mut s_typed = typed.execute(p, ctx.task_ctx())?;
+        let mut s_codes = codes_plan.execute(p, ctx.task_ctx())?;
+        while let (Some(t), Some(c)) = (s_typed.next().await, s_codes.next().await) {
+            let (t, c) = (t?, c?);
+            if t.num_rows() != c.num_rows() {
+                bail!("internal: the two reads of an imputation input are not aligned");
+            }
+            for name in needed {
+                let col = domain.column(name).with_context(|| format!("unknown column {name}"))?;
+                let i = domain.position(name).expect("known");
+                let v = out.get_mut(name).expect("inserted");
+                match col.kind {
+                    _ if as_codes.contains(name) => {
+                        let codes = c.column(i).as_primitive::<UInt32Type>();
+                        v.extend(codes.values().iter().map(|&x| Some(x as f64)));
+                    }
+                    ColumnKind::Categorical { .. } | ColumnKind::Boolean => {
+                        let codes = c.column(i).as_primitive::<UInt32Type>();
+                        let null = col.null_code();
+                        v.extend(codes.values().iter().map(|&x| (Some(x) != null).then_some(x as f64)));
+                    }
+                    _ => {
+                        let f = datafusion::arrow::compute::cast(
+                            t.column(i),
+                            &datafusion::arrow::datatypes::DataType::Float64,
+                        )?;
+                        let f = f.as_primitive::<Float64Type>();
+                        v.extend((0..f.len()).map(|r| f.is_valid(r).then(|| f.value(r))));
+                    }
                 }
             }
         }
     }
     Ok(out)
+}
+
+/// `ctx` with one partition per input and no repartitioning of file scans, so
+/// a read returns the rows in file order, the same way every time.
+fn ordered_context(ctx: &SessionContext) -> SessionContext {
+    let config = ctx.copied_config().with_target_partitions(1).with_repartition_file_scans(false);
+    let state = datafusion::execution::SessionStateBuilder::new_from_existing(ctx.state()).with_config(config).build();
+    SessionContext::new_with_state(state)
 }
 
 /// The donor search and L1(D) of one imputation, each phase timed (for benchmarks).
@@ -162,7 +184,7 @@ pub(crate) fn impute_columns(
             }
         }
     }
-    Ok(Imputed { columns: cols, observed, imputed, l1, n, a: a.to_vec() })
+    Ok(Imputed { columns: cols, observed, imputed, l1, n })
 }
 
 /// One released statistic.
@@ -381,7 +403,6 @@ pub(crate) fn answer(
                 }
             }
         }
-        let depends = q.predicate.iter().any(|p| data.a.contains(&p.column));
         let mut mechs = Vec::new();
         let loss = match delta {
             Some(d) if estimator == Estimator::Smooth => PrivacyLoss::Approx { epsilon, delta: d },
@@ -441,17 +462,25 @@ pub(crate) fn answer(
                     let mean = vals.iter().sum::<f64>() / s;
                     let mean_sens = match estimator {
                         Estimator::Smooth => {
-                            if depends {
-                                b.abs().max(a.abs()) * (1.0 + l1) / s
-                            } else {
-                                (b.abs().max(a.abs()) + l1 * (b - a)) / s
-                            }
+                            // 004 Thm 5.4: the added/removed row moves the sum by ≤ max(|a|, |b|),
+                            // each of the L1 changed donees by ≤ w. The paper's w is b − a (the
+                            // subpopulation reads no imputed attribute) or b (it does, a ≥ 0).
+                            // Here w = max(b − a, |a|, |b|) for every case: a donee with no donor
+                            // stays NULL and is left out of the sum, so gaining a donor moves the
+                            // sum by up to max(|a|, |b|) (which exceeds b − a when 0 ∉ [a, b]),
+                            // and a donee entering or leaving a predicate on imputed data moves
+                            // it by up to max(|a|, |b|) too, for any sign of a (a privacy review
+                            // found both). For the paper's [0, b] this is its bound.
+                            let w = (b - a).max(a.abs()).max(b.abs());
+                            (b.abs().max(a.abs()) + l1 * w) / s
                         }
                         Estimator::IgnoreMissing => b.abs().max(a.abs()) / s,
                         Estimator::GlobalSensitivity => (b.abs().max(a.abs()) + donees * (b - a)) / s,
                     };
                     let mgrid = OutputGrid::Mean { lo: a, hi: b };
-                    let noisy_mean = release(mean, mean_sens, &noise, mgrid, rng).clamp(a, b);
+                    // q clamped to its public range first (1-Lipschitz, so S still bounds it): keeps
+                    // q + scale·x within the float range the public grid was chosen for.
+                    let noisy_mean = release(mean.clamp(a, b), mean_sens, &noise, mgrid, rng).clamp(a, b);
                     record("mean", shown(mean_sens), mgrid);
                     if let QueryKind::Variance { .. } = q.kind {
                         let m = (a - noisy_mean).powi(2).max((b - noisy_mean).powi(2));
@@ -464,7 +493,8 @@ pub(crate) fn answer(
                         let vsens = m * (1.0 + l) / (s - 1.0);
                         let vgrid = OutputGrid::Variance { lo: a, hi: b };
                         record("variance", shown(vsens), vgrid);
-                        Some(release(var, vsens, &noise, vgrid, rng).clamp(0.0, (b - a).powi(2) / 4.0 * s / (s - 1.0)))
+                        let cap = (b - a).powi(2) / 4.0 * s / (s - 1.0);
+                        Some(release(var.clamp(0.0, cap), vsens, &noise, vgrid, rng).clamp(0.0, cap))
                     } else {
                         Some(noisy_mean)
                     }
@@ -507,7 +537,7 @@ pub(crate) fn exact(cols: &HashMap<String, Vec<Option<f64>>>, n: usize, queries:
 }
 
 /// What `dpflow impute` releases.
-#[derive(Debug, Clone, Serialize)]
+#[derive(Clone, Serialize)]
 pub struct ImputeReport {
     /// Estimator used.
     pub estimator: Estimator,
@@ -519,6 +549,13 @@ pub struct ImputeReport {
     /// L1(D) (data-dependent: never released; kept for benchmarks).
     #[serde(skip)]
     pub l1: Option<L1Report>,
+}
+
+// Debug shows only what is released (donees and L1(D) are exact, data-dependent).
+impl std::fmt::Debug for ImputeReport {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("ImputeReport").field("estimator", &self.estimator).field("results", &self.results).finish()
+    }
 }
 
 /// Loads and imputes the data of a spec (crate-private).
@@ -618,6 +655,65 @@ pub fn query_records(q: &QuerySpec, estimator: Estimator, loss: &PrivacyLoss) ->
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[tokio::test]
+    async fn reads_of_a_multi_partition_input_stay_in_file_order_and_aligned() {
+        // Values and match codes come from two reads and are paired by row: merged
+        // partitions (as they finish) could pair one person's values with another's codes.
+        let d = tempfile::tempdir().unwrap();
+        let mut s = String::from("id,g\n");
+        for id in 0..3000 {
+            s += &format!("{id},{}\n", id % 7);
+        }
+        std::fs::write(d.path().join("t.csv"), s).unwrap();
+        let dom = d.path().join("d.yaml");
+        std::fs::write(
+            &dom,
+            "columns:\n  - {name: id, kind: integer, bounds: [0, 2999]}\n  - {name: g, kind: integer, bounds: [0, 6]}\n",
+        )
+        .unwrap();
+        let loc = d.path().join("t.csv");
+        let ds = Dataset::open("t", loc.to_str().unwrap(), None, dom.to_str().unwrap()).unwrap();
+        // The file is split into byte ranges read as 4 partitions by the caller's context.
+        let ctx = SessionContext::new_with_config(
+            datafusion::prelude::SessionConfig::new()
+                .with_target_partitions(4)
+                .with_repartition_file_min_size(1024)
+                .with_batch_size(128),
+        );
+        let raw = ds.raw(&ctx).await.unwrap().create_physical_plan().await.unwrap();
+        assert!(raw.properties().partitioning.partition_count() > 1, "the test needs a multi-partition read");
+        let names = vec!["id".to_string(), "g".to_string()];
+        let values = load_columns(&ctx, &ds, &names, &[]).await.unwrap();
+        let codes = load_columns(&ctx, &ds, &names, &names).await.unwrap();
+        let want: Vec<Option<f64>> = (0..3000).map(|i| Some(i as f64)).collect();
+        assert_eq!(values["id"], want, "file order");
+        assert_eq!(codes["id"], want, "codes of id in the same order");
+        let g: Vec<Option<f64>> = (0..3000).map(|i| Some((i % 7) as f64)).collect();
+        assert_eq!(values["g"], g);
+        assert_eq!(codes["g"], g);
+    }
+
+    #[test]
+    fn the_mean_bound_covers_every_change_of_one_donee() {
+        // Brute force over what one changed donee can do to the sum of clamped values:
+        // gain a value (it had no donor), lose it, change it, or enter/leave the
+        // subpopulation. Each moves the sum by at most w = max(b − a, |a|, |b|).
+        for (a, b) in [(0.0f64, 300000.0f64), (190.0, 200.0), (-100.0, 100.0), (-50.0, -10.0), (5.0, 6.0)] {
+            let w = (b - a).max(f64::abs(a)).max(f64::abs(b));
+            let states = [None, Some(a), Some(b), Some((a + b) / 2.0)];
+            for x in states {
+                for y in states {
+                    let change = (x.unwrap_or(0.0) - y.unwrap_or(0.0)).abs();
+                    assert!(change <= w + 1e-9, "[{a}, {b}]: {x:?} → {y:?} moves the sum by {change} > {w}");
+                }
+            }
+            // The paper's b − a is too small when 0 ∉ [a, b] (a donee gaining a value).
+            if a > 0.0 || b < 0.0 {
+                assert!(f64::abs(b) > b - a || f64::abs(a) > b - a);
+            }
+        }
+    }
     use dpflow_udfs::knn::{AttrKind, MatchAttr, Metric};
     use dpflow_udfs::noise::testing::ks_test;
 

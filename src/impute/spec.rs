@@ -266,8 +266,10 @@ pub(crate) fn matching(
             ColumnKind::Categorical { .. } | ColumnKind::Boolean => AttrKind::Categorical,
             _ => AttrKind::Ordinal,
         });
-        if m.group == 0 || m.weight.is_nan() || m.weight < 0.0 {
-            anyhow::bail!("{path}: match.{}: group must be ≥ 1 and weight ≥ 0", m.column);
+        // A non-finite weight makes distances NaN (∞·0), which the donor search and
+        // L1(D) cannot order: L1 would come out far too small.
+        if m.group == 0 || !m.weight.is_finite() || m.weight < 0.0 {
+            anyhow::bail!("{path}: match.{}: group must be ≥ 1 and weight a finite number ≥ 0", m.column);
         }
         attrs.push(MatchAttr {
             name: m.column.clone(),

@@ -81,7 +81,7 @@ impl KnnConfig {
 }
 
 /// The records the index is built from (row-aligned).
-#[derive(Debug, Clone, Default)]
+#[derive(Clone, Default)]
 pub struct KnnRecords {
     /// Class key of each row (codes of the matching attributes).
     pub keys: Vec<Vec<u32>>,
@@ -92,7 +92,7 @@ pub struct KnnRecords {
 }
 
 /// Result of the donor search.
-#[derive(Debug, Clone)]
+#[derive(Clone)]
 pub struct Assignment {
     /// For each row: its donors (row indices), empty for complete rows or when there is no donor.
     pub donors: Vec<Vec<usize>>,
@@ -107,7 +107,7 @@ pub struct Assignment {
 }
 
 /// L1(D) by cases (004 §6.2).
-#[derive(Debug, Clone, Copy, PartialEq, Serialize, Deserialize)]
+#[derive(Clone, Copy, PartialEq, Serialize, Deserialize)]
 pub struct L1Report {
     /// (a) removing an existing donor.
     pub remove_donor: u64,
@@ -122,6 +122,9 @@ pub struct L1Report {
     /// L1(D) = max(1, (a), (b), (c), (d)).
     pub value: u64,
 }
+
+// The donee counts and L1(D) are exact, data-dependent values.
+crate::protected_debug!(KnnRecords, Assignment, L1Report);
 
 struct ClassInfo {
     donors: Vec<(f64, usize)>, // (rid, row) sorted by rid
