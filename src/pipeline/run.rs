@@ -217,7 +217,15 @@ impl Pipeline {
                 Step::Sql { query, budget, name, .. } => {
                     ("sql", engine.cost(query, Some(*budget)).await.with_context(|| format!("step {name}"))?)
                 }
-                Step::Synthesize { name, mechanism, budget, .. } => {
+                Step::Synthesize { name, mechanism, budget, missing, .. } => {
+                    // Pipelines have no public bound M: refuse before the run reserves and reads.
+                    if *missing == crate::missing::Strategy::ImputeFirst(crate::missing::ImputeMethod::ModeStability) {
+                        bail!(
+                            "{}: step {name}: impute-first:mode-stability needs a public bound on the missing cells, \
+                             which pipelines do not take yet; use impute-first:mode (DP modes) or adaptive",
+                            self.path.display()
+                        );
+                    }
                     let pure = matches!(
                         mechanism,
                         crate::synth::run::Mechanism::Privbayes | crate::synth::run::Mechanism::PrivbayesPgm

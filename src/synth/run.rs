@@ -493,16 +493,18 @@ async fn prepare(
                         let m = mopts.max_missing_cells.context(
                             "impute-first:mode-stability needs --max-missing-cells M, a public bound on the number of missing cells (000 Thm 4.3)",
                         )?;
-                        // Enforce the public bound M (the budget is already reserved: a failure is charged,
-                        // and its message holds no count).
+                        // Over the public bound M the nulls get a public constant instead of the
+                        // exact modes, which keeps the fill (1 + 2M)-stable for every pair of
+                        // neighbours, with no failure whose outcome would reveal the count
+                        // (docs/PRIVACY.md §4.1).
                         let mut missing = 0u64;
                         for &i in &nullable {
                             let observed: f64 = ones.get(&[i])?.iter().sum();
                             missing = missing.saturating_add(rows.saturating_sub(observed as u64));
                         }
-                        crate::missing::strategy::check_missing_cells(missing, m)?;
+                        let within = crate::missing::strategy::within_missing_cell_bound(missing, m);
                         for &i in &nullable {
-                            modes[i] = argmax(ones.get(&[i])?);
+                            modes[i] = if within { argmax(ones.get(&[i])?) } else { 0 };
                         }
                         // c = 1 + 2M under add/remove neighbours; a c-stable transformation multiplies
                         // ε by c and ρ by c² (group privacy).
@@ -511,7 +513,7 @@ async fn prepare(
                             .scaled(crate::missing::strategy::stability_share(c, matches!(budget, FitBudget::Zcdp(_))));
                         stability = Some(c);
                         notes.push(format!(
-                            "impute-first:mode-stability: exact modes make the input {c}-stable (000 Lemma 4.2 / Thm 4.3); the synthesizer runs with {:.3e} instead of {:.3e}",
+                            "impute-first:mode-stability: exact modes (a public constant over the bound M) make the input {c}-stable (000 Lemma 4.2 / Thm 4.3); the synthesizer runs with {:.3e} instead of {:.3e}",
                             fit_budget.amount(),
                             budget.amount()
                         ));
@@ -590,6 +592,15 @@ pub async fn run_synth(ctx: &SessionContext, req: &SynthRequest, progress: &dyn 
 
     if req.unsafe_seed.is_some() && req.ledger.is_some() {
         bail!(crate::privacy::SEEDED_LEDGER_REFUSAL);
+    }
+    // A public input: checked before anything is charged or read.
+    if req.missing == Strategy::ImputeFirst(ImputeMethod::ModeStability)
+        && req.missing_options.max_missing_cells.is_none()
+    {
+        bail!(
+            "impute-first:mode-stability needs --max-missing-cells M, a public bound on the number of missing cells \
+             (000 Thm 4.3)"
+        );
     }
     if let Some(why) = req.dataset.domain().dp_read_refusal() {
         bail!("refused: dataset {}: {why}", req.dataset.name);
