@@ -319,20 +319,25 @@ async fn join_uniqueness_is_checked_on_the_actual_keys_of_the_public_side() {
 
 // ---------------------------------------------------------------- ledger
 
+/// A mechanism record costing pure ε.
+fn pure(epsilon: f64) -> dpflow::privacy::MechanismRecord {
+    dpflow::privacy::MechanismRecord {
+        mechanism: "m".into(),
+        target: "x".into(),
+        sensitivity: None,
+        noise: None,
+        loss: dpflow::privacy::PrivacyLoss::Pure { epsilon },
+        params: serde_json::Value::Null,
+    }
+}
+
 #[test]
 fn a_failed_charge_stays_spent_and_frees_its_release_id() {
     let d = tempfile::tempdir().unwrap();
     let path = d.path().join("l.sqlite");
     let mut l = Ledger::create(&path).unwrap();
     l.add_dataset("t", "row", Budget::Pure { epsilon: 2.0 }).unwrap();
-    let rec = dpflow::privacy::MechanismRecord {
-        mechanism: "m".into(),
-        target: "x".into(),
-        sensitivity: None,
-        noise: None,
-        loss: dpflow::privacy::PrivacyLoss::Pure { epsilon: 1.0 },
-        params: serde_json::Value::Null,
-    };
+    let rec = pure(1.0);
     let r = l.reserve("t", "r1", std::slice::from_ref(&rec), None).unwrap();
     l.fail(r.charge_id, "test").unwrap();
     assert!(l.release(r.charge_id, "refund?").is_err(), "a failed charge cannot be refunded");
@@ -355,14 +360,7 @@ fn a_schema_1_ledger_is_migrated_in_place() {
     {
         let mut l = Ledger::create(&path).unwrap();
         l.add_dataset("t", "row", Budget::Pure { epsilon: 2.0 }).unwrap();
-        let rec = dpflow::privacy::MechanismRecord {
-            mechanism: "m".into(),
-            target: "x".into(),
-            sensitivity: None,
-            noise: None,
-            loss: dpflow::privacy::PrivacyLoss::Pure { epsilon: 0.5 },
-            params: serde_json::Value::Null,
-        };
+        let rec = pure(0.5);
         let r = l.reserve("t", "r1", &[rec], None).unwrap();
         l.commit(r.charge_id).unwrap();
     }
@@ -468,14 +466,7 @@ fn a_failed_charge_cannot_be_refunded_by_reusing_its_release_id() {
     let d = tempfile::tempdir().unwrap();
     let mut l = Ledger::create(d.path().join("l.sqlite")).unwrap();
     l.add_dataset("t", "row", Budget::Pure { epsilon: 2.0 }).unwrap();
-    let rec = |e: f64| dpflow::privacy::MechanismRecord {
-        mechanism: "m".into(),
-        target: "x".into(),
-        sensitivity: None,
-        noise: None,
-        loss: dpflow::privacy::PrivacyLoss::Pure { epsilon: e },
-        params: serde_json::Value::Null,
-    };
+    let rec = pure;
     let r = l.reserve("t", "R", &[rec(1.0)], None).unwrap();
     l.fail(r.charge_id, "test").unwrap();
     let renamed = l.history(Some("t")).unwrap()[0].release_id.clone();

@@ -124,6 +124,22 @@ fn l1_matches_brute_force_and_never_underestimates() {
     }
 }
 
+/// A random add/remove neighbour of `rec`: remove a record, or add one at a key of `keys`.
+fn random_neighbour(rng: &mut SmallRng, rec: &KnnRecords, keys: &[Vec<u32>]) -> KnnRecords {
+    let mut nb = rec.clone();
+    if rng.random::<bool>() && nb.rid.len() > 1 {
+        let i = rng.random_range(0..nb.rid.len());
+        nb.keys.remove(i);
+        nb.rid.remove(i);
+        nb.complete.remove(i);
+    } else {
+        nb.keys.push(keys[rng.random_range(0..keys.len())].clone());
+        nb.rid.push(rng.random_range(0.0..300.0) + 0.5);
+        nb.complete.push(rng.random::<bool>());
+    }
+    nb
+}
+
 #[test]
 fn smooth_bound_is_ln2_smooth_on_sampled_neighbours() {
     // S(D) = 1 + L1(D) must satisfy S(D) ≤ 2·S(D') for neighbours D' (β = ln 2).
@@ -136,17 +152,7 @@ fn smooth_bound_is_ln2_smooth_on_sampled_neighbours() {
         let s = |r: &KnnRecords| 1 + Assignment::build(&cfg, r).l1(&cfg, r, u64::MAX).unwrap().value;
         let sd = s(&rec);
         for _ in 0..8 {
-            let mut nb = rec.clone();
-            if rng.random::<bool>() && nb.rid.len() > 1 {
-                let i = rng.random_range(0..nb.rid.len());
-                nb.keys.remove(i);
-                nb.rid.remove(i);
-                nb.complete.remove(i);
-            } else {
-                nb.keys.push(keys[rng.random_range(0..keys.len())].clone());
-                nb.rid.push(rng.random_range(0.0..300.0) + 0.5);
-                nb.complete.push(rng.random::<bool>());
-            }
+            let nb = random_neighbour(&mut rng, &rec, &keys);
             let sn = s(&nb);
             assert!(sd <= 2 * sn && sn <= 2 * sd, "S(D) = {sd}, S(D') = {sn}");
         }
@@ -278,18 +284,7 @@ fn case_d_fallback_is_an_upper_bound_and_2_smooth_on_random_neighbours() {
         let bd = b(&rec);
         assert!(bd >= exact(&rec), "trial {trial}: the bound is below L1(D)");
         for _ in 0..10 {
-            let mut nb = rec.clone();
-            if rng.random::<bool>() && nb.rid.len() > 1 {
-                let i = rng.random_range(0..nb.rid.len());
-                nb.keys.remove(i);
-                nb.rid.remove(i);
-                nb.complete.remove(i);
-            } else {
-                let all = all_keys();
-                nb.keys.push(all[rng.random_range(0..all.len())].clone());
-                nb.rid.push(rng.random_range(0.0..300.0) + 0.5);
-                nb.complete.push(rng.random::<bool>());
-            }
+            let nb = random_neighbour(&mut rng, &rec, &all_keys());
             let bn = b(&nb);
             assert!(bd <= 2 * bn && bn <= 2 * bd, "trial {trial}: B(D) = {bd}, B(D′) = {bn}");
         }
