@@ -204,6 +204,29 @@ async fn variance_sums_are_exact_beyond_2_pow_53() {
     assert_eq!(small, large, "exact sums: identical releases");
 }
 
+#[tokio::test]
+async fn narrow_and_wide_exact_sums_release_the_same_values() {
+    // 64-bit sums (split squares) and the 128-bit fallback are the same exact integers:
+    // forced to the fallback, every release is identical under the same seed.
+    let d = tempfile::tempdir().unwrap();
+    let mut csv = String::from("k,x,f\n");
+    for i in 0..3000i64 {
+        csv += &format!("{},{},{}\n", i % 3, 1_000_000 + (i * 7919) % 100_000, (i as f64) * 0.37);
+    }
+    let dom = "columns:\n  - {name: k, kind: integer, bounds: [0, 2]}\n  - {name: x, kind: integer, bounds: [0, 2000000], bins: {count: 4}}\n  - {name: f, kind: float, bounds: [0, 2000], bins: {count: 4}}\n";
+    let p = catalog(d.path(), &csv, dom, "", false, "");
+    let q = "SELECT k, dp_sum(x, 0, 2000000) AS s, dp_avg(x, 900000, 1200000) AS a, dp_var(x, 900000, 1200000) AS v, \
+             dp_var(f, 0, 2000) AS vf, dp_avg(f, 0, 2000) AS af FROM t GROUP BY k";
+    let mut out = Vec::new();
+    for wide_from in [1i128 << 32, 0] {
+        let mut e = SqlEngine::open(Catalog::load(&p).unwrap(), Some(41)).await.unwrap();
+        e.set_wide_sums_from(wide_from);
+        let r = e.query(q, None).await.unwrap();
+        out.push(["s", "a", "v", "vf", "af"].map(|c| column_f64(&r.batches, c)));
+    }
+    assert_eq!(out[0], out[1]);
+}
+
 // ---------------------------------------------------------------- §3
 
 #[tokio::test]

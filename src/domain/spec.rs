@@ -256,7 +256,7 @@ impl DomainSpec {
                 kind: ColumnKind::Integer { edges: (0..=size as i64).collect() },
                 nullable: false,
                 null_tokens: vec![],
-                out_of_domain: OutOfDomain::DropRow,
+                out_of_domain: OutOfDomain::DropRowIfRead,
             });
         }
         let domain = Domain::new(columns).map_err(|m| SpecError {

@@ -109,6 +109,8 @@ pub struct SqlEngine {
     counter: u64,
     /// The caller (a release pipeline) has reserved the budget already.
     precharged: bool,
+    /// Groups summing at least this many values are re-aggregated with 128-bit sums.
+    wide_from: i128,
 }
 
 /// A number literal argument (a public constant), or an error naming `what` and `func`.
@@ -227,7 +229,16 @@ impl SqlEngine {
             }
             Some(p) => Some(Ledger::open(p)?),
         };
-        Ok(Self { ctx, catalog, ledger, rng: DpRng::new(unsafe_seed)?, unsafe_seed, counter: 0, precharged: false })
+        Ok(Self {
+            ctx,
+            catalog,
+            ledger,
+            rng: DpRng::new(unsafe_seed)?,
+            unsafe_seed,
+            counter: 0,
+            precharged: false,
+            wide_from: 1 << 32,
+        })
     }
 
     /// A session whose caller accounts for every query itself (a release
@@ -244,6 +255,13 @@ impl SqlEngine {
     /// The mechanisms a query would charge (plans it; reads no data).
     pub async fn cost(&mut self, sql: &str, budget: Option<Budget>) -> Result<Vec<MechanismRecord>> {
         Ok(self.query_inner(sql, budget, true).await?.mechanisms)
+    }
+
+    /// Tests only: re-aggregate with 128-bit sums from `n` summed values per
+    /// group (default 2³², below which 64-bit sums are exact).
+    #[doc(hidden)]
+    pub fn set_wide_sums_from(&mut self, n: i128) {
+        self.wide_from = n;
     }
 
     /// The DataFusion session (tables and functions registered).
@@ -664,9 +682,7 @@ impl SqlEngine {
     ) -> Result<Vec<RecordBatch>> {
         let g = agg.group_expr.len();
         let bounded = self.bound_contributions(agg, entry, unit)?;
-        // Exact helper aggregates, executed once.
-        let mut helpers: Vec<Expr> = Vec::new();
-        let mut fixups: Vec<Fixup> = Vec::new();
+        // Exact helper aggregates (once, or twice when a group is too large for 64-bit sums).
         let schema = bounded.schema().clone();
         let domain = entry.dataset.domain();
         let int_arg = |e: &Expr| -> Option<Option<(f64, f64)>> {
@@ -693,53 +709,82 @@ impl SqlEngine {
             };
             Some(bounds)
         };
-        for p in planned {
-            let offset = helpers.len();
-            let (exprs, fx) = helper_exprs(p, &int_arg);
-            fixups.extend(fx.into_iter().map(|f| Fixup {
-                col: f.col + offset,
-                count: f.count.map(|c| c + offset),
-                square_of: f.square_of.map(|c| c + offset),
-                ..f
-            }));
-            helpers.extend(exprs);
-        }
-        let units_col = "__units".to_string();
-        if selection.is_some() {
-            helpers.push(match unit {
-                None => count(lit(1)).alias(&units_col),
-                // A null id is its own unit (never pooled): distinct ids plus null-id rows.
-                Some(c) => (count_distinct(col(c.clone()))
-                    + sum(when(col(c.clone()).is_null(), lit(1i64)).otherwise(lit(0i64))?))
-                .alias(&units_col),
-            });
-        }
-        let helper_plan =
-            LogicalPlanBuilder::from(bounded.clone()).aggregate(agg.group_expr.clone(), helpers)?.build()?;
-        let batches = self.ctx.execute_logical_plan(helper_plan).await?.collect().await?;
-        // Exact stats per key.
-        // Exact integers (counts, and sums in 128 bits): never rounded through f64.
+        let n_helpers: usize = planned.iter().map(|p| p.helpers.len()).sum();
+        let n_logical = n_helpers + usize::from(selection.is_some());
         let mut exact: HashMap<Vec<ScalarValue>, Vec<i128>> = HashMap::new();
         let mut order: Vec<Vec<ScalarValue>> = Vec::new();
-        for b in &batches {
-            for r in 0..b.num_rows() {
-                let key: Vec<ScalarValue> =
-                    (0..g).map(|c| ScalarValue::try_from_array(b.column(c), r)).collect::<Result<_, _>>()?;
-                let mut vals: Vec<i128> = (g..b.num_columns())
-                    .map(|c| scalar_i128(&ScalarValue::try_from_array(b.column(c), r)?))
-                    .collect::<Result<_>>()?;
-                if !fixups.is_empty() {
-                    let raw = vals.clone();
-                    for f in &fixups {
-                        vals[f.col] = f.apply(&raw);
+        // Narrow 64-bit sums first; if any group sums 2³² values or more, again with
+        // 128-bit sums. Both give the same exact integers (only the time differs).
+        for wide in [false, true] {
+            let mut helpers: Vec<Expr> = Vec::new();
+            let mut fixups: Vec<Fixup> = Vec::new();
+            let mut splits: Vec<(usize, Expr, u32)> = Vec::new();
+            let mut counts: Vec<usize> = Vec::new();
+            for p in planned {
+                let offset = helpers.len();
+                let h = helper_exprs(p, &int_arg, wide);
+                fixups.extend(h.fixups.into_iter().map(|f| Fixup {
+                    col: f.col + offset,
+                    count: f.count.map(|c| c + offset),
+                    square_of: f.square_of.map(|c| c + offset),
+                    ..f
+                }));
+                splits.extend(h.splits.into_iter().map(|(j, e, s)| (j + offset, e, s)));
+                counts.extend(h.counts.into_iter().map(|c| c + offset));
+                helpers.extend(h.exprs);
+            }
+            if selection.is_some() {
+                helpers.push(match unit {
+                    None => count(lit(1)).alias("__units"),
+                    // A null id is its own unit (never pooled): distinct ids plus null-id rows.
+                    Some(c) => (count_distinct(col(c.clone()))
+                        + sum(when(col(c.clone()).is_null(), lit(1i64)).otherwise(lit(0i64))?))
+                    .alias("__units"),
+                });
+            }
+            // The low halves of split sums go last.
+            let split_cols: Vec<(usize, usize, u32)> = splits
+                .into_iter()
+                .enumerate()
+                .map(|(i, (j, e, s))| {
+                    helpers.push(e.alias(format!("__lo{i}")));
+                    (j, n_logical + i, s)
+                })
+                .collect();
+            let helper_plan =
+                LogicalPlanBuilder::from(bounded.clone()).aggregate(agg.group_expr.clone(), helpers)?.build()?;
+            let batches = self.ctx.execute_logical_plan(helper_plan).await?.collect().await?;
+            // Exact integers per key (counts, and sums): never rounded through f64.
+            exact.clear();
+            order.clear();
+            let mut too_many = false;
+            for b in &batches {
+                for r in 0..b.num_rows() {
+                    let key: Vec<ScalarValue> =
+                        (0..g).map(|c| ScalarValue::try_from_array(b.column(c), r)).collect::<Result<_, _>>()?;
+                    let mut vals: Vec<i128> = (g..b.num_columns())
+                        .map(|c| scalar_i128(&ScalarValue::try_from_array(b.column(c), r)?))
+                        .collect::<Result<_>>()?;
+                    too_many |= counts.iter().any(|&c| vals[c] >= self.wide_from);
+                    for &(j, lo, shift) in &split_cols {
+                        vals[j] = (vals[j] << shift) + vals[lo];
                     }
+                    vals.truncate(n_logical);
+                    if !fixups.is_empty() {
+                        let raw = vals.clone();
+                        for f in &fixups {
+                            vals[f.col] = f.apply(&raw);
+                        }
+                    }
+                    order.push(key.clone());
+                    exact.insert(key, vals);
                 }
-                order.push(key.clone());
-                exact.insert(key, vals);
+            }
+            if wide || !too_many {
+                break;
             }
         }
-        let n_helpers: usize = planned.iter().map(|p| p.helpers.len()).sum();
-        let zeros = vec![0i128; n_helpers + usize::from(selection.is_some())];
+        let zeros = vec![0i128; n_logical];
         // Which keys are released.
         let keys: Vec<Vec<ScalarValue>> = match (domain_keys, selection) {
             (Some(k), _) => k
@@ -1150,7 +1195,9 @@ fn plan_one(
                 records.push(record(what, shown, s * scale, l));
                 noise.push(n);
             }
-            (0..noise.len()).map(h).collect()
+            // A plain sum also counts its values (not released: it picks the exact
+            // accumulation width, see `helper_exprs`).
+            if matches!(kind, Kind::Sum { .. }) { vec![h(0), h(1)] } else { (0..noise.len()).map(h).collect() }
         }
         Kind::Quantile { lo, hi, .. } => {
             let bins = 1024usize;
@@ -1225,20 +1272,52 @@ impl Fixup {
 /// public bounds of its domain column when it is a bare column.
 type IntArg<'a> = &'a dyn Fn(&Expr) -> Option<Option<(f64, f64)>>;
 
+/// The exact helper aggregates of one DP call.
+struct Helpers {
+    /// One expression per helper column, aliased.
+    exprs: Vec<Expr>,
+    /// Fix-ups that turn integer sums into grid units.
+    fixups: Vec<Fixup>,
+    /// Sums split in two halves: (helper column of the high half, the low
+    /// half's sum, shift): the value is (high << shift) + low.
+    splits: Vec<(usize, Expr, u32)>,
+    /// Helper columns counting the summed values.
+    counts: Vec<usize>,
+}
+
 /// The exact helper aggregates of one DP call, and the fix-ups that turn
 /// integer sums into grid units.
 ///
-/// Every sum is accumulated in 128 bits ([`sum_i128`]). Integer arguments
-/// with integer bounds (and a grid g ≤ ½, so the bounds and their midpoint
-/// are multiples of g) are summed as integers, clamped with a CASE only when
-/// the public domain is not already inside [lo, hi], and converted exactly
-/// afterwards ([`Fixup`]). Other arguments are clamped, centred and rounded to
-/// the grid row by row (one row is at most 2²¹ units, or 2⁴² for squares).
-fn helper_exprs(p: &Planned, int_arg: IntArg<'_>) -> (Vec<Expr>, Vec<Fixup>) {
+/// Integer arguments with integer bounds (and a grid g ≤ ½, so the bounds
+/// and their midpoint are multiples of g) are summed as integers, clamped
+/// with a CASE only when the public domain is not already inside [lo, hi],
+/// and converted exactly afterwards ([`Fixup`]). Other arguments are clamped,
+/// centred and rounded to the grid row by row.
+///
+/// Every summed row value is below 2³¹ in magnitude (exact values |x| < 2³¹,
+/// grid units ≤ 2²¹ + 1), so a 64-bit sum of fewer than 2³² values is exact;
+/// squares (below 2⁶², or 2⁴³ in grid units) are split into a high and a low
+/// half below 2³¹ each, summed apart and recombined in 128 bits. The caller
+/// checks the counts and, if a group sums 2³² values or more, runs again
+/// with `wide` 128-bit sums ([`sum_i128`], slower). Either way the sums are
+/// exact, so no refusal and no rounding depends on the data.
+fn helper_exprs(p: &Planned, int_arg: IntArg<'_>, wide: bool) -> Helpers {
+    use datafusion::logical_expr::{bitwise_and, bitwise_shift_right};
     let mut out = Vec::new();
     let mut fixups = Vec::new();
+    let mut splits = Vec::new();
+    let mut counts = Vec::new();
     let g = 2f64.powi(p.grid);
-    // Squares of |x| < 2³¹ fit an i64 per row; sums are 128-bit.
+    let plain = |v: Expr| if wide { sum_i128(v) } else { sum(v) };
+    // A non-negative square below 2^(2·half): its two halves below 2^half, or whole when wide.
+    let mut square = |out: &mut Vec<Expr>, v: Expr, half: u32| {
+        if wide {
+            out.push(sum_i128(v));
+        } else {
+            out.push(sum(bitwise_shift_right(v.clone(), lit(half as i64))));
+            splits.push((out.len() - 1, sum(bitwise_and(v, lit((1i64 << half) - 1))), half));
+        }
+    };
     let exact = |arg: &Expr, lo: f64, hi: f64| -> Option<Expr> {
         let bounds = int_arg(arg)?;
         if lo.fract() != 0.0 || hi.fract() != 0.0 || g > 0.5 || lo.abs().max(hi.abs()) >= 2f64.powi(31) {
@@ -1256,39 +1335,44 @@ fn helper_exprs(p: &Planned, int_arg: IntArg<'_>) -> (Vec<Expr>, Vec<Fixup>) {
     let m2 = |lo: f64, hi: f64| (lo as i128) + (hi as i128);
     match &p.kind {
         Kind::Count { arg } => out.push(count(arg.clone().unwrap_or(lit(1)))),
-        Kind::Sum { arg, lo, hi } => match exact(arg, *lo, *hi) {
-            Some(x) => {
-                out.push(sum_i128(x));
-                fixups.push(Fixup { col: 0, count: None, m2: 0, k: p.grid, square_of: None });
+        Kind::Sum { arg, lo, hi } => {
+            match exact(arg, *lo, *hi) {
+                Some(x) => {
+                    out.push(plain(x));
+                    fixups.push(Fixup { col: 0, count: None, m2: 0, k: p.grid, square_of: None });
+                }
+                None => out.push(plain(to_units(clamp_expr(arg.clone(), *lo, *hi), p.grid))),
             }
-            None => out.push(sum_i128(to_units(clamp_expr(arg.clone(), *lo, *hi), p.grid))),
-        },
+            out.push(count(arg.clone()));
+            counts.push(1);
+        }
         Kind::Avg { arg, lo, hi } | Kind::Var { arg, lo, hi } => {
             let mid = (lo + hi) / 2.0;
             let var = matches!(p.kind, Kind::Var { .. });
             out.push(count(arg.clone()));
+            counts.push(0);
             match exact(arg, *lo, *hi) {
                 Some(x) => {
                     let m2 = m2(*lo, *hi);
-                    out.push(sum_i128(x.clone()));
+                    out.push(plain(x.clone()));
                     fixups.push(Fixup { col: 1, count: Some(0), m2, k: p.grid, square_of: None });
                     if var {
-                        out.push(sum_i128(x.clone() * x));
+                        square(&mut out, x.clone() * x, 31);
                         fixups.push(Fixup { col: 2, count: Some(0), m2, k: p.grid, square_of: Some(1) });
                     }
                 }
                 None => {
                     let centered = clamp_expr(arg.clone(), *lo, *hi) - lit(mid);
-                    out.push(sum_i128(to_units(centered.clone(), p.grid)));
+                    out.push(plain(to_units(centered.clone(), p.grid)));
                     if var {
-                        out.push(sum_i128(to_units(centered.clone() * centered, 2 * p.grid)));
+                        square(&mut out, to_units(centered.clone() * centered, 2 * p.grid), 22);
                     }
                 }
             }
         }
         Kind::Quantile { .. } => {}
     }
-    (out.into_iter().zip(&p.helpers).map(|(e, n)| e.alias(n)).collect(), fixups)
+    Helpers { exprs: out.into_iter().zip(&p.helpers).map(|(e, n)| e.alias(n)).collect(), fixups, splits, counts }
 }
 
 /// A requested confidence bound.

@@ -9,11 +9,11 @@ use serde::{Deserialize, Serialize};
 /// What to do with a value outside the public domain (counted apart from nulls).
 ///
 /// DP reads accept only the data-independent policies (`clip`, `null`,
-/// `drop-row`): under them encoding cannot fail, and a value a policy cannot
-/// fix (text that is not a number under `clip`, a null in a non-nullable
-/// column) drops its row. `error` fails on the first bad row with its value
-/// and row number, so it is for curator checks only and refused for DP reads
-/// ([`Domain::dp_read_refusal`], docs/PRIVACY.md §1).
+/// `drop-row`, `drop-row-if-read`): under them encoding cannot fail, and a
+/// value a policy cannot fix (text that is not a number under `clip`, a null
+/// in a non-nullable column) drops its row. `error` fails on the first bad
+/// row with its value and row number, so it is for curator checks only and
+/// refused for DP reads ([`Domain::dp_read_refusal`], docs/PRIVACY.md §1).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, Default)]
 #[serde(rename_all = "kebab-case")]
 pub enum OutOfDomain {
@@ -24,9 +24,14 @@ pub enum OutOfDomain {
     Clip,
     /// Replace by null (the column must be nullable).
     Null,
-    /// Drop the whole row (default).
-    #[default]
+    /// Drop the whole row from every query (the column is read by every
+    /// query on the table, so all of them see the same rows).
     DropRow,
+    /// Drop the row from the queries that read this column (default): as
+    /// cheap as `error` was (a column is only decoded when used), and like
+    /// every policy here a row-wise, data-independent transformation.
+    #[default]
+    DropRowIfRead,
 }
 
 impl OutOfDomain {
@@ -37,6 +42,7 @@ impl OutOfDomain {
             OutOfDomain::Clip => "clip",
             OutOfDomain::Null => "null",
             OutOfDomain::DropRow => "drop-row",
+            OutOfDomain::DropRowIfRead => "drop-row-if-read",
         }
     }
 }

@@ -592,7 +592,7 @@ impl BatchEncoder {
                                     st.nulled += 1;
                                     col.null_code().expect("validated: null policy needs nullable")
                                 }
-                                OutOfDomain::DropRow => {
+                                OutOfDomain::DropRow | OutOfDomain::DropRowIfRead => {
                                     st.dropped += 1;
                                     keep.get_or_insert_with(|| vec![true; n])[i] = false;
                                     0
