@@ -12,7 +12,7 @@
 //! checked at plan time against a whitelist of expressions that cannot raise
 //! an error on any input:
 //!
-//! - columns, literals, comparisons, AND/OR/NOT, IS [NOT] NULL/TRUE/…,
+//! - columns, literals, comparisons, AND/OR/NOT, IS \[NOT\] NULL/TRUE/…,
 //!   BETWEEN, IN lists, LIKE without ESCAPE, string concatenation, CASE;
 //! - `+`, `-`, `*` and unary minus on integers and floats (DataFusion
 //!   evaluates them wrapping, without overflow errors);
