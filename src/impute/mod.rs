@@ -404,10 +404,8 @@ pub(crate) fn answer(
             }
         }
         let mut mechs = Vec::new();
-        let loss = match delta {
-            Some(d) if estimator == Estimator::Smooth => PrivacyLoss::Approx { epsilon, delta: d },
-            _ => PrivacyLoss::Pure { epsilon },
-        };
+        // Every released number is pure ε-DP (the smooth estimator refuses any δ above).
+        let loss = PrivacyLoss::Pure { epsilon };
         let mut record = |what: &str, sens: Option<f64>, grid: OutputGrid| {
             let mut params = serde_json::json!({
                 "estimator": estimator,
@@ -617,19 +615,15 @@ pub fn planned_records(spec: &spec::ImputeSpec, estimator: Estimator) -> Result<
     if let Some(why) = crate::domain::DomainSpec::load(&spec.domain)?.domain.dp_read_refusal() {
         bail!("refused: {}: {why}", spec.domain);
     }
-    let loss = match spec.budget {
-        crate::privacy::Budget::Pure { epsilon } => PrivacyLoss::Pure { epsilon },
-        crate::privacy::Budget::Approx { epsilon, delta } => PrivacyLoss::Approx { epsilon, delta },
+    let (loss, epsilon, delta) = match spec.budget {
+        crate::privacy::Budget::Pure { epsilon } => (PrivacyLoss::Pure { epsilon }, epsilon, None),
+        crate::privacy::Budget::Approx { epsilon, delta } => {
+            (PrivacyLoss::Approx { epsilon, delta }, epsilon, Some(delta))
+        }
         crate::privacy::Budget::Zcdp { .. } => bail!("smooth-sensitivity releases need an ε (or ε, δ) budget"),
     };
-
     if estimator == Estimator::Smooth {
         // Refused here, before any ledger charge or data read (issue 14 §2).
-        let (epsilon, delta) = match spec.budget {
-            crate::privacy::Budget::Approx { epsilon, delta } => (epsilon, Some(delta)),
-            crate::privacy::Budget::Pure { epsilon } => (epsilon, None),
-            crate::privacy::Budget::Zcdp { .. } => unreachable!("refused above"),
-        };
         smooth_calibration(epsilon, delta)?;
     }
     Ok(spec.queries.iter().flat_map(|q| query_records(q, estimator, &loss)).collect())

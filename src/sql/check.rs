@@ -115,15 +115,9 @@ fn public_cannot_fail(plan: &LogicalPlan, catalog: &Catalog, t: &str) -> Result<
             found = Some(format!("public table {} joined with protected table {t}: {why}", entry.name));
             return Ok(TreeNodeRecursion::Stop);
         }
-        let inputs = node.inputs();
-        if let Some(input) = inputs.first() {
-            let schema = if inputs.len() == 2 {
-                input.schema().as_ref().clone().join(inputs[1].schema()).ok()
-            } else {
-                Some(input.schema().as_ref().clone())
-            };
+        if let Some(schema) = expression_schema(node) {
             for e in node.expressions() {
-                if let Some(why) = schema.as_ref().and_then(|s| super::rowsafe::may_fail(&e, s)) {
+                if let Some(why) = super::rowsafe::may_fail(&e, &schema) {
                     found = Some(format!(
                         "{why}. The public side of a join with protected table {t} must not be able to fail \
                          either: whether it runs depends on the protected rows (docs/PRIVACY.md §1)"
@@ -137,8 +131,18 @@ fn public_cannot_fail(plan: &LogicalPlan, catalog: &Catalog, t: &str) -> Result<
     found.map_or(Ok(()), refuse)
 }
 
+/// The schema a node's expressions are evaluated against: its input's, or
+/// both inputs' for a join (None for a leaf, or inputs that cannot merge).
+fn expression_schema(node: &LogicalPlan) -> Option<datafusion::common::DFSchema> {
+    match node.inputs().as_slice() {
+        [input] => Some(input.schema().as_ref().clone()),
+        [left, right] => left.schema().as_ref().clone().join(right.schema()).ok(),
+        _ => None,
+    }
+}
+
 /// Whether output column `c` of `plan` is column `name` of the scan of
-/// protected table `table`, unchanged: followed through projections (only a
+/// table `table` (protected or public), unchanged: followed through projections (only a
 /// bare column, maybe aliased), filters, aliases, repartitions and joins by
 /// position, never by name (a user column named like a domain or unit
 /// column proves nothing).
@@ -374,13 +378,8 @@ impl Checker<'_> {
                                 j.join_type
                             ));
                         }
-                        let both = j
-                            .left
-                            .schema()
-                            .as_ref()
-                            .clone()
-                            .join(j.right.schema())
-                            .map_err(|e| Refusal(format!("internal: join schema of protected table {t}: {e}")))?;
+                        let both = expression_schema(plan)
+                            .ok_or_else(|| Refusal(format!("internal: join schema of protected table {t}")))?;
                         for (a, b) in &j.on {
                             // As a comparison, so a text = number key (which casts the text) is refused.
                             cannot_fail(&a.clone().eq(b.clone()), &both, t)?;

@@ -156,7 +156,7 @@ fn check_dp_arguments(agg: &Aggregate) -> Result<()> {
         }
         if let Some(arg) = f.params.args.first() {
             let t = arg.get_type(agg.input.schema())?;
-            if !(t.is_integer() || matches!(t, DataType::Float16 | DataType::Float32 | DataType::Float64)) {
+            if !super::rowsafe::is_number(&t) {
                 bail!("refused: {name} needs a numeric argument, got `{arg}` of type {t}");
             }
         }
@@ -687,11 +687,8 @@ impl SqlEngine {
         let domain = entry.dataset.domain();
         let int_arg = |e: &Expr| -> Option<Option<(f64, f64)>> {
             // Integer types that convert to Int64 without failing (UInt64 takes the float path).
-            use DataType as D;
-            if !matches!(
-                e.get_type(&schema).ok()?,
-                D::Int8 | D::Int16 | D::Int32 | D::Int64 | D::UInt8 | D::UInt16 | D::UInt32
-            ) {
+            let t = e.get_type(&schema).ok()?;
+            if !(t.is_integer() && super::rowsafe::infallible_cast(&t, &DataType::Int64)) {
                 return None;
             }
             // A column proven to be the protected scan's own column keeps its domain's
@@ -946,13 +943,19 @@ impl SqlEngine {
         let fields: Vec<Expr> = input.schema().columns().into_iter().map(col).collect();
         // A row with a null unit id is its own unit: it gets a fresh random id
         // (uuid, 122 random bits) in a second partition key, so null ids are
-        // never pooled into one unit whose rows would be bounded together.
-        let null_unit = when(unit_col.clone().is_null(), datafusion::functions::string::expr_fn::uuid())
-            .otherwise(lit(ScalarValue::Utf8(None)))?;
-        let mut plan = LogicalPlanBuilder::from(input).project(
-            fields.iter().cloned().chain(std::iter::once(null_unit.alias("__dp_null_unit"))).collect::<Vec<_>>(),
-        )?;
-        let unit_keys = vec![unit_col.clone(), col("__dp_null_unit")];
+        // never pooled into one unit whose rows would be bounded together
+        // (not needed when the column cannot hold a null).
+        let nullable = input.schema().qualified_field_from_column(unit)?.1.is_nullable();
+        let mut plan = LogicalPlanBuilder::from(input);
+        let mut unit_keys = vec![unit_col.clone()];
+        if nullable {
+            let null_unit = when(unit_col.clone().is_null(), datafusion::functions::string::expr_fn::uuid())
+                .otherwise(lit(ScalarValue::Utf8(None)))?;
+            plan = plan.project(
+                fields.iter().cloned().chain(std::iter::once(null_unit.alias("__dp_null_unit"))).collect::<Vec<_>>(),
+            )?;
+            unit_keys.push(col("__dp_null_unit"));
+        }
         let mut partition = unit_keys.clone();
         partition.extend(agg.group_expr.iter().cloned().map(|e| e.unalias()));
         let rn = datafusion::functions_window::expr_fn::row_number()
@@ -1077,8 +1080,6 @@ fn scalar_i128(v: &ScalarValue) -> Result<i128> {
         v if v.is_null() => 0,
         ScalarValue::Decimal128(Some(x), _, 0) => *x,
         ScalarValue::Int64(Some(x)) => *x as i128,
-        ScalarValue::UInt64(Some(x)) => *x as i128,
-        ScalarValue::Int32(Some(x)) => *x as i128,
         other => bail!("internal: helper aggregate of type {} is not an exact integer", other.data_type()),
     })
 }

@@ -82,12 +82,10 @@ pub const FLOAT_FUNCTIONS: &[&str] =
 /// Longest LIKE pattern accepted on protected rows.
 pub const MAX_LIKE_PATTERN: usize = 256;
 
-fn is_float(t: &DataType) -> bool {
-    matches!(t, DataType::Float16 | DataType::Float32 | DataType::Float64)
-}
-
-fn is_int_or_float(t: &DataType) -> bool {
-    t.is_integer() || is_float(t)
+/// An integer or floating-point type (the numbers row arithmetic and DP
+/// arguments accept; decimals are not, their arithmetic can overflow).
+pub(crate) fn is_number(t: &DataType) -> bool {
+    t.is_integer() || t.is_floating()
 }
 
 fn is_text(t: &DataType) -> bool {
@@ -105,23 +103,13 @@ pub fn infallible_cast(from: &DataType, to: &DataType) -> bool {
     if is_text(to) {
         return !matches!(from, D::Binary | D::LargeBinary | D::BinaryView | D::FixedSizeBinary(_));
     }
-    let int_rank = |t: &DataType| match t {
-        D::Int8 => Some((true, 8)),
-        D::Int16 => Some((true, 16)),
-        D::Int32 => Some((true, 32)),
-        D::Int64 => Some((true, 64)),
-        D::UInt8 => Some((false, 8)),
-        D::UInt16 => Some((false, 16)),
-        D::UInt32 => Some((false, 32)),
-        D::UInt64 => Some((false, 64)),
-        _ => None,
-    };
     match (from, to) {
-        (D::Boolean, t) if t.is_integer() || is_float(t) => true,
-        (f, D::Float64) if f.is_integer() || is_float(f) => true,
+        (D::Boolean, t) if is_number(t) => true,
+        (f, D::Float64) if is_number(f) => true,
         (f, D::Float32) if f.is_integer() || matches!(f, D::Float16) => true,
         (f, t) if f.is_integer() && t.is_integer() => {
-            let ((fs, fb), (ts, tb)) = (int_rank(f).expect("integer"), int_rank(t).expect("integer"));
+            let (fs, fb) = (f.is_signed_integer(), f.primitive_width());
+            let (ts, tb) = (t.is_signed_integer(), t.primitive_width());
             // Widening that keeps the sign: signed → wider signed, unsigned → wider (or signed wider).
             (fs == ts && tb >= fb) || (!fs && ts && tb > fb)
         }
@@ -149,7 +137,7 @@ pub fn may_fail(e: &Expr, schema: &DFSchema) -> Option<String> {
         // On a scalar (a constant) integer negation is checked and raises on
         // MIN; on floats it cannot fail.
         Expr::Negative(x) => match ty(x) {
-            Some(t) if is_float(&t) => may_fail(x, schema),
+            Some(t) if t.is_floating() => may_fail(x, schema),
             _ => Some(format!("`{e}`: unary minus is allowed on floats only; write 0 - <x> for integers")),
         },
         Expr::BinaryExpr(b) => {
@@ -158,7 +146,7 @@ pub fn may_fail(e: &Expr, schema: &DFSchema) -> Option<String> {
             let ok = match b.op {
                 O::Eq | O::NotEq | O::Lt | O::LtEq | O::Gt | O::GtEq | O::IsDistinctFrom | O::IsNotDistinctFrom => {
                     // A comparison of text with a number casts the text, which can fail.
-                    let mixed = |a: &Option<DataType>, b: &Option<DataType>| matches!((a, b), (Some(x), Some(y)) if is_text(x) && is_int_or_float(y));
+                    let mixed = |a: &Option<DataType>, b: &Option<DataType>| matches!((a, b), (Some(x), Some(y)) if is_text(x) && is_number(y));
                     if mixed(&lt, &rt) || mixed(&rt, &lt) {
                         return Some(format!(
                             "`{e}` compares text with a number, which casts the text and fails on a non-number; \
@@ -169,10 +157,10 @@ pub fn may_fail(e: &Expr, schema: &DFSchema) -> Option<String> {
                 }
                 O::And | O::Or | O::StringConcat => true,
                 O::Plus | O::Minus | O::Multiply => {
-                    matches!((&lt, &rt), (Some(a), Some(b)) if is_int_or_float(a) && is_int_or_float(b))
+                    matches!((&lt, &rt), (Some(a), Some(b)) if is_number(a) && is_number(b))
                 }
                 O::Divide | O::Modulo => {
-                    if !matches!(ty(e), Some(t) if is_float(&t)) {
+                    if !matches!(ty(e), Some(t) if t.is_floating()) {
                         return Some(format!(
                             "`{e}` is an integer division, which fails on a row where the divisor is 0 (or on \
                              MIN / -1); divide as floats instead: CAST(<a> AS DOUBLE) {} <b>",
@@ -227,7 +215,7 @@ pub fn may_fail(e: &Expr, schema: &DFSchema) -> Option<String> {
                 return sub(&args);
             }
             if FLOAT_FUNCTIONS.contains(&name) {
-                if args.len() == 1 && matches!(ty(args[0]), Some(t) if is_float(&t)) {
+                if args.len() == 1 && matches!(ty(args[0]), Some(t) if t.is_floating()) {
                     return sub(&args);
                 }
                 return Some(format!(

@@ -662,6 +662,7 @@ pub async fn run_synth(ctx: &SessionContext, req: &SynthRequest, progress: &dyn 
         if let Some(c) = stability {
             // The synthesizer's charges hold for the imputed data; for the input they cost c× (ε) or c²× (ρ).
             let spent = accountant.filter().spent_amount() - spent_before;
+            // Exact c² or c (not 1/stability_share: a reciprocal may round above it).
             let factor = match budget {
                 FitBudget::Zcdp(_) => c * c,
                 FitBudget::Pure(_) => c,
