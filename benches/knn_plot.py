@@ -2,7 +2,7 @@
 """Plot of the 004 §6 experiment (issue #8), in the style of 004 Figs 4-6:
 squared error of each estimator per query over the runs, log scale.
 
-    dpflow bench knn-experiment --runs 100 --csv benches/results/knn/experiment-100runs.csv
+    dpflow-bench knn-experiment --runs 100 --csv benches/results/knn/experiment-100runs.csv
     python3 benches/knn_plot.py benches/results/knn/experiment-100runs.csv benches/results/knn/experiment.png
 
 Needs matplotlib. Prints the MSE table it plots.

@@ -1,11 +1,11 @@
 #!/usr/bin/env python3
 """PGM estimation on a large domain (issue #5): A attributes of size S joined in
 a chain of 2-way cliques (A-1 two-way and A one-way noisy measurements of a
-random chain model), written in the `dpflow bench pgm-measurements` JSON shape
-and estimated with `dpflow bench pgm` (and, with --mbi-python, with private-pgm
+random chain model), written in the `dpflow-bench pgm-measurements` JSON shape
+and estimated with `dpflow-bench pgm` (and, with --mbi-python, with private-pgm
 mbi 2.0 through benches/pgm_vs_mbi.py).
 
-    benches/pgm_chain.py --bin target/release/dpflow --attrs 100 --size 10 \
+    benches/pgm_chain.py --bin target/release/dpflow-bench --attrs 100 --size 10 \
         [--mbi-python .venv-mbi/bin/python]
 """
 import argparse
@@ -20,7 +20,7 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 def main():
     ap = argparse.ArgumentParser()
-    ap.add_argument("--bin", default=os.path.join(ROOT, "target", "release", "dpflow"))
+    ap.add_argument("--bin", default=os.path.join(ROOT, "target", "release", "dpflow-bench"))
     ap.add_argument("--attrs", type=int, default=100)
     ap.add_argument("--size", type=int, default=10)
     ap.add_argument("--total", type=float, default=1e6)
@@ -55,7 +55,7 @@ def main():
         json.dump(doc, f)
         path = f.name
     print(f"{a.attrs} attributes of size {s} (domain {s}^{a.attrs}), {len(ms)} measurements")
-    r = subprocess.run(["/usr/bin/time", "-f", "peak RSS %M KB", a.bin, "bench", "pgm", "--measurements", path,
+    r = subprocess.run(["/usr/bin/time", "-f", "peak RSS %M KB", a.bin, "pgm", "--measurements", path,
                         "--iters", str(a.iters)], capture_output=True, text=True, check=True)
     print(r.stdout.strip())
     print(r.stderr.strip().splitlines()[-1])

@@ -1,10 +1,10 @@
 #!/usr/bin/env python3
 """Private-PGM estimation peer comparison (issue #5).
 
-Feeds the same noisy measurements (written by `dpflow bench pgm-measurements`)
+Feeds the same noisy measurements (written by `dpflow-bench pgm-measurements`)
 to private-pgm's mbi 2.0 `mirror_descent` and reports the objective
 sum_i ||M_i(mu) - y_i||^2 / (2 sigma_i) and the wall time, in the same JSON
-shape as `dpflow bench pgm`. Run it with a Python that has `mbi==2.0.0`:
+shape as `dpflow-bench pgm`. Run it with a Python that has `mbi==2.0.0`:
 
     python3 -m venv .venv-mbi && .venv-mbi/bin/pip install mbi==2.0.0
     .venv-mbi/bin/python benches/pgm_vs_mbi.py MEASUREMENTS.json --iters 1000

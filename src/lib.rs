@@ -8,8 +8,6 @@
 //! engine (samplers, operators, UDFs) is in [`dpflow_udfs`].
 #![warn(missing_docs)]
 
-pub mod bench_data;
-pub mod cli;
 pub mod dataset;
 pub mod domain;
 pub mod eval;

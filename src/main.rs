@@ -1,7 +1,9 @@
 use clap::Parser;
 
+mod cli;
+
 fn main() {
-    let cli = dpflow::cli::Cli::parse();
+    let cli = cli::Cli::parse();
     // Only dpflow's own log lines are ever printed, at any level: third-party
     // crates log plans with exact statistics (row counts from Parquet footers),
     // request traces and similar, which can carry protected values
@@ -27,7 +29,7 @@ fn main() {
         }
     };
     let code = runtime.block_on(async {
-        match dpflow::cli::run(cli).await {
+        match cli::run(cli).await {
             Ok(code) => code,
             Err(e) => {
                 eprintln!("error: {e:#}");

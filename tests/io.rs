@@ -7,8 +7,8 @@ use std::sync::Arc;
 use datafusion::arrow::array::{ArrayRef, BooleanArray, Float64Array, Int64Array, RecordBatch, StringArray};
 use datafusion::arrow::datatypes::{DataType, Field, Schema};
 use datafusion::physical_plan::stream::RecordBatchStreamAdapter;
-use dpflow::cli::inspect::inspect;
 use dpflow::domain::DomainSpec;
+use dpflow::eval::inspect::inspect;
 use dpflow::io::{open_input, session_context, write_parquet_stream};
 
 fn sample_batch() -> RecordBatch {

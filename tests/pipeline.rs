@@ -371,19 +371,27 @@ fn releases_read_partitioned_parquet_from_s3_and_write_to_s3() {
         assert!(out.status.success(), "{args:?}: {}", String::from_utf8_lossy(&out.stderr));
         String::from_utf8_lossy(&out.stdout).to_string()
     };
+    // Benchmark data from the bench crate's generator, written locally and
+    // uploaded with a plain S3 PUT (dpflow itself only reads it from S3).
     let dom = dir.path().join("bench.yaml");
-    for part in 0..3 {
-        cmd(&[
-            "bench-data",
-            "--rows",
-            "5000",
-            "--seed",
-            &part.to_string(),
-            "--out",
-            &format!("s3://dpflow/census/part-{part}.parquet"),
-            "--domain-out",
-            dom.to_str().unwrap(),
-        ]);
+    let rt = tokio::runtime::Builder::new_current_thread().enable_all().build().unwrap();
+    for part in 0..3u64 {
+        let local = dir.path().join(format!("part-{part}.parquet"));
+        rt.block_on(dpflow_bench::bench_data::write_bench_data(
+            5000,
+            local.to_str().unwrap(),
+            part,
+            Some(dom.to_str().unwrap()),
+            1 << 16,
+        ))
+        .unwrap();
+        let put = Command::new("curl")
+            .args(["-s", "-f", "-X", "PUT", "--data-binary"])
+            .arg(format!("@{}", local.display()))
+            .arg(format!("http://127.0.0.1:{}/dpflow/census/part-{part}.parquet", weed.s3))
+            .output()
+            .unwrap();
+        assert!(put.status.success(), "upload part {part}: {}", String::from_utf8_lossy(&put.stderr));
     }
     let inspect = cmd(&["inspect", "s3://dpflow/census/", "--domain", dom.to_str().unwrap(), "--format", "json"]);
     let v: serde_json::Value = serde_json::from_str(&inspect).unwrap();

@@ -4,7 +4,7 @@ use anyhow::{Result, bail};
 use clap::{Args, Subcommand};
 
 use super::OutputFormat;
-use crate::privacy::{Budget, ChargeStatus, Ledger, MechanismRecord, PrivacyLoss};
+use dpflow::privacy::{Budget, ChargeStatus, Ledger, MechanismRecord, PrivacyLoss};
 
 /// Arguments of `dpflow budget`.
 #[derive(Debug, Args)]

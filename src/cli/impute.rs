@@ -4,8 +4,8 @@ use anyhow::Result;
 use clap::Args;
 
 use super::OutputFormat;
-use crate::impute::{Estimator, planned_records, spec::ImputeSpec};
-use crate::privacy::Ledger;
+use dpflow::impute::{Estimator, planned_records, spec::ImputeSpec};
+use dpflow::privacy::Ledger;
 
 /// Arguments of `dpflow impute`.
 #[derive(Debug, Args)]
@@ -38,7 +38,7 @@ pub(super) async fn run(a: ImputeArgs) -> Result<i32> {
         );
     }
     if a.unsafe_seed.is_some() && a.ledger.is_some() {
-        anyhow::bail!(crate::privacy::SEEDED_LEDGER_REFUSAL);
+        anyhow::bail!(dpflow::privacy::SEEDED_LEDGER_REFUSAL);
     }
     let records = planned_records(&spec, a.estimator)?;
     let mut ledger_charge = None;
@@ -51,12 +51,12 @@ pub(super) async fn run(a: ImputeArgs) -> Result<i32> {
         eprintln!("note: no --ledger given: this release's privacy cost is not recorded in a budget ledger.");
     }
     let mut rng = dpflow_udfs::noise::DpRng::new(a.unsafe_seed)?;
-    let ctx = crate::io::session_context();
-    let report = match crate::impute::run(&ctx, &spec, a.estimator, &mut rng).await {
+    let ctx = dpflow::io::session_context();
+    let report = match dpflow::impute::run(&ctx, &spec, a.estimator, &mut rng).await {
         Ok(r) => r,
         // After a protected read every outcome is a release: charged, cause withheld (docs/PRIVACY.md §1).
         Err(e) => {
-            return Err(crate::privacy::charge_failure(
+            return Err(dpflow::privacy::charge_failure(
                 "imputation",
                 ledger_charge.as_ref().map(|(l, id)| (l, *id)),
                 e,

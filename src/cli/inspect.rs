@@ -1,15 +1,11 @@
 //! `dpflow inspect`: the curator's view of an input against its domain.
 
-use std::sync::Arc;
-
-use anyhow::{Context, Result};
+use anyhow::Result;
 use clap::Args;
-use futures::StreamExt;
-use serde::Serialize;
 
 use super::OutputFormat;
-use crate::domain::{BatchEncoder, ColumnKind, DomainSpec};
-use crate::io::{InputFormat, open_input, session_context};
+use dpflow::eval::inspect::inspect;
+use dpflow::io::InputFormat;
 
 /// Arguments of `dpflow inspect`.
 #[derive(Debug, Args)]
@@ -25,87 +21,6 @@ pub struct InspectArgs {
     /// Output format.
     #[arg(long, value_enum, default_value_t)]
     pub format: OutputFormat,
-}
-
-/// The report (exact counts of private data: for the data curator only).
-#[derive(Debug, Serialize)]
-pub struct InspectReport {
-    /// Always present: this report is not differentially private.
-    pub notice: &'static str,
-    /// What was read.
-    pub input: String,
-    /// The domain file.
-    pub domain: String,
-    /// Rows read.
-    pub rows: u64,
-    /// Per column.
-    pub columns: Vec<ColumnReport>,
-    /// Product of all column cardinalities (cells of the full joint table).
-    pub joint_domain_cells: f64,
-}
-
-/// One column of the report.
-#[derive(Debug, Serialize)]
-pub struct ColumnReport {
-    /// Column name.
-    pub name: String,
-    /// Domain kind.
-    pub kind: &'static str,
-    /// Whether null is in the domain.
-    pub nullable: bool,
-    /// Number of public values (bins), null excluded.
-    pub domain_size: usize,
-    /// Nulls seen.
-    pub nulls: u64,
-    /// Values outside the public domain.
-    pub out_of_domain: u64,
-}
-
-/// Curator-only label used in every exact report.
-pub const CURATOR_NOTICE: &str =
-    "CURATOR-ONLY: exact statistics of the private input, NOT differentially private. Do not publish.";
-
-/// Computes the report, streaming the input once.
-pub async fn inspect(input: &str, domain_path: &str, format: Option<InputFormat>) -> Result<InspectReport> {
-    let spec = DomainSpec::load(domain_path)?;
-    let ctx = session_context();
-    let df = open_input(&ctx, input, format, &spec).await?;
-    let domain = Arc::new(spec.domain.clone());
-    let schema = df.schema().as_arrow().clone();
-    let mut encoder =
-        BatchEncoder::new(domain.clone(), &schema).map_err(|e| anyhow::anyhow!("{input}: {e}"))?.count_only();
-    let mut stream = df.execute_stream().await.with_context(|| format!("reading {input}"))?;
-    while let Some(batch) = stream.next().await {
-        let batch = batch.with_context(|| format!("reading {input}"))?;
-        encoder.encode(&batch).map_err(|e| anyhow::anyhow!("{input}: {e}"))?;
-    }
-    let stats = encoder.into_stats();
-    let columns = domain
-        .columns()
-        .iter()
-        .zip(&stats.columns)
-        .map(|(c, s)| ColumnReport {
-            name: c.name.clone(),
-            kind: match c.kind {
-                ColumnKind::Categorical { .. } => "categorical",
-                ColumnKind::Integer { .. } => "integer",
-                ColumnKind::Float { .. } => "float",
-                ColumnKind::Boolean => "boolean",
-            },
-            nullable: c.nullable,
-            domain_size: c.size(),
-            nulls: s.nulls,
-            out_of_domain: s.out_of_domain,
-        })
-        .collect();
-    Ok(InspectReport {
-        notice: CURATOR_NOTICE,
-        input: input.to_string(),
-        domain: domain_path.to_string(),
-        rows: stats.rows_in,
-        columns,
-        joint_domain_cells: domain.cardinalities().iter().map(|&c| c as f64).product(),
-    })
 }
 
 pub(super) async fn run(a: InspectArgs) -> Result<i32> {

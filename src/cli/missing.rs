@@ -5,7 +5,7 @@ use clap::{Args, Subcommand};
 
 use super::InputArgs;
 use super::OutputFormat;
-use crate::missing::inject::{InjectMechanism, InjectSpec, inject};
+use dpflow::missing::inject::{InjectMechanism, InjectSpec, inject};
 
 /// Arguments of `dpflow missing`.
 #[derive(Debug, Args)]
@@ -57,13 +57,13 @@ pub(super) async fn run(a: MissingArgs) -> Result<i32> {
             let dataset = a.data.open("data")?;
             let spec =
                 InjectSpec { mechanism: a.mechanism, rate: a.rate, columns: a.columns.clone(), seed: a.unsafe_seed };
-            let ctx = crate::io::session_context();
+            let ctx = dpflow::io::session_context();
             let report = inject(&ctx, &dataset, &spec, &a.out).await?;
             if let Some(d) = &a.domain_out {
                 let mut nullable = dataset.domain().clone();
-                nullable = crate::domain::with_all_nullable(&nullable);
+                nullable = dpflow::domain::with_all_nullable(&nullable);
                 let text =
-                    crate::domain::to_yaml(&nullable, dataset.spec.name.as_deref()).map_err(anyhow::Error::msg)?;
+                    dpflow::domain::to_yaml(&nullable, dataset.spec.name.as_deref()).map_err(anyhow::Error::msg)?;
                 std::fs::write(d, text).map_err(|e| anyhow::anyhow!("writing {d}: {e}"))?;
             }
             match a.format {

@@ -1,10 +1,8 @@
 //! The `dpflow` command line.
 
-mod bench;
-mod bench_data;
-pub mod budget;
+mod budget;
 mod impute;
-pub mod inspect;
+mod inspect;
 mod missing;
 mod pipeline;
 mod sql;
@@ -33,10 +31,6 @@ pub enum Command {
     Inspect(inspect::InspectArgs),
     /// Create and inspect the privacy-budget ledger.
     Budget(budget::BudgetArgs),
-    /// Write census-like benchmark data (Parquet) from a known Bayesian network, with its domain file.
-    BenchData(bench_data::BenchDataArgs),
-    /// Performance benchmarks (marginals vs. DataFusion GROUP BY, ...).
-    Bench(bench::BenchArgs),
     /// Fit a DP synthesizer (AIM, MWEM+PGM, MST, Independent) and write synthetic Parquet.
     Synth(synth::SynthArgs),
     /// Sample synthetic rows from a saved model (no data needed).
@@ -62,8 +56,6 @@ pub async fn run(cli: Cli) -> Result<i32> {
     match cli.command {
         Command::Inspect(a) => inspect::run(a).await,
         Command::Budget(a) => budget::run(a).await,
-        Command::BenchData(a) => bench_data::run(a).await,
-        Command::Bench(a) => bench::run(a).await,
         Command::Synth(a) => synth::run(a).await,
         Command::Sample(a) => synth::sample(a).await,
         Command::Eval(a) => synth::eval(a).await,
@@ -94,7 +86,7 @@ pub struct InputArgs {
     pub input: String,
     /// Input format (default: from the extension).
     #[arg(long, value_enum)]
-    pub input_format: Option<crate::io::InputFormat>,
+    pub input_format: Option<dpflow::io::InputFormat>,
     /// Public domain file.
     #[arg(long)]
     pub domain: String,
@@ -102,12 +94,7 @@ pub struct InputArgs {
 
 impl InputArgs {
     /// Opens the input as a dataset named `name`.
-    pub fn open(&self, name: &str) -> Result<crate::dataset::Dataset> {
-        crate::dataset::Dataset::open(name, &self.input, self.input_format, &self.domain)
+    pub fn open(&self, name: &str) -> Result<dpflow::dataset::Dataset> {
+        dpflow::dataset::Dataset::open(name, &self.input, self.input_format, &self.domain)
     }
-}
-
-/// Peak RSS of this process in MB (for benchmark reports).
-pub fn bench_peak_rss_mb() -> f64 {
-    bench::peak_rss_mb()
 }

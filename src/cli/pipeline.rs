@@ -6,9 +6,9 @@ use anyhow::Result;
 use clap::Args;
 use indicatif::{ProgressBar, ProgressStyle};
 
-use crate::pipeline::run::RunOutcome;
-use crate::pipeline::schedule::{ScheduleOptions, load_state, schedule};
-use crate::pipeline::{Pipeline, RunOptions};
+use dpflow::pipeline::run::RunOutcome;
+use dpflow::pipeline::schedule::{ScheduleOptions, load_state, schedule};
+use dpflow::pipeline::{Pipeline, RunOptions};
 
 /// Arguments of `dpflow validate`.
 #[derive(Debug, Args)]

@@ -5,7 +5,7 @@ use clap::{Args, ValueEnum};
 use datafusion::arrow::array::RecordBatch;
 
 use super::budget::BudgetSpec;
-use crate::sql::{Catalog, QueryResult, SqlEngine};
+use dpflow::sql::{Catalog, QueryResult, SqlEngine};
 
 /// Result formats.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum, Default)]
@@ -125,7 +125,7 @@ pub(super) async fn run(a: SqlArgs) -> Result<i32> {
     repl(&mut engine, budget, a.format).await
 }
 
-async fn repl(engine: &mut SqlEngine, budget: Option<crate::privacy::Budget>, format: SqlFormat) -> Result<i32> {
+async fn repl(engine: &mut SqlEngine, budget: Option<dpflow::privacy::Budget>, format: SqlFormat) -> Result<i32> {
     use rustyline::error::ReadlineError;
     let mut rl = rustyline::DefaultEditor::new()?;
     let history = std::env::var_os("HOME").map(|h| std::path::PathBuf::from(h).join(".dpflow_sql_history"));

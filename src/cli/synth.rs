@@ -7,10 +7,10 @@ use indicatif::{ProgressBar, ProgressStyle};
 use super::InputArgs;
 use super::OutputFormat;
 use super::budget::BudgetSpec;
-use crate::dataset::Dataset;
-use crate::io::{session_context, write_stream};
-use crate::synth::SynthOptions;
-use crate::synth::run::{Mechanism, SavedModel, SynthRequest, run_synth, synthetic_exec};
+use dpflow::dataset::Dataset;
+use dpflow::io::{session_context, write_stream};
+use dpflow::synth::SynthOptions;
+use dpflow::synth::run::{Mechanism, SavedModel, SynthRequest, run_synth, synthetic_exec};
 use dpflow_udfs::domain::DecodeMode;
 
 /// Arguments of `dpflow synth`.
@@ -68,7 +68,7 @@ pub struct SynthArgs {
     /// adaptive (observed-only marginals: AIME, PrivBayesE),
     /// impute-first:random|mode|model|mode-stability.
     #[arg(long, default_value = "reproduce")]
-    pub missing: crate::missing::Strategy,
+    pub missing: dpflow::missing::Strategy,
     /// Budget share of DP imputation statistics (impute-first:mode|model).
     #[arg(long, default_value_t = 0.2)]
     pub impute_share: f64,
@@ -81,7 +81,7 @@ pub struct SynthArgs {
     /// Declared missingness mechanism of the input; with --missing-rates, the release
     /// record reports the ground-truth ε̄ under MCAR (000 §5.2); refused for mar/mnar.
     #[arg(long, value_enum)]
-    pub missingness: Option<crate::missing::Missingness>,
+    pub missingness: Option<dpflow::missing::Missingness>,
     /// Public missing probabilities: one rate for every column, or COL=RATE,... (000 §5.2).
     #[arg(long, requires = "missingness")]
     pub missing_rates: Option<String>,
@@ -127,16 +127,16 @@ pub(super) async fn run(a: SynthArgs) -> Result<i32> {
         },
         decode: if a.midpoints { DecodeMode::Midpoint } else { DecodeMode::Uniform },
         missing: a.missing,
-        missing_options: crate::missing::StrategyOptions {
+        missing_options: dpflow::missing::StrategyOptions {
             impute_share: a.impute_share,
             max_missing_cells: a.max_missing_cells,
             ..Default::default()
         },
-        amplification: a.missingness.map(|m| crate::missing::AmplificationRequest {
+        amplification: a.missingness.map(|m| dpflow::missing::AmplificationRequest {
             missingness: m,
             rates: a.missing_rates.clone().unwrap_or_default(),
             delta: match budget {
-                crate::privacy::Budget::Approx { delta, .. } => delta,
+                dpflow::privacy::Budget::Approx { delta, .. } => delta,
                 _ => 1e-9,
             },
         }),
@@ -248,9 +248,9 @@ pub(super) async fn eval(a: EvalArgs) -> Result<i32> {
     let real = Dataset::open("real", &a.real, None, &a.domain)?;
     let synth = Dataset::open("synthetic", &a.synth, None, &a.domain)?;
     let ctx = session_context();
-    let r = crate::eval::evaluate(&ctx, &real, &synth, &a.workload).await?;
+    let r = dpflow::eval::evaluate(&ctx, &real, &synth, &a.workload).await?;
     let ml = match &a.ml_target {
-        Some(t) => Some(crate::eval::ml::ml_efficacy(&ctx, &real, &synth, t, a.ml_max_train).await?),
+        Some(t) => Some(dpflow::eval::ml::ml_efficacy(&ctx, &real, &synth, t, a.ml_max_train).await?),
         None => None,
     };
     match a.format {

@@ -5,6 +5,7 @@
 //! These compare against the real data: they are curator-side evaluation
 //! tools, not private releases.
 
+pub mod inspect;
 pub mod ml;
 
 use anyhow::Result;
@@ -90,7 +91,7 @@ pub async fn evaluate(ctx: &SessionContext, real: &Dataset, synth: &Dataset, wor
         werr += c * tvd(a.get(q)?, b.get(q)?);
     }
     Ok(EvalReport {
-        notice: crate::cli::inspect::CURATOR_NOTICE,
+        notice: inspect::CURATOR_NOTICE,
         workload: workload.to_string(),
         workload_error: werr / wsum,
         tvd_1way: mean(&combos(d, 1))?,

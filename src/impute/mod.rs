@@ -19,7 +19,6 @@
 //! The imputed microdata never leaves this module: only noisy statistics do.
 //! The smooth bound S(D) = f(L1(D)) is data-dependent and is *not* reported.
 
-pub mod experiment;
 pub mod spec;
 
 use std::collections::HashMap;
@@ -40,9 +39,10 @@ use crate::dataset::Dataset;
 use crate::privacy::{MechanismRecord, PrivacyLoss};
 pub use spec::{Predicate, QueryKind, QuerySpec, SmoothNoise};
 
-/// The imputed data held in memory (crate-private: never released).
+/// The imputed data held in memory: never released (only the DP answers of
+/// [`answer`] leave; its `Debug` prints no values).
 #[derive(Clone)]
-pub(crate) struct Imputed {
+pub struct Imputed {
     /// Column name → values (numbers, or category codes) after imputation.
     pub columns: HashMap<String, Vec<Option<f64>>>,
     /// Column name → values before imputation (for the ignore-missing baseline).
@@ -58,7 +58,7 @@ pub(crate) struct Imputed {
 dpflow_udfs::protected_debug!(Imputed);
 
 /// Reads the columns `needed` of a dataset as numbers (categorical → code).
-pub(crate) async fn load_columns(
+pub async fn load_columns(
     ctx: &SessionContext,
     ds: &Dataset,
     needed: &[String],
@@ -126,7 +126,7 @@ fn ordered_context(ctx: &SessionContext) -> SessionContext {
 }
 
 /// The donor search and L1(D) of one imputation, each phase timed (for benchmarks).
-pub(crate) struct DonorSearch {
+pub struct DonorSearch {
     /// Records (rows complete on `a` are donors).
     pub rec: KnnRecords,
     /// Donors of every donee.
@@ -140,7 +140,7 @@ pub(crate) struct DonorSearch {
 }
 
 /// Donor search over the rows of `columns` (donors: complete on `a`) and L1(D).
-pub(crate) fn donor_search(
+pub fn donor_search(
     columns: &HashMap<String, Vec<Option<f64>>>,
     a: &[String],
     match_codes: Vec<Vec<u32>>,
@@ -160,7 +160,7 @@ pub(crate) fn donor_search(
 
 /// Imputes `a` in `columns` with kNN on the matching attributes (class codes
 /// from `match_codes`), k = 1 copy by default; returns the imputed data and L1(D).
-pub(crate) fn impute_columns(
+pub fn impute_columns(
     columns: HashMap<String, Vec<Option<f64>>>,
     a: &[String],
     match_codes: Vec<Vec<u32>>,
@@ -201,7 +201,8 @@ pub struct Released {
 }
 
 /// The estimators compared in 004 §6.3.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, serde::Deserialize, clap::ValueEnum)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, serde::Deserialize)]
+#[cfg_attr(feature = "cli", derive(clap::ValueEnum))]
 #[serde(rename_all = "kebab-case")]
 pub enum Estimator {
     /// Impute, then smooth sensitivity (Cor 5.2/5.5/5.7).
@@ -371,7 +372,9 @@ fn release(q: f64, bound: f64, noise: &SmoothNoise, grid: OutputGrid, rng: &mut 
 /// released number (counts first, then means/variances). The smooth
 /// estimator is calibrated by [`smooth_calibration`] (refuses ε ≤ ln 2 and
 /// any δ); the baselines use exact discrete Laplace noise on the public grid.
-pub(crate) fn answer(
+/// It charges nothing: a caller reserves the budget first (as `dpflow impute`
+/// and DP SQL do), and only [`Estimator::Smooth`] is a release path.
+pub fn answer(
     data: &Imputed,
     queries: &[QuerySpec],
     estimator: Estimator,
@@ -505,7 +508,7 @@ pub(crate) fn answer(
 }
 
 /// The exact (non-private) value of each query on the given columns (for evaluation).
-pub(crate) fn exact(cols: &HashMap<String, Vec<Option<f64>>>, n: usize, queries: &[QuerySpec]) -> Vec<Option<f64>> {
+pub fn exact(cols: &HashMap<String, Vec<Option<f64>>>, n: usize, queries: &[QuerySpec]) -> Vec<Option<f64>> {
     queries
         .iter()
         .map(|q| {

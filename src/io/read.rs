@@ -14,7 +14,8 @@ use super::store::{register_stores_for, resolve_url, store_for};
 use crate::domain::DomainSpec;
 
 /// File format of an input.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize, serde::Deserialize, clap::ValueEnum)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+#[cfg_attr(feature = "cli", derive(clap::ValueEnum))]
 #[serde(rename_all = "lowercase")]
 pub enum InputFormat {
     /// Delimited text (CSV, UCI `.data`/`.test`, TSV).

@@ -42,7 +42,8 @@ use serde::{Deserialize, Serialize};
 use crate::privacy::convert::cdp_eps;
 
 /// The missingness mechanism a data owner declares for their data.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, clap::ValueEnum, Default)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, Default)]
+#[cfg_attr(feature = "cli", derive(clap::ValueEnum))]
 #[serde(rename_all = "lowercase")]
 pub enum Missingness {
     /// Not declared: no amplification is reported.

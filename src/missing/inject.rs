@@ -32,7 +32,8 @@ use serde::Serialize;
 use crate::dataset::Dataset;
 
 /// Which mechanism to simulate.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, clap::ValueEnum)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+#[cfg_attr(feature = "cli", derive(clap::ValueEnum))]
 #[serde(rename_all = "lowercase")]
 pub enum InjectMechanism {
     /// Missing completely at random.
@@ -85,7 +86,8 @@ pub(crate) struct Masks {
     pub(crate) inputs: Vec<usize>,
 }
 
-pub(crate) fn sigmoid(z: f64) -> f64 {
+/// The logistic function 1 / (1 + e^(−z)).
+pub fn sigmoid(z: f64) -> f64 {
     1.0 / (1.0 + (-z).exp())
 }
 
@@ -127,7 +129,7 @@ fn mcar(rng: &mut DpRng, n: usize, columns: &[usize], d: usize, rate: f64) -> Ve
 }
 
 /// Bias b with mean sigmoid(z + b) = rate (bisection; the mean is increasing in b).
-pub(crate) fn fit_bias(z: &[f64], rate: f64) -> f64 {
+pub fn fit_bias(z: &[f64], rate: f64) -> f64 {
     let mean = |b: f64| z.iter().map(|&x| sigmoid(x + b)).sum::<f64>() / z.len() as f64;
     let (mut lo, mut hi) = (-50.0, 50.0);
     for _ in 0..100 {

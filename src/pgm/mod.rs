@@ -2,7 +2,6 @@
 //! (001 §2.3; NOTES §3): factors, junction trees, exact belief propagation,
 //! Private-PGM estimation from noisy marginals, and synthetic sampling.
 
-pub mod bench;
 pub mod estimate;
 pub mod factor;
 pub mod jtree;

@@ -151,7 +151,8 @@ pub enum LedgerError {
 }
 
 /// Status of a charge.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, clap::ValueEnum)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[cfg_attr(feature = "cli", derive(clap::ValueEnum))]
 #[serde(rename_all = "lowercase")]
 pub enum ChargeStatus {
     /// Counted as spent; outputs not yet confirmed.

@@ -23,7 +23,8 @@ use crate::pgm::{GraphicalModel, ModelFile, sampling_plan};
 use crate::privacy::{Budget, Ledger, MechanismRecord, PrivacyFilter, PrivacyLoss};
 
 /// Available synthesizers.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, clap::ValueEnum)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[cfg_attr(feature = "cli", derive(clap::ValueEnum))]
 #[serde(rename_all = "lowercase")]
 pub enum Mechanism {
     /// AIM (001 Alg 4) with error bounds.

@@ -1,26 +1,35 @@
-//! `dpflow bench`: reproducible performance measurements.
+//! `dpflow-bench`: dpflow's benchmark and experiment drivers.
+//!
+//! Not part of the product: it writes benchmark data from a known network,
+//! times dpflow against plain DataFusion and private-pgm, and reruns the
+//! paper experiments. Nothing it prints is a private release (benchmark data
+//! is public by construction; experiments run on public excerpts with seeds).
+//! The scripts in `benches/` call it; their results are in `benches/results/`.
 
 use std::time::Instant;
 
 use anyhow::Result;
-use clap::{Args, Subcommand, ValueEnum};
+use clap::{Parser, Subcommand, ValueEnum};
 use futures::StreamExt;
+use itertools::Itertools;
 use serde_json::json;
 
-use crate::dataset::Dataset;
-use crate::io::session_context;
+use dpflow::dataset::Dataset;
+use dpflow::io::session_context;
+use dpflow_bench::{bench_data, knn_experiment, peak_rss_mb, pgm};
 
-/// Arguments of `dpflow bench`.
-#[derive(Debug, Args)]
-pub struct BenchArgs {
-    /// What to measure.
+/// dpflow-bench: benchmark data and measurements for dpflow (not a release tool).
+#[derive(Debug, Parser)]
+#[command(name = "dpflow-bench", version, about, long_about = None)]
+struct Cli {
+    /// What to do.
     #[command(subcommand)]
-    pub command: BenchCommand,
+    command: BenchCommand,
 }
 
 /// How to compute the marginals.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
-pub enum MarginalEngine {
+enum MarginalEngine {
     /// dpflow's MarginalExec (all marginals in one scan).
     Exec,
     /// One DataFusion `GROUP BY a, b` query per marginal.
@@ -31,7 +40,25 @@ pub enum MarginalEngine {
 
 /// Benchmarks.
 #[derive(Debug, Subcommand)]
-pub enum BenchCommand {
+enum BenchCommand {
+    /// Write census-like benchmark data (Parquet) from a known Bayesian network, with its domain file.
+    BenchData {
+        /// Number of rows.
+        #[arg(long)]
+        rows: u64,
+        /// Output Parquet file or URL.
+        #[arg(long)]
+        out: String,
+        /// Seed of the generating model and the sample (benchmark data is not private).
+        #[arg(long, default_value_t = 0)]
+        seed: u64,
+        /// Also write the matching public domain file here.
+        #[arg(long)]
+        domain_out: Option<String>,
+        /// Rows per generated batch.
+        #[arg(long, default_value_t = 1 << 16, hide = true)]
+        batch_rows: usize,
+    },
     /// Write noisy measurements for a PGM estimation benchmark: all 1-way
     /// marginals plus the 2-way marginals of the maximum spanning tree on
     /// mutual information (benchmark input, not a private release).
@@ -124,39 +151,33 @@ pub enum BenchCommand {
     },
 }
 
-/// Peak resident set size of this process, in MB.
-pub fn peak_rss_mb() -> f64 {
-    // SAFETY: getrusage only writes into the struct we pass.
-    let mut u: libc::rusage = unsafe { std::mem::zeroed() };
-    let rc = unsafe { libc::getrusage(libc::RUSAGE_SELF, &mut u) };
-    if rc == 0 { u.ru_maxrss as f64 / 1024.0 } else { f64::NAN }
-}
-
-fn subsets(n: usize, k: usize) -> Vec<Vec<usize>> {
-    let mut out = Vec::new();
-    let mut cur = Vec::new();
-    fn rec(start: usize, n: usize, k: usize, cur: &mut Vec<usize>, out: &mut Vec<Vec<usize>>) {
-        if cur.len() == k {
-            out.push(cur.clone());
-            return;
+fn main() {
+    let cli = Cli::parse();
+    let runtime = match tokio::runtime::Builder::new_multi_thread().enable_all().build() {
+        Ok(r) => r,
+        Err(e) => {
+            eprintln!("error: cannot start the async runtime: {e}");
+            std::process::exit(2);
         }
-        for i in start..n {
-            cur.push(i);
-            rec(i + 1, n, k, cur, out);
-            cur.pop();
-        }
+    };
+    if let Err(e) = runtime.block_on(run(cli.command)) {
+        eprintln!("error: {e:#}");
+        std::process::exit(1);
     }
-    rec(0, n, k, &mut cur, &mut out);
-    out
 }
 
-pub(super) async fn run(a: BenchArgs) -> Result<i32> {
-    match a.command {
+async fn run(command: BenchCommand) -> Result<()> {
+    match command {
+        BenchCommand::BenchData { rows, out, seed, domain_out, batch_rows } => {
+            let t = Instant::now();
+            let n = bench_data::write_bench_data(rows, &out, seed, domain_out.as_deref(), batch_rows).await?;
+            eprintln!("wrote {n} rows to {out} in {:.1}s", t.elapsed().as_secs_f64());
+        }
         BenchCommand::PgmMeasurements { input, domain, out, sigma, seed } => {
-            crate::pgm::bench::write_measurements(&input, &domain, &out, sigma, seed).await?;
+            pgm::write_measurements(&input, &domain, &out, sigma, seed).await?;
         }
         BenchCommand::KnnExperiment { data, domain, runs, epsilon, threshold, seed, csv } => {
-            let r = crate::impute::experiment::run(&data, &domain, runs, epsilon, seed, threshold).await?;
+            let r = knn_experiment::run(&data, &domain, runs, epsilon, seed, threshold).await?;
             if let Some(path) = csv {
                 let mut s = String::from("run,query,estimator,estimate,truth\n");
                 for (run, q, e, v, t) in &r.estimates {
@@ -178,22 +199,22 @@ pub(super) async fn run(a: BenchArgs) -> Result<i32> {
             println!("{}", serde_json::to_string_pretty(&report)?);
         }
         BenchCommand::KnnSpeed { input, domain } => {
-            let report = crate::impute::experiment::speed(&input, &domain).await?;
+            let report = knn_experiment::speed(&input, &domain).await?;
             println!("{}", serde_json::to_string_pretty(&report)?);
         }
         BenchCommand::Pgm { measurements, iters, inverse_variance } => {
             let w = if inverse_variance {
-                crate::pgm::Weighting::InverseVariance
+                dpflow::pgm::Weighting::InverseVariance
             } else {
-                crate::pgm::Weighting::InverseSigma
+                dpflow::pgm::Weighting::InverseSigma
             };
-            let report = crate::pgm::bench::run_estimation(&measurements, iters, w)?;
+            let report = pgm::run_estimation(&measurements, iters, w)?;
             println!("{}", serde_json::to_string_pretty(&report)?);
         }
         BenchCommand::Marginals { input, domain, k, engine } => {
             let ds = Dataset::open("bench", &input, None, &domain)?;
             let names: Vec<String> = ds.domain().names().iter().map(|s| s.to_string()).collect();
-            let sets = subsets(names.len(), k);
+            let sets: Vec<Vec<usize>> = (0..names.len()).combinations(k).collect();
             let ctx = session_context();
             let start = Instant::now();
             let rows: u64 = match engine {
@@ -204,8 +225,8 @@ pub(super) async fn run(a: BenchArgs) -> Result<i32> {
                             (s.iter().map(|&i| names[i].clone()).collect(), dpflow_udfs::marginal::NullMode::Cells)
                         })
                         .collect();
-                    let m = ds.exact_marginals(&ctx, &q).await?;
-                    m[0].counts.iter().sum()
+                    let m = dpflow::eval::inspect::exact_marginal_counts(&ds, &ctx, &q).await?;
+                    m[0].iter().sum()
                 }
                 MarginalEngine::GroupBy | MarginalEngine::GroupingSets => {
                     ctx.register_table("t", ds.raw(&ctx).await?.into_view())?;
@@ -269,5 +290,5 @@ pub(super) async fn run(a: BenchArgs) -> Result<i32> {
             );
         }
     }
-    Ok(0)
+    Ok(())
 }

@@ -6,9 +6,11 @@ use std::time::Instant;
 use anyhow::{Context, Result};
 use serde::{Deserialize, Serialize};
 
-use super::estimate::{EstimateOptions, Measurement, Norm, Weighting, estimate, estimate_total, objective_weighted};
-use crate::dataset::Dataset;
-use crate::io::session_context;
+use dpflow::dataset::Dataset;
+use dpflow::io::session_context;
+use dpflow::pgm::estimate::{
+    EstimateOptions, Measurement, Norm, Weighting, estimate, estimate_total, objective_weighted,
+};
 use dpflow_udfs::marginal::NullMode;
 use dpflow_udfs::noise::{DpRng, NoiseDistribution};
 
@@ -77,12 +79,9 @@ pub async fn write_measurements(input: &str, domain: &str, out: &str, sigma: f64
     }
     let sets: Vec<(Vec<String>, NullMode)> =
         pairs.iter().map(|&(i, j)| (vec![names[i].clone(), names[j].clone()], NullMode::Cells)).collect();
-    let exact = ds.exact_marginals(&ctx, &sets).await?;
-    let mut weighted: Vec<(f64, usize, usize)> = pairs
-        .iter()
-        .zip(&exact)
-        .map(|(&(i, j), m)| (mutual_information(&m.counts, sizes[i], sizes[j]), i, j))
-        .collect();
+    let exact = dpflow::eval::inspect::exact_marginal_counts(&ds, &ctx, &sets).await?;
+    let mut weighted: Vec<(f64, usize, usize)> =
+        pairs.iter().zip(&exact).map(|(&(i, j), m)| (mutual_information(m, sizes[i], sizes[j]), i, j)).collect();
     weighted.sort_by(|a, b| b.0.total_cmp(&a.0));
     let mut comp: Vec<usize> = (0..d).collect();
     fn root(c: &mut [usize], x: usize) -> usize {
@@ -103,7 +102,7 @@ pub async fn write_measurements(input: &str, domain: &str, out: &str, sigma: f64
     }
     let mut queries: Vec<(Vec<String>, NullMode)> = names.iter().map(|n| (vec![n.clone()], NullMode::Cells)).collect();
     queries.extend(tree.iter().map(|&(i, j)| (vec![names[i].clone(), names[j].clone()], NullMode::Cells)));
-    let exact = ds.exact_marginals(&ctx, &queries).await?;
+    let exact = dpflow::eval::inspect::exact_marginal_counts(&ds, &ctx, &queries).await?;
     let mut rng = DpRng::unsafe_seeded(seed);
     let sampler = NoiseDistribution::Gaussian { sigma }.integer_sampler();
     let measurements: Vec<MeasurementEntry> = queries
@@ -112,7 +111,7 @@ pub async fn write_measurements(input: &str, domain: &str, out: &str, sigma: f64
         .map(|((clique, _), m)| MeasurementEntry {
             clique: clique.clone(),
             sigma,
-            values: m.counts.iter().map(|&c| (c as i128 + sampler.sample(&mut rng)) as f64).collect(),
+            values: m.iter().map(|&c| (c as i128 + sampler.sample(&mut rng)) as f64).collect(),
         })
         .collect();
     let mut file = MeasurementsFile { domain: names.into_iter().zip(sizes).collect(), total: 0.0, measurements };

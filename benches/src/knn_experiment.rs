@@ -13,9 +13,9 @@ use rand::rngs::SmallRng;
 use rand::{RngExt, SeedableRng};
 use serde::Serialize;
 
-use super::spec::{Predicate, QueryKind, QuerySpec};
-use super::{Estimator, answer, donor_search, exact, impute_columns, load_columns};
-use crate::dataset::Dataset;
+use dpflow::dataset::Dataset;
+use dpflow::impute::spec::{Predicate, QueryKind, QuerySpec};
+use dpflow::impute::{Estimator, answer, donor_search, exact, impute_columns, load_columns};
 
 /// Summary of one (query, estimator) pair.
 #[derive(Debug, Clone, Serialize)]
@@ -140,11 +140,11 @@ pub async fn run(
             .collect();
         let w = [-0.6, -0.5, 0.4, 0.5];
         let score: Vec<f64> = feats.iter().map(|f| f.iter().zip(&w).map(|(a, b)| a * b).sum()).collect();
-        let b = crate::missing::inject::fit_bias(&score, 0.15);
+        let b = dpflow::missing::inject::fit_bias(&score, 0.15);
         let mut masked = cols.clone();
         let mut missing = 0usize;
         for (r, s) in score.iter().enumerate() {
-            if rng.random::<f64>() < crate::missing::inject::sigmoid(s + b) {
+            if rng.random::<f64>() < dpflow::missing::inject::sigmoid(s + b) {
                 masked.get_mut("PINCP").expect("present")[r] = None;
                 missing += 1;
             }
@@ -237,6 +237,6 @@ pub async fn speed(input: &str, domain: &str) -> Result<serde_json::Value> {
         "seconds_donor_search": s.seconds_search,
         "seconds_l1": s.seconds_l1,
         "seconds_donor_search_and_l1": s.seconds_search + s.seconds_l1,
-        "peak_rss_mb": crate::cli::bench_peak_rss_mb(),
+        "peak_rss_mb": crate::peak_rss_mb(),
     }))
 }

@@ -20,7 +20,7 @@ use datafusion::arrow::datatypes::{DataType, Field, Schema, SchemaRef};
 use rand::rngs::SmallRng;
 use rand::{RngExt, SeedableRng};
 
-use crate::io::{ParquetSink, session_context};
+use dpflow::io::{ParquetSink, session_context};
 
 /// How a column is stored and what its codes mean.
 #[derive(Debug, Clone)]
@@ -398,8 +398,8 @@ pub async fn write_bench_data(
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::dataset::Dataset;
-    use crate::domain::DomainSpec;
+    use dpflow::dataset::Dataset;
+    use dpflow::domain::DomainSpec;
     use dpflow_udfs::marginal::NullMode;
     use dpflow_udfs::noise::testing::chi_square_test_counts;
 
@@ -426,17 +426,17 @@ mod tests {
         assert_eq!(n, rows);
         let ds = Dataset::open("bench", data.to_str().unwrap(), None, dom.to_str().unwrap()).unwrap();
         let model = BenchModel::new(11);
-        let ctx = crate::io::session_context();
+        let ctx = dpflow::io::session_context();
         let names: Vec<String> = model.columns.iter().map(|c| c.name.to_string()).collect();
         let sets: Vec<(Vec<String>, NullMode)> = names.iter().map(|n| (vec![n.clone()], NullMode::Cells)).collect();
-        let got = ds.exact_marginals(&ctx, &sets).await.unwrap();
+        let got = dpflow::eval::inspect::exact_marginal_counts(&ds, &ctx, &sets).await.unwrap();
         for (i, m) in got.iter().enumerate() {
             let col = &model.columns[i];
             let mut truth = model.observed_marginal(i);
             if col.nulls == BenchNulls::Never {
                 truth.pop();
             }
-            let obs: Vec<f64> = m.counts.iter().map(|&c| c as f64).collect();
+            let obs: Vec<f64> = m.iter().map(|&c| c as f64).collect();
             chi_square_test_counts(&obs, &truth, 1e-5);
         }
         // Parent–child joints of never-null pairs.
@@ -450,10 +450,10 @@ mod tests {
             .iter()
             .map(|&c| (vec![names[model.columns[c].parent.unwrap()].clone(), names[c].clone()], NullMode::Cells))
             .collect();
-        let got = ds.exact_marginals(&ctx, &sets).await.unwrap();
+        let got = dpflow::eval::inspect::exact_marginal_counts(&ds, &ctx, &sets).await.unwrap();
         for (k, &c) in pairs.iter().enumerate() {
             let truth = model.parent_child_joint(c).unwrap();
-            let obs: Vec<f64> = got[k].counts.iter().map(|&x| x as f64).collect();
+            let obs: Vec<f64> = got[k].iter().map(|&x| x as f64).collect();
             chi_square_test_counts(&obs, &truth, 1e-5);
         }
     }
