@@ -118,7 +118,7 @@ struct RawSpec {
     matching: Vec<RawMatch>,
     #[serde(default)]
     metric: Metric,
-    budget: crate::sql::catalog::RawBudget,
+    budget: crate::privacy::RawBudget,
     queries: Vec<RawQuery>,
 }
 

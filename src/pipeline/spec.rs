@@ -9,7 +9,7 @@ use serde_saphyr::Spanned;
 
 use crate::io::InputFormat;
 use crate::privacy::Budget;
-use crate::sql::catalog::RawBudget;
+use crate::privacy::RawBudget;
 
 /// A pipeline error: file, line, key, message.
 #[derive(Debug, Clone, thiserror::Error, PartialEq)]

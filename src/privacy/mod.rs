@@ -9,6 +9,7 @@ pub mod budget;
 pub mod convert;
 pub mod failure;
 pub mod ledger;
+pub mod yaml;
 
 pub use budget::{Budget, BudgetError, Normalized, PrivacyFilter};
 pub use dpflow_udfs::cost::{MechanismRecord, PrivacyLoss};
@@ -20,3 +21,4 @@ pub const SEEDED_LEDGER_REFUSAL: &str = "refused: --unsafe-seed with a ledger: s
 
 pub use failure::{ProtectedFailure, charge_failure};
 pub use ledger::{BudgetStatus, ChargeRow, ChargeStatus, DatasetEntry, Ledger, LedgerError, Reservation};
+pub use yaml::{RawBudget, RawBudgetError};

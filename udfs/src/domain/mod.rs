@@ -16,4 +16,4 @@ pub use column::{Column, ColumnKind, Domain, OutOfDomain};
 pub use decode::{DecodeError, DecodeMode, decode_columns, decoded_schema};
 pub use encode::{BatchEncoder, ColumnStats, EncodeError, EncodeStats, encoded_schema};
 pub use exec::{DomainOutput, EncodeExec};
-pub use table::EncodedTable;
+pub use table::{EncodedTable, project};

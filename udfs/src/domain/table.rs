@@ -10,7 +10,10 @@ use datafusion::catalog::{Session, TableProvider};
 use datafusion::common::{DataFusionError, Result};
 use datafusion::datasource::TableType;
 use datafusion::logical_expr::Expr;
+use datafusion::physical_expr::PhysicalExpr;
+use datafusion::physical_expr::expressions::Column;
 use datafusion::physical_plan::ExecutionPlan;
+use datafusion::physical_plan::projection::ProjectionExec;
 
 use super::{Domain, DomainOutput, EncodeExec, encoded_schema};
 
@@ -115,11 +118,25 @@ impl TableProvider for EncodedTable {
         }
         let mapped: Vec<usize> =
             projection.iter().map(|&i| if i < n { position[i] } else { names.len() + (i - n) }).collect();
-        crate::marginal::project(encoded, Some(&mapped))
+        project(encoded, Some(&mapped))
     }
 
     fn statistics(&self) -> Option<datafusion::common::Statistics> {
         // Never expose statistics of private data (no answers from file metadata).
         None
     }
+}
+
+/// Applies a scan projection to a plan.
+pub fn project(plan: Arc<dyn ExecutionPlan>, projection: Option<&Vec<usize>>) -> Result<Arc<dyn ExecutionPlan>> {
+    let Some(p) = projection else { return Ok(plan) };
+    let schema = plan.schema();
+    let exprs: Vec<(Arc<dyn PhysicalExpr>, String)> = p
+        .iter()
+        .map(|&i| {
+            let name = schema.field(i).name().clone();
+            (Arc::new(Column::new(&name, i)) as Arc<dyn PhysicalExpr>, name)
+        })
+        .collect();
+    Ok(Arc::new(ProjectionExec::try_new(exprs, plan)?))
 }

@@ -18,7 +18,9 @@ mod table_fn;
 #[cfg(test)]
 mod tests;
 
+/// Moved to [`crate::domain::project`]; kept here for callers of the old path.
+pub use crate::domain::project;
 pub use exec::{MarginalExec, MarginalMode, batch_to_counts, counts_to_batch, marginal_output_schema};
 pub use kernel::{EncodedColumn, MAX_CELLS, MarginalAccumulator, MarginalConfig, MarginalSet, NullMode};
 pub use logical::{MarginalNode, MarginalPlanner, plan_marginals};
-pub use table_fn::{MarginalsFunction, MarginalsTable, config_for, parse_sets, project};
+pub use table_fn::{MarginalsFunction, MarginalsTable, config_for, parse_sets};

@@ -14,14 +14,11 @@ use datafusion::catalog::{Session, TableFunctionArgs, TableFunctionImpl, TablePr
 use datafusion::common::{DataFusionError, Result, ScalarValue};
 use datafusion::datasource::TableType;
 use datafusion::logical_expr::Expr;
-use datafusion::physical_expr::PhysicalExpr;
-use datafusion::physical_expr::expressions::Column;
 use datafusion::physical_plan::ExecutionPlan;
-use datafusion::physical_plan::projection::ProjectionExec;
 use parking_lot::RwLock;
 
 use super::{EncodedColumn, MarginalConfig, MarginalSet, NullMode, marginal_output_schema, plan_marginals};
-use crate::domain::{Domain, EncodedTable};
+use crate::domain::{Domain, EncodedTable, project};
 
 /// Parses `"a,b; c"` (optionally `"observed:a,b"` per set) into attribute-name sets.
 pub fn parse_sets(spec: &str, default_mode: NullMode) -> Result<Vec<(Vec<String>, NullMode)>> {
@@ -171,18 +168,4 @@ impl TableProvider for MarginalsTable {
         let plan = plan_marginals(input, self.config.clone())?;
         project(plan, projection)
     }
-}
-
-/// Applies a scan projection to a plan.
-pub fn project(plan: Arc<dyn ExecutionPlan>, projection: Option<&Vec<usize>>) -> Result<Arc<dyn ExecutionPlan>> {
-    let Some(p) = projection else { return Ok(plan) };
-    let schema = plan.schema();
-    let exprs: Vec<(Arc<dyn PhysicalExpr>, String)> = p
-        .iter()
-        .map(|&i| {
-            let name = schema.field(i).name().clone();
-            (Arc::new(Column::new(&name, i)) as Arc<dyn PhysicalExpr>, name)
-        })
-        .collect();
-    Ok(Arc::new(ProjectionExec::try_new(exprs, plan)?))
 }
