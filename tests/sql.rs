@@ -169,31 +169,45 @@ async fn partition_selection_never_releases_a_single_contributor_key() {
 async fn refusals_are_clear() {
     let dir = tempfile::tempdir().unwrap();
     let mut e = engine(dir.path(), 1).await;
-    let cases: Vec<(&str, &str)> = vec![
-        ("SELECT * FROM keyed", "returns rows of protected table keyed"),
-        ("SELECT count(*) FROM keyed", "non-DP aggregate"),
-        ("SELECT dp_count(*) FROM (SELECT * FROM keyed ORDER BY x LIMIT 10) t", "ORDER BY"),
-        ("SELECT dp_count(*) FROM (SELECT * FROM keyed LIMIT 10) t", "LIMIT"),
-        ("SELECT dp_count(*) OVER () FROM keyed", "window"),
-        ("SELECT dp_count(*) FROM keyed a JOIN people b ON a.k = b.v", "join between protected tables"),
-        ("WITH c AS (SELECT dp_count(*) AS n FROM keyed) SELECT a.n + b.n FROM c a, c b", "evaluated twice"),
-        ("SELECT DISTINCT g FROM people", "DISTINCT"),
-        ("SELECT k FROM keyed UNION SELECT 1", "UNION"),
-        ("SELECT region FROM regions WHERE g IN (SELECT g FROM people)", "subquery"),
-        ("SELECT dp_sum(x, 10, 0) FROM keyed", "lower bound"),
-        ("SELECT dp_sum(x, 0, k) FROM keyed", "number literal"),
+    use dpflow::sql::RefusalKind as K;
+    // Each refusal has a stable kind (matched here) and a message naming the problem.
+    let cases: Vec<(&str, K, &str)> = vec![
+        ("SELECT * FROM keyed", K::ExposesRows, "returns rows of protected table keyed"),
+        ("SELECT count(*) FROM keyed", K::NotDpAggregate, "non-DP aggregate"),
+        ("SELECT dp_count(*) FROM (SELECT * FROM keyed ORDER BY x LIMIT 10) t", K::ExposesRows, "ORDER BY"),
+        ("SELECT dp_count(*) FROM (SELECT * FROM keyed LIMIT 10) t", K::ExposesRows, "LIMIT"),
+        ("SELECT dp_count(*) OVER () FROM keyed", K::NotDpAggregate, "window"),
+        (
+            "SELECT dp_count(*) FROM keyed a JOIN people b ON a.k = b.v",
+            K::MultipliesRows,
+            "join between protected tables",
+        ),
+        (
+            "WITH c AS (SELECT dp_count(*) AS n FROM keyed) SELECT a.n + b.n FROM c a, c b",
+            K::RepeatedAggregation,
+            "evaluated twice",
+        ),
+        ("SELECT DISTINCT g FROM people", K::ExposesRows, "DISTINCT"),
+        ("SELECT k FROM keyed UNION SELECT 1", K::ExposesRows, "UNION"),
+        ("SELECT region FROM regions WHERE g IN (SELECT g FROM people)", K::Unsupported, "subquery"),
+        ("SELECT dp_sum(x, 10, 0) FROM keyed", K::Arguments, "lower bound"),
+        ("SELECT dp_sum(x, 0, k) FROM keyed", K::Arguments, "number literal"),
         (
             "SELECT dp_count(*) FROM (SELECT row_number() OVER () AS r FROM keyed) t",
+            K::ExposesRows,
             "window function over protected rows",
         ),
-        ("SELECT region, dp_count(*) FROM regions GROUP BY region", "not a protected table"),
-        ("DELETE FROM keyed", "only SELECT"),
-        ("SELECT x, dp_count(*) FROM keyed GROUP BY x", "partition selection"),
-        ("SELECT dp_count(*, epsilon => 0.1), dp_count(x) FROM keyed", "every DP aggregate"),
+        ("SELECT region, dp_count(*) FROM regions GROUP BY region", K::NotDpAggregate, "not a protected table"),
+        ("DELETE FROM keyed", K::Unsupported, "only SELECT"),
+        ("SELECT x, dp_count(*) FROM keyed GROUP BY x", K::Budget, "partition selection"),
+        ("SELECT dp_count(*, epsilon => 0.1), dp_count(x) FROM keyed", K::Budget, "every DP aggregate"),
+        ("SELECT region FROM regions", K::NoProtectedTable, "no protected table"),
     ];
     assert!(cases.len() >= 10);
-    for (q, want) in cases {
-        let err = format!("{:#}", e.query(q, None).await.err().unwrap_or_else(|| panic!("accepted: {q}")));
+    for (q, kind, want) in cases {
+        let err = e.query(q, None).await.err().unwrap_or_else(|| panic!("accepted: {q}"));
+        assert_eq!(dpflow::sql::refusal_kind(&err), Some(kind), "{q}: {err:#}");
+        let err = format!("{err:#}");
         assert!(err.contains(want), "{q}\n  error: {err}\n  expected to mention: {want}");
     }
 }
@@ -218,16 +232,15 @@ async fn public_join_on_unique_keys_is_allowed_and_duplicates_are_refused() {
     // A public table whose key is not unique would duplicate protected rows.
     std::fs::write(dir.path().join("regions.csv"), "g,region\na,north\na,south\nb,east\n").unwrap();
     let mut e = engine_no_rewrite(dir.path(), 3).await;
-    let err = format!(
-        "{:#}",
-        e.query(
+    let err = e
+        .query(
             "SELECT r.region, dp_count(*) AS n FROM people p JOIN regions r ON p.g = r.g GROUP BY r.region",
-            Some(dpflow::privacy::Budget::Approx { epsilon: 4.0, delta: 1e-6 })
+            Some(dpflow::privacy::Budget::Approx { epsilon: 4.0, delta: 1e-6 }),
         )
         .await
-        .unwrap_err()
-    );
-    assert!(err.contains("not unique"), "{err}");
+        .unwrap_err();
+    assert_eq!(dpflow::sql::refusal_kind(&err), Some(dpflow::sql::RefusalKind::MultipliesRows), "{err:#}");
+    assert!(format!("{err:#}").contains("not unique"), "{err:#}");
 }
 
 /// An engine over the world already written in `dir` (files as they are now).

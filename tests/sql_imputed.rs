@@ -117,23 +117,26 @@ async fn imputed_queries_outside_the_supported_shape_are_refused() {
     let dir = tempfile::tempdir().unwrap();
     let cat = Catalog::load(world(dir.path(), false)).unwrap();
     let mut e = SqlEngine::open(cat, Some(5)).await.unwrap();
+    use dpflow::sql::RefusalKind as K;
     let cases = [
-        ("SELECT sex, dp_imputed_count(*) FROM survey GROUP BY sex", "GROUP BY"),
-        ("SELECT dp_imputed_count(*), dp_count(*) FROM survey", "mixed"),
-        ("SELECT dp_ci_low(dp_imputed_mean(inc, 0, 1000)) FROM survey", "values themselves"),
-        ("SELECT dp_imputed_mean(inc, 0, 1000) + 1 FROM survey", "values themselves"),
-        ("SELECT dp_imputed_count(*) FROM survey WHERE age > 30 OR sex = 'M'", "not supported"),
-        ("SELECT dp_imputed_count(*) FROM survey WHERE sex = 'X'", "not a value"),
-        ("SELECT dp_imputed_count(*) FROM plain", "no `impute:` block"),
-        ("SELECT dp_imputed_count(*, rho => 0.1) FROM survey", "epsilon"),
-        ("SELECT dp_imputed_mean(sex, 0, 1) FROM survey", "not numeric"),
-        ("SELECT dp_imputed_count(inc) FROM survey", "dp_imputed_count(*)"),
-        ("SELECT dp_imputed_count(*) AS n FROM survey ORDER BY n LIMIT 1", "ORDER BY"),
+        ("SELECT sex, dp_imputed_count(*) FROM survey GROUP BY sex", K::Unsupported, "GROUP BY"),
+        ("SELECT dp_imputed_count(*), dp_count(*) FROM survey", K::Unsupported, "mixed"),
+        ("SELECT dp_ci_low(dp_imputed_mean(inc, 0, 1000)) FROM survey", K::Unsupported, "values themselves"),
+        ("SELECT dp_imputed_mean(inc, 0, 1000) + 1 FROM survey", K::Unsupported, "values themselves"),
+        ("SELECT dp_imputed_count(*) FROM survey WHERE age > 30 OR sex = 'M'", K::Unsupported, "not supported"),
+        ("SELECT dp_imputed_count(*) FROM survey WHERE sex = 'X'", K::Unsupported, "not a value"),
+        ("SELECT dp_imputed_count(*) FROM plain", K::TablePolicy, "no `impute:` block"),
+        ("SELECT dp_imputed_count(*, rho => 0.1) FROM survey", K::Budget, "epsilon"),
+        ("SELECT dp_imputed_mean(sex, 0, 1) FROM survey", K::Arguments, "not numeric"),
+        ("SELECT dp_imputed_count(inc) FROM survey", K::Arguments, "dp_imputed_count(*)"),
+        ("SELECT dp_imputed_count(*) AS n FROM survey ORDER BY n LIMIT 1", K::Unsupported, "ORDER BY"),
         // ε ≤ ln 2 per released number cannot be calibrated (issue 14 §2): 2 numbers at ε = 0.6 each.
-        ("SELECT dp_imputed_mean(inc, 0, 1000, epsilon => 1.2) FROM survey", "ε > ln 2"),
+        ("SELECT dp_imputed_mean(inc, 0, 1000, epsilon => 1.2) FROM survey", K::Budget, "ε > ln 2"),
     ];
-    for (sql, want) in cases {
-        let err = format!("{:#}", e.query(sql, None).await.unwrap_err());
+    for (sql, kind, want) in cases {
+        let err = e.query(sql, None).await.unwrap_err();
+        assert_eq!(dpflow::sql::refusal_kind(&err), Some(kind), "{sql}: {err:#}");
+        let err = format!("{err:#}");
         assert!(err.contains(want), "{sql}: {err}");
     }
 }

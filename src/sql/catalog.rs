@@ -11,7 +11,7 @@ use serde::Deserialize;
 use crate::dataset::Dataset;
 use crate::domain::DomainSpec;
 use crate::io::InputFormat;
-use crate::privacy::Budget;
+use crate::privacy::{Budget, RawBudget};
 
 /// The privacy unit of a protected table.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -88,32 +88,6 @@ struct RawCatalog {
 
 fn default_confidence() -> f64 {
     0.95
-}
-
-/// A budget in YAML: `{epsilon}`, `{epsilon, delta}` or `{rho}`.
-#[derive(Deserialize, Clone, Copy, Debug)]
-#[serde(deny_unknown_fields)]
-pub struct RawBudget {
-    #[serde(default)]
-    epsilon: Option<f64>,
-    #[serde(default)]
-    delta: Option<f64>,
-    #[serde(default)]
-    rho: Option<f64>,
-}
-
-impl RawBudget {
-    /// The budget, or an error naming `what`.
-    pub fn budget(&self, what: &str) -> Result<Budget> {
-        let b = match (self.epsilon, self.delta, self.rho) {
-            (None, None, Some(rho)) => Budget::Zcdp { rho },
-            (Some(epsilon), Some(delta), None) => Budget::Approx { epsilon, delta },
-            (Some(epsilon), None, None) => Budget::Pure { epsilon },
-            _ => bail!("{what}: give {{epsilon}}, {{epsilon, delta}} or {{rho}}"),
-        };
-        b.validate().map_err(|e| anyhow::anyhow!("{what}: {e}"))?;
-        Ok(b)
-    }
 }
 
 #[derive(Deserialize)]

@@ -15,15 +15,7 @@ use datafusion::logical_expr::{Aggregate, Expr, ExprSchemable, JoinType, Logical
 use dpflow_udfs::dp::DP_AGGREGATES;
 
 use super::catalog::Catalog;
-
-/// A refused query.
-#[derive(Debug, Clone, thiserror::Error, PartialEq)]
-#[error("refused: {0}")]
-pub struct Refusal(pub String);
-
-fn refuse<T>(msg: impl Into<String>) -> Result<T, Refusal> {
-    Err(Refusal(msg.into()))
-}
+use super::refusal::{Refusal, RefusalKind as K, refuse};
 
 /// What flows out of a plan node.
 #[derive(Debug, Clone, PartialEq)]
@@ -112,15 +104,21 @@ fn public_cannot_fail(plan: &LogicalPlan, catalog: &Catalog, t: &str) -> Result<
             && let Some(entry) = catalog.tables.get(&table_name(s))
             && let Some(why) = entry.dataset.domain().dp_read_refusal()
         {
-            found = Some(format!("public table {} joined with protected table {t}: {why}", entry.name));
+            found = Some(Refusal::new(
+                K::TablePolicy,
+                format!("public table {} joined with protected table {t}: {why}", entry.name),
+            ));
             return Ok(TreeNodeRecursion::Stop);
         }
         if let Some(schema) = expression_schema(node) {
             for e in node.expressions() {
                 if let Some(why) = super::rowsafe::may_fail(&e, &schema) {
-                    found = Some(format!(
-                        "{why}. The public side of a join with protected table {t} must not be able to fail \
+                    found = Some(Refusal::new(
+                        K::MayFail,
+                        format!(
+                            "{why}. The public side of a join with protected table {t} must not be able to fail \
                          either: whether it runs depends on the protected rows (docs/PRIVACY.md §1)"
+                        ),
                     ));
                     return Ok(TreeNodeRecursion::Stop);
                 }
@@ -128,7 +126,7 @@ fn public_cannot_fail(plan: &LogicalPlan, catalog: &Catalog, t: &str) -> Result<
         }
         Ok(TreeNodeRecursion::Continue)
     });
-    found.map_or(Ok(()), refuse)
+    found.map_or(Ok(()), Err)
 }
 
 /// The schema a node's expressions are evaluated against: its input's, or
@@ -196,7 +194,7 @@ pub fn analyze_coerced(
     use datafusion::optimizer::analyzer::AnalyzerRule;
     let coerced = datafusion::optimizer::analyzer::type_coercion::TypeCoercion::new()
         .analyze(plan.clone(), config)
-        .map_err(|e| Refusal(format!("the query does not type-check: {e}")))?;
+        .map_err(|e| Refusal::new(K::MayFail, format!("the query does not type-check: {e}")))?;
     analyze(&coerced, catalog).map(|_| ())
 }
 
@@ -204,10 +202,13 @@ pub fn analyze_coerced(
 /// error on some row (see [`super::rowsafe`]).
 fn cannot_fail(e: &Expr, schema: &datafusion::common::DFSchema, t: &str) -> Result<(), Refusal> {
     match super::rowsafe::may_fail(e, schema) {
-        Some(why) => refuse(format!(
-            "{why}. On protected table {t} a row expression must not be able to fail: a failure on one row \
+        Some(why) => refuse(
+            K::MayFail,
+            format!(
+                "{why}. On protected table {t} a row expression must not be able to fail: a failure on one row \
              would reveal that row (docs/PRIVACY.md §1)"
-        )),
+            ),
+        ),
         None => Ok(()),
     }
 }
@@ -224,7 +225,7 @@ impl Checker<'_> {
                 let name = table_name(s);
                 if self.is_protected(&name) {
                     if s.fetch.is_some() {
-                        return refuse(format!("LIMIT pushed into protected table {name}"));
+                        return refuse(K::ExposesRows, format!("LIMIT pushed into protected table {name}"));
                     }
                     Ok(Flow::Protected(name))
                 } else {
@@ -237,7 +238,7 @@ impl Checker<'_> {
                 if let Flow::Protected(t) = &f {
                     for e in &p.expr {
                         if let Some(why) = find_forbidden_in_rows(e) {
-                            return refuse(format!("{why} (`{e}` on protected table {t})"));
+                            return refuse(K::ExposesRows, format!("{why} (`{e}` on protected table {t})"));
                         }
                         cannot_fail(e, p.input.schema(), t)?;
                     }
@@ -248,7 +249,10 @@ impl Checker<'_> {
                 let f = self.flow(&x.input)?;
                 if let Flow::Protected(t) = &f {
                     if let Some(why) = find_forbidden_in_rows(&x.predicate) {
-                        return refuse(format!("{why} (WHERE `{}` on protected table {t})", x.predicate));
+                        return refuse(
+                            K::ExposesRows,
+                            format!("{why} (WHERE `{}` on protected table {t})", x.predicate),
+                        );
                     }
                     cannot_fail(&x.predicate, x.input.schema(), t)?;
                 }
@@ -266,37 +270,53 @@ impl Checker<'_> {
                         }
                         for (e, d) in a.aggr_expr.iter().zip(&dp) {
                             if d.is_none() {
-                                return refuse(format!(
-                                    "non-DP aggregate `{e}` on protected table {t}: use dp_count, dp_sum, dp_avg, dp_var or dp_quantile"
-                                ));
+                                return refuse(
+                                    K::NotDpAggregate,
+                                    format!(
+                                        "non-DP aggregate `{e}` on protected table {t}: use dp_count, dp_sum, dp_avg, dp_var or dp_quantile"
+                                    ),
+                                );
                             }
                             if let Expr::AggregateFunction(f) = e.clone().unalias()
                                 && f.params.distinct
                             {
-                                return refuse(format!(
-                                    "DISTINCT inside `{e}` is not supported (it breaks contribution bounds)"
-                                ));
+                                return refuse(
+                                    K::NotDpAggregate,
+                                    format!("DISTINCT inside `{e}` is not supported (it breaks contribution bounds)"),
+                                );
                             }
                         }
                         if a.aggr_expr.is_empty() {
-                            return refuse(format!(
-                                "GROUP BY/DISTINCT without a DP aggregate on protected table {t} would release the set of keys"
-                            ));
+                            return refuse(
+                                K::NotDpAggregate,
+                                format!(
+                                    "GROUP BY/DISTINCT without a DP aggregate on protected table {t} would release the set of keys"
+                                ),
+                            );
                         }
                         if a.group_expr.iter().any(|g| matches!(g, Expr::GroupingSet(_))) {
-                            return refuse("GROUPING SETS / ROLLUP / CUBE over protected data are not supported");
+                            return refuse(
+                                K::Unsupported,
+                                "GROUPING SETS / ROLLUP / CUBE over protected data are not supported",
+                            );
                         }
                         if let Some((_, other)) = &self.aggregate {
-                            return refuse(format!(
-                                "more than one DP aggregation in one query (tables {other} and {t}): run them as separate queries"
-                            ));
+                            return refuse(
+                                K::RepeatedAggregation,
+                                format!(
+                                    "more than one DP aggregation in one query (tables {other} and {t}): run them as separate queries"
+                                ),
+                            );
                         }
                         self.aggregate = Some((a.clone(), t));
                         Ok(Flow::Released)
                     }
                     other => {
                         if let Some(Some(name)) = dp.iter().find(|d| d.is_some()) {
-                            return refuse(format!("{name} applied to data that is not a protected table's rows"));
+                            return refuse(
+                                K::NotDpAggregate,
+                                format!("{name} applied to data that is not a protected table's rows"),
+                            );
                         }
                         Ok(other)
                     }
@@ -317,34 +337,43 @@ impl Checker<'_> {
                         Ok(TreeNodeRecursion::Continue)
                     });
                     if let Some(n) = dp {
-                        return refuse(format!(
-                            "DP aggregate {n} used as a window function (`{e}`): it would be evaluated once per row"
-                        ));
+                        return refuse(
+                            K::NotDpAggregate,
+                            format!(
+                                "DP aggregate {n} used as a window function (`{e}`): it would be evaluated once per row"
+                            ),
+                        );
                     }
                 }
                 if let Flow::Protected(t) = &f {
-                    return refuse(format!("window function over protected rows of {t} (`{}`)", w.window_expr[0]));
+                    return refuse(
+                        K::ExposesRows,
+                        format!("window function over protected rows of {t} (`{}`)", w.window_expr[0]),
+                    );
                 }
                 Ok(f)
             }
             P::Sort(s) => {
                 let f = self.flow(&s.input)?;
                 if let Flow::Protected(t) = &f {
-                    return refuse(format!("ORDER BY on protected rows of {t} before aggregation"));
+                    return refuse(K::ExposesRows, format!("ORDER BY on protected rows of {t} before aggregation"));
                 }
                 Ok(f)
             }
             P::Limit(l) => {
                 let f = self.flow(&l.input)?;
                 if let Flow::Protected(t) = &f {
-                    return refuse(format!("LIMIT/OFFSET on protected rows of {t} before aggregation"));
+                    return refuse(K::ExposesRows, format!("LIMIT/OFFSET on protected rows of {t} before aggregation"));
                 }
                 Ok(f)
             }
             P::Distinct(d) => {
                 let f = self.flow(d.input())?;
                 if let Flow::Protected(t) = &f {
-                    return refuse(format!("DISTINCT on protected rows of {t} would release their values"));
+                    return refuse(
+                        K::ExposesRows,
+                        format!("DISTINCT on protected rows of {t} would release their values"),
+                    );
                 }
                 Ok(f)
             }
@@ -361,9 +390,12 @@ impl Checker<'_> {
                 let l = self.flow(&j.left)?;
                 let r = self.flow(&j.right)?;
                 match (&l, &r) {
-                    (Flow::Protected(a), Flow::Protected(b)) => refuse(format!(
-                        "join between protected tables {a} and {b}: one person's rows could be multiplied, breaking contribution bounds"
-                    )),
+                    (Flow::Protected(a), Flow::Protected(b)) => refuse(
+                        K::MultipliesRows,
+                        format!(
+                            "join between protected tables {a} and {b}: one person's rows could be multiplied, breaking contribution bounds"
+                        ),
+                    ),
                     (Flow::Protected(t), Flow::Public) | (Flow::Public, Flow::Protected(t)) => {
                         let protected_left = matches!(l, Flow::Protected(_));
                         let ok_type = match j.join_type {
@@ -373,13 +405,17 @@ impl Checker<'_> {
                             _ => false,
                         };
                         if !ok_type {
-                            return refuse(format!(
-                                "{} join of protected table {t} with a public table could add rows not derived from {t}",
-                                j.join_type
-                            ));
+                            return refuse(
+                                K::MultipliesRows,
+                                format!(
+                                    "{} join of protected table {t} with a public table could add rows not derived from {t}",
+                                    j.join_type
+                                ),
+                            );
                         }
-                        let both = expression_schema(plan)
-                            .ok_or_else(|| Refusal(format!("internal: join schema of protected table {t}")))?;
+                        let both = expression_schema(plan).ok_or_else(|| {
+                            Refusal::new(K::Unsupported, format!("internal: join schema of protected table {t}"))
+                        })?;
                         for (a, b) in &j.on {
                             // As a comparison, so a text = number key (which casts the text) is refused.
                             cannot_fail(&a.clone().eq(b.clone()), &both, t)?;
@@ -424,20 +460,26 @@ impl Checker<'_> {
                             let (pt, qt) =
                                 (public_key.get_type(public_schema), protected_key.get_type(protected_schema));
                             if !matches!((&pt, &qt), (Ok(x), Ok(y)) if x == y) {
-                                return refuse(format!(
-                                    "join key `{public_key}` and `{protected_key}` have different types ({} and {}): \
+                                return refuse(
+                                    K::MultipliesRows,
+                                    format!(
+                                        "join key `{public_key}` and `{protected_key}` have different types ({} and {}): \
                                      cast the public side's key to the protected side's type",
-                                    pt.map_or("?".into(), |t| t.to_string()),
-                                    qt.map_or("?".into(), |t| t.to_string())
-                                ));
+                                        pt.map_or("?".into(), |t| t.to_string()),
+                                        qt.map_or("?".into(), |t| t.to_string())
+                                    ),
+                                );
                             }
                             keys.push(public_key.clone());
                         }
                         if keys.is_empty() {
-                            return refuse(format!(
-                                "join of protected table {t} with a public relation without an equality key between \
+                            return refuse(
+                                K::MultipliesRows,
+                                format!(
+                                    "join of protected table {t} with a public relation without an equality key between \
                                  them (a cross join multiplies rows)"
-                            ));
+                                ),
+                            );
                         }
                         // Whether the public side is evaluated at all can depend on the
                         // protected rows (a hash join skips its probe side when the build
@@ -447,7 +489,7 @@ impl Checker<'_> {
                         Ok(Flow::Protected(t.clone()))
                     }
                     (Flow::Released, Flow::Protected(t)) | (Flow::Protected(t), Flow::Released) => {
-                        refuse(format!("join of released results with protected rows of {t}"))
+                        refuse(K::ExposesRows, format!("join of released results with protected rows of {t}"))
                     }
                     (Flow::Released, _) | (_, Flow::Released) => Ok(Flow::Released),
                     _ => Ok(Flow::Public),
@@ -456,19 +498,19 @@ impl Checker<'_> {
             P::Union(u) => {
                 let flows = u.inputs.iter().map(|i| self.flow(i)).collect::<Result<Vec<_>, _>>()?;
                 if let Some(Flow::Protected(t)) = flows.iter().find(|f| matches!(f, Flow::Protected(_))) {
-                    return refuse(format!("UNION/INTERSECT/EXCEPT with protected rows of {t}"));
+                    return refuse(K::ExposesRows, format!("UNION/INTERSECT/EXCEPT with protected rows of {t}"));
                 }
                 Ok(if flows.contains(&Flow::Released) { Flow::Released } else { Flow::Public })
             }
-            P::RecursiveQuery(_) => refuse("recursive queries are not supported"),
+            P::RecursiveQuery(_) => refuse(K::Unsupported, "recursive queries are not supported"),
             P::Unnest(u) => {
                 let f = self.flow(&u.input)?;
                 if let Flow::Protected(t) = &f {
-                    return refuse(format!("UNNEST on protected rows of {t} multiplies rows"));
+                    return refuse(K::MultipliesRows, format!("UNNEST on protected rows of {t} multiplies rows"));
                 }
                 Ok(f)
             }
-            other => refuse(format!("{} is not allowed in a DP query", other.display())),
+            other => refuse(K::Unsupported, format!("{} is not allowed in a DP query", other.display())),
         }
     }
 }
@@ -515,14 +557,22 @@ pub fn analyze(plan: &LogicalPlan, catalog: &Catalog) -> Result<Analysis, Refusa
         Ok(TreeNodeRecursion::Continue)
     });
     if let Some(t) = in_subquery {
-        return refuse(format!("protected table {t} used inside a subquery expression (IN/EXISTS/scalar subquery)"));
+        return refuse(
+            K::Unsupported,
+            format!("protected table {t} used inside a subquery expression (IN/EXISTS/scalar subquery)"),
+        );
     }
     let mut c = Checker { catalog, aggregate: None, public_joins: vec![] };
     match c.flow(plan)? {
-        Flow::Protected(t) => refuse(format!(
-            "the query returns rows of protected table {t}: only DP aggregates (dp_count, dp_sum, ...) may read it"
-        )),
-        Flow::Public => refuse("the query reads no protected table: run it in an ordinary SQL engine"),
+        Flow::Protected(t) => refuse(
+            K::ExposesRows,
+            format!(
+                "the query returns rows of protected table {t}: only DP aggregates (dp_count, dp_sum, ...) may read it"
+            ),
+        ),
+        Flow::Public => {
+            refuse(K::NoProtectedTable, "the query reads no protected table: run it in an ordinary SQL engine")
+        }
         Flow::Released => {
             let (aggregate, table) = c.aggregate.expect("released implies an aggregate");
             Ok(Analysis { aggregate, table, public_joins: c.public_joins })
@@ -556,6 +606,7 @@ pub fn no_duplicate_sites(plan: &LogicalPlan) -> Result<(), Refusal> {
     for s in site_ids(plan) {
         if !seen.insert(s.clone()) {
             return refuse(
+                K::RepeatedAggregation,
                 "a DP aggregate would be evaluated twice (a CTE or view containing it is referenced more than once): \
                  compute it once and reuse the released value",
             );

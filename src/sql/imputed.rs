@@ -31,6 +31,7 @@ use datafusion::common::ScalarValue;
 use datafusion::logical_expr::{BinaryExpr, Expr, LogicalPlan, Operator};
 
 use super::catalog::{Catalog, TableEntry};
+use super::refusal::{Refusal, RefusalKind as K};
 use super::sites::{CallSite, SiteBudget};
 use crate::domain::{ColumnKind, Domain};
 use crate::impute::{Predicate, QueryKind, QuerySpec};
@@ -48,8 +49,8 @@ pub(super) struct ImputedPlan {
     pub outputs: Vec<(String, usize)>,
 }
 
-fn refuse<T>(msg: impl std::fmt::Display) -> Result<T> {
-    bail!("refused: {msg}")
+fn refuse<T>(kind: K, msg: impl Into<String>) -> Result<T> {
+    Err(Refusal::new(kind, msg).into())
 }
 
 /// Whether the prepared query calls a `dp_imputed_*` function.
@@ -65,28 +66,38 @@ pub(super) fn plan_imputed(
     budget: Option<Budget>,
 ) -> Result<ImputedPlan> {
     if sites.iter().any(|s| !IMPUTED_AGGREGATES.contains(&s.function.as_str())) {
-        return refuse("dp_imputed_* aggregates cannot be mixed with other dp_* aggregates in one query");
+        return refuse(
+            K::Unsupported,
+            "dp_imputed_* aggregates cannot be mixed with other dp_* aggregates in one query",
+        );
     }
     let (projection, agg) = match plan {
         LogicalPlan::Projection(p) => match p.input.as_ref() {
             LogicalPlan::Aggregate(a) => (Some(p), a),
             other => {
-                return refuse(format!(
-                    "dp_imputed_* queries are `SELECT dp_imputed_…(…) FROM table [WHERE …]`; found {} above the aggregate",
-                    other.display()
-                ));
+                return refuse(
+                    K::Unsupported,
+                    format!(
+                        "dp_imputed_* queries are `SELECT dp_imputed_…(…) FROM table [WHERE …]`; found {} above the aggregate",
+                        other.display()
+                    ),
+                );
             }
         },
         LogicalPlan::Aggregate(a) => (None, a),
         other => {
-            return refuse(format!(
-                "dp_imputed_* queries are `SELECT dp_imputed_…(…) FROM table [WHERE …]` (no ORDER BY, LIMIT or outer query); found {}",
-                other.display()
-            ));
+            return refuse(
+                K::Unsupported,
+                format!(
+                    "dp_imputed_* queries are `SELECT dp_imputed_…(…) FROM table [WHERE …]` (no ORDER BY, LIMIT or outer query); found {}",
+                    other.display()
+                ),
+            );
         }
     };
     if !agg.group_expr.is_empty() {
         return refuse(
+            K::Unsupported,
             "GROUP BY with dp_imputed_*: one person can change the imputed values in every group, so groups do not compose in parallel; run one query per subpopulation (WHERE)",
         );
     }
@@ -102,27 +113,29 @@ pub(super) fn plan_imputed(
             LogicalPlan::SubqueryAlias(a) => node = a.input.as_ref(),
             LogicalPlan::TableScan(s) => break s,
             other => {
-                return refuse(format!(
-                    "dp_imputed_* reads one protected table with an optional WHERE; found {}",
-                    other.display()
-                ));
+                return refuse(
+                    K::Unsupported,
+                    format!("dp_imputed_* reads one protected table with an optional WHERE; found {}", other.display()),
+                );
             }
         }
     };
     let name = scan.table_name.table().to_string();
     let Some(table) = catalog.tables.get(&name) else { bail!("unknown table {name}") };
     if table.public {
-        return refuse(format!("{name} is public: use ordinary SQL aggregates on it"));
+        return refuse(K::TablePolicy, format!("{name} is public: use ordinary SQL aggregates on it"));
     }
     if table.impute.is_none() {
-        return refuse(format!(
-            "table {name} has no `impute:` block in the catalog (what to impute and how to match donors)"
-        ));
+        return refuse(
+            K::TablePolicy,
+            format!("table {name} has no `impute:` block in the catalog (what to impute and how to match donors)"),
+        );
     }
     let domain = table.dataset.domain();
     let mut subpopulation = Vec::new();
     for c in &conditions {
-        subpopulation.extend(predicates(c, domain).map_err(|e| anyhow::anyhow!("refused: WHERE {c}: {e}"))?);
+        subpopulation
+            .extend(predicates(c, domain).map_err(|e| Refusal::new(K::Unsupported, format!("WHERE {c}: {e}")))?);
     }
     // Calls and their shares.
     let mut parsed: Vec<(QueryKind, usize, String)> = Vec::new();
@@ -130,30 +143,38 @@ pub(super) fn plan_imputed(
         let Expr::AggregateFunction(f) = e.clone().unalias() else { bail!("internal: not an aggregate") };
         let func = f.func.name().to_string();
         if f.params.distinct || f.params.filter.is_some() || !f.params.order_by.is_empty() {
-            return refuse(format!("{func}: DISTINCT, FILTER and ORDER BY are not supported inside dp_imputed_*"));
+            return refuse(
+                K::Unsupported,
+                format!("{func}: DISTINCT, FILTER and ORDER BY are not supported inside dp_imputed_*"),
+            );
         }
         let args = &f.params.args;
-        let site = super::engine::site_of(args)?;
+        let site = super::sites::site_of(args)?;
         let a = &args[..args.len() - 1];
         let value_column = |e: &Expr| -> Result<String> {
             let Expr::Column(c) = e.clone().unalias() else {
-                return refuse(format!("{func}: the value must be a column of {name}, got `{e}`"));
+                return refuse(K::Arguments, format!("{func}: the value must be a column of {name}, got `{e}`"));
             };
             match domain.column(&c.name).map(|x| &x.kind) {
                 Some(ColumnKind::Integer { .. } | ColumnKind::Float { .. }) => Ok(c.name),
-                Some(_) => refuse(format!("{func}: {} is not numeric", c.name)),
-                None => refuse(format!("{func}: {} is not a domain column of {name}", c.name)),
+                Some(_) => refuse(K::Arguments, format!("{func}: {} is not numeric", c.name)),
+                None => refuse(K::Arguments, format!("{func}: {} is not a domain column of {name}", c.name)),
             }
         };
         let kind = match (func.as_str(), a) {
             ("dp_imputed_count", [Expr::Literal(ScalarValue::Int64(Some(1)), _)]) => QueryKind::Count,
-            ("dp_imputed_count", _) => return refuse("use dp_imputed_count(*) (rows of the imputed subpopulation)"),
+            ("dp_imputed_count", _) => {
+                return refuse(K::Arguments, "use dp_imputed_count(*) (rows of the imputed subpopulation)");
+            }
             ("dp_imputed_mean" | "dp_imputed_var", [v, lo, hi]) => {
                 let value = value_column(v)?;
-                let lo = super::engine::parse_f64(lo, "the lower bound", &func)?;
-                let hi = super::engine::parse_f64(hi, "the upper bound", &func)?;
+                let lo = super::args::parse_f64(lo, "the lower bound", &func)?;
+                let hi = super::args::parse_f64(hi, "the upper bound", &func)?;
                 if lo >= hi {
-                    bail!("{func}: the lower bound {lo} must be below the upper bound {hi}");
+                    return refuse(
+                        K::Arguments,
+                        format!("{func}: the lower bound {lo} must be below the upper bound {hi}"),
+                    );
                 }
                 if func == "dp_imputed_mean" {
                     QueryKind::Mean { value, lo, hi }
@@ -162,14 +183,15 @@ pub(super) fn plan_imputed(
                 }
             }
             ("dp_imputed_proportion", [cond]) => QueryKind::Proportion {
-                numerator: predicates(cond, domain).map_err(|e| anyhow::anyhow!("refused: {func}({cond}): {e}"))?,
+                numerator: predicates(cond, domain)
+                    .map_err(|e| Refusal::new(K::Unsupported, format!("{func}({cond}): {e}")))?,
             },
             _ => {
                 let sig = match func.as_str() {
                     "dp_imputed_proportion" => "condition",
                     _ => "column, lo, hi",
                 };
-                bail!("{func} takes ({sig}), got {} arguments", a.len())
+                return refuse(K::Arguments, format!("{func} takes ({sig}), got {} arguments", a.len()));
             }
         };
         let field = agg.schema.field(i).name().clone();
@@ -179,7 +201,10 @@ pub(super) fn plan_imputed(
         parsed.iter().map(|(_, site, _)| sites.iter().find(|s| s.id == *site).and_then(|s| s.budget)).collect();
     let n_explicit = explicit.iter().filter(|e| e.is_some()).count();
     if n_explicit != 0 && n_explicit != parsed.len() {
-        bail!("give a budget share (epsilon =>) to every dp_imputed_* call of the query, or to none");
+        return refuse(
+            K::Budget,
+            "give a budget share (epsilon =>) to every dp_imputed_* call of the query, or to none",
+        );
     }
     let shares: Vec<f64> = if n_explicit == parsed.len() {
         explicit
@@ -187,6 +212,7 @@ pub(super) fn plan_imputed(
             .map(|e| match e.expect("all explicit") {
                 SiteBudget::Epsilon(x) => Ok(x),
                 SiteBudget::Rho(_) => refuse(
+                    K::Budget,
                     "dp_imputed_* takes epsilon => (smooth-sensitivity noise is calibrated to pure ε), not rho =>",
                 ),
             })
@@ -197,18 +223,24 @@ pub(super) fn plan_imputed(
             // Pure ε; an (ε, δ) budget is spent as pure ε (δ unused).
             Some(Budget::Pure { epsilon } | Budget::Approx { epsilon, .. }) => vec![epsilon / k; parsed.len()],
             Some(Budget::Zcdp { .. }) => {
-                return refuse("dp_imputed_* needs an ε budget (smooth-sensitivity noise), not ρ");
+                return refuse(K::Budget, "dp_imputed_* needs an ε budget (smooth-sensitivity noise), not ρ");
             }
-            None => bail!("no budget: give --epsilon, epsilon => per call, or a query_budget in the catalog"),
+            None => {
+                return refuse(
+                    K::Budget,
+                    "no budget: give --epsilon, epsilon => per call, or a query_budget in the catalog",
+                );
+            }
         }
     };
     let mut calls = Vec::new();
     let mut fields = Vec::new();
     for ((kind, _, field), eps) in parsed.into_iter().zip(shares) {
         let per_number = eps / kind.released_numbers() as f64;
-        let name = super::engine::clean_dp_name(&field);
+        let name = super::sites::clean_dp_name(&field);
         // ε ≤ ln 2 per number cannot be calibrated (issue 14 §2): refused before any charge.
-        crate::impute::smooth_calibration(per_number, None).map_err(|e| anyhow::anyhow!("refused: {name}: {e}"))?;
+        crate::impute::smooth_calibration(per_number, None)
+            .map_err(|e| Refusal::new(K::Budget, format!("{name}: {e}")))?;
         calls.push((QuerySpec { name, kind, predicate: subpopulation.clone() }, per_number));
         fields.push(field);
     }
@@ -223,12 +255,15 @@ pub(super) fn plan_imputed(
                     other => (None, other),
                 };
                 let Expr::Column(c) = inner else {
-                    return refuse(format!(
-                        "`{e}`: select the dp_imputed_* values themselves (post-process them outside the query)"
-                    ));
+                    return refuse(
+                        K::Unsupported,
+                        format!(
+                            "`{e}`: select the dp_imputed_* values themselves (post-process them outside the query)"
+                        ),
+                    );
                 };
                 let Some(i) = fields.iter().position(|f| *f == c.name) else {
-                    return refuse(format!("`{e}` is not a dp_imputed_* value"));
+                    return refuse(K::Unsupported, format!("`{e}` is not a dp_imputed_* value"));
                 };
                 out.push((alias.unwrap_or_else(|| calls[i].0.name.clone()), i));
             }

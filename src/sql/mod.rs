@@ -2,12 +2,20 @@
 //! protected tables; every answer is noised once and charged to the ledger
 //! before it is returned.
 
+pub mod args;
 pub mod catalog;
 pub mod check;
+mod costing;
 pub mod engine;
+mod exact;
+mod execute;
 pub mod imputed;
+pub mod refusal;
+mod release;
 pub mod rowsafe;
 pub mod sites;
 
 pub use catalog::{Catalog, PrivacyUnit, TableEntry};
+pub use costing::selection_threshold;
 pub use engine::{ExplainRow, QueryResult, SqlEngine};
+pub use refusal::{Refusal, RefusalKind, refusal_kind};

@@ -8,7 +8,7 @@
 
 use std::ops::ControlFlow;
 
-use anyhow::{Result, bail};
+use anyhow::{Context, Result, bail};
 use datafusion::sql::sqlparser::ast::{
     Expr, FunctionArg, FunctionArgExpr, FunctionArguments, Statement, Value, visit_expressions_mut,
 };
@@ -16,6 +16,8 @@ use datafusion::sql::sqlparser::dialect::GenericDialect;
 use datafusion::sql::sqlparser::parser::Parser;
 
 use dpflow_udfs::dp::{DP_AGGREGATES, DP_IMPUTED_AGGREGATES};
+
+use super::refusal::{Refusal, RefusalKind as K};
 
 /// A budget share given at a call site.
 #[derive(Debug, Clone, Copy, PartialEq)]
@@ -57,7 +59,9 @@ pub fn site_tag(id: usize) -> String {
 pub fn prepare(sql: &str) -> Result<Prepared> {
     let mut stmts = Parser::parse_sql(&GenericDialect {}, sql).map_err(|e| anyhow::anyhow!("SQL syntax error: {e}"))?;
     if stmts.len() != 1 {
-        bail!("give exactly one SQL statement (got {})", stmts.len());
+        return Err(
+            Refusal::new(K::Unsupported, format!("give exactly one SQL statement (got {})", stmts.len())).into()
+        );
     }
     let mut stmt = stmts.remove(0);
     let mut explain = false;
@@ -66,7 +70,11 @@ pub fn prepare(sql: &str) -> Result<Prepared> {
         stmt = *statement;
     }
     if !matches!(stmt, Statement::Query(_)) {
-        bail!("only SELECT queries are allowed (no DDL, DML or configuration statements)");
+        return Err(Refusal::new(
+            K::Unsupported,
+            "only SELECT queries are allowed (no DDL, DML or configuration statements)",
+        )
+        .into());
     }
     let mut sites: Vec<CallSite> = Vec::new();
     // Identical call text shares one site (e.g. `dp_count(*)` and
@@ -154,6 +162,31 @@ pub fn prepare(sql: &str) -> Result<Prepared> {
         return Err(e);
     }
     Ok(Prepared { sql: stmt.to_string(), sites, explain })
+}
+
+/// The call-site id of a tagged DP call (its last argument).
+pub fn site_of(args: &[datafusion::logical_expr::Expr]) -> Result<usize> {
+    use datafusion::common::ScalarValue;
+    use datafusion::logical_expr::Expr;
+    match args.last() {
+        Some(Expr::Literal(ScalarValue::Utf8(Some(s)), _)) => {
+            s.strip_prefix("__dp_site_").and_then(|x| x.parse().ok()).context("internal: malformed DP call-site tag")
+        }
+        _ => bail!("internal: DP call without a site tag"),
+    }
+}
+
+/// `dp_count(Int64(1),Utf8("__dp_site_0"))` → `dp_count(*)`: a DP call's
+/// planned name without its site tag.
+pub fn clean_dp_name(name: &str) -> String {
+    let mut n = name.to_string();
+    while let Some(i) = n.find(",Utf8(\"__dp_site_") {
+        match n[i..].find("\")") {
+            Some(j) => n.replace_range(i..i + j + 2, ""),
+            None => break,
+        }
+    }
+    n.replace("dp_count(Int64(1))", "dp_count(*)").replace("dp_imputed_count(Int64(1))", "dp_imputed_count(*)")
 }
 
 #[cfg(test)]
