@@ -115,6 +115,16 @@ pub struct Fitted {
 }
 
 /// Everything a synthesizer may use while fitting.
+///
+/// What it allows, precisely: `answers` holds the exact marginals of the
+/// private data and is readable by the synthesizers, because selection needs
+/// them: AIM's quality scores (001 Alg. 2), MWEM's L1 errors, PrivBayes's
+/// mutual information (the exponential mechanism's scores) and MST's domain
+/// compression (its compressed tables are then measured). Every such read
+/// must end in a charged mechanism: [`FitContext::measure`] and its siblings
+/// (charge through `accountant`, then add noise) or an exponential mechanism
+/// whose loss is charged before it draws. No exact value may be stored in the
+/// model or the metadata; the reviews of each synthesizer check this.
 pub(crate) struct FitContext<'a> {
     pub domain: &'a Domain,
     pub sizes: Vec<usize>,
