@@ -5,6 +5,7 @@
 use std::collections::BTreeSet;
 
 use itertools::Itertools;
+use petgraph::unionfind::UnionFind;
 
 /// A junction tree over attributes `0..sizes.len()`.
 #[derive(Debug, Clone, PartialEq)]
@@ -139,25 +140,10 @@ pub fn max_spanning_tree(cliques: &[Vec<usize>]) -> Vec<(usize, usize)> {
         .collect();
     // Heaviest first; ties by index for determinism.
     cand.sort_by(|a, b| b.0.cmp(&a.0).then(a.1.cmp(&b.1)).then(a.2.cmp(&b.2)));
-    let mut parent: Vec<usize> = (0..n).collect();
-    fn find(p: &mut [usize], x: usize) -> usize {
-        let mut r = x;
-        while p[r] != r {
-            r = p[r];
-        }
-        let mut y = x;
-        while p[y] != r {
-            let nx = p[y];
-            p[y] = r;
-            y = nx;
-        }
-        r
-    }
+    let mut components = UnionFind::<usize>::new(n);
     let mut edges = Vec::new();
     for (_, i, j) in cand {
-        let (ri, rj) = (find(&mut parent, i), find(&mut parent, j));
-        if ri != rj {
-            parent[ri] = rj;
+        if components.union(i, j) {
             edges.push((i, j));
         }
     }
