@@ -1,7 +1,8 @@
 //! `dpflow schedule`: runs pipelines on their cron schedules.
 //!
-//! * one run at a time per pipeline (in-process loop plus a lock file, so two
-//!   schedulers cannot overlap either);
+//! * one run at a time per pipeline (a sequential loop per pipeline, and an
+//!   advisory lock on `<state dir>/<pipeline>.lock` held for the scheduler's
+//!   lifetime, so a second scheduler of the same pipeline refuses to start);
 //! * a missed run (the scheduler was down at the last scheduled time) runs
 //!   once on start-up;
 //! * before each run the ledger must cover the release's cost; otherwise the
@@ -59,40 +60,63 @@ fn save_state(dir: &Path, s: &PipelineState) -> Result<()> {
     Ok(())
 }
 
-/// An exclusive lock file for one pipeline (removed on drop).
-struct RunLock(PathBuf);
+/// A scheduler's claim on one pipeline: an advisory lock (`flock`) on
+/// `<state dir>/<pipeline>.lock`, held for the scheduler's lifetime. The lock,
+/// not the pid written into the file (for humans), decides: the operating
+/// system releases it when the holder exits, however it exits.
+pub(crate) struct PipelineLock {
+    path: PathBuf,
+    // Closing the file releases the lock (after `drop` removed the path).
+    _file: std::fs::File,
+}
 
-impl RunLock {
-    fn acquire(dir: &Path, name: &str) -> Result<Option<Self>> {
-        std::fs::create_dir_all(dir)?;
+impl PipelineLock {
+    /// Takes the lock on `<dir>/<name>.lock`, or fails at once if another
+    /// scheduler (or any other process) holds it.
+    pub(crate) fn acquire(dir: &Path, name: &str) -> Result<Self> {
+        use std::io::Write;
+        use std::os::unix::fs::MetadataExt;
+        std::fs::create_dir_all(dir).with_context(|| format!("creating the state directory {}", dir.display()))?;
         let path = dir.join(format!("{name}.lock"));
-        for _ in 0..2 {
-            match std::fs::OpenOptions::new().write(true).create_new(true).open(&path) {
-                Ok(mut f) => {
-                    use std::io::Write;
-                    let _ = write!(f, "{}", std::process::id());
-                    return Ok(Some(RunLock(path)));
+        let opening = || format!("opening the lock file {}", path.display());
+        loop {
+            let mut file = std::fs::OpenOptions::new()
+                .read(true)
+                .write(true)
+                .create(true)
+                .truncate(false)
+                .open(&path)
+                .with_context(opening)?;
+            match file.try_lock() {
+                Ok(()) => {}
+                Err(std::fs::TryLockError::WouldBlock) => anyhow::bail!(
+                    "another scheduler holds the lock {} of pipeline {name} (its pid is in the file); stop it before \
+                     starting a new scheduler for this pipeline",
+                    path.display()
+                ),
+                Err(std::fs::TryLockError::Error(e)) => {
+                    return Err(anyhow::Error::new(e).context(format!("locking {}", path.display())));
                 }
-                Err(e) if e.kind() == std::io::ErrorKind::AlreadyExists => {
-                    // Stale if its process is gone.
-                    let pid: Option<i32> = std::fs::read_to_string(&path).ok().and_then(|s| s.trim().parse().ok());
-                    // SAFETY: kill with signal 0 only checks that the process exists.
-                    let alive = pid.is_some_and(|p| unsafe { libc::kill(p, 0) } == 0);
-                    if alive {
-                        return Ok(None);
-                    }
-                    let _ = std::fs::remove_file(&path);
-                }
-                Err(e) => return Err(e.into()),
             }
+            // A holder removes the path before it unlocks: if the path no
+            // longer names the file locked here, lock the new one instead.
+            let held = file.metadata().with_context(opening)?;
+            match std::fs::metadata(&path) {
+                Ok(m) if m.dev() == held.dev() && m.ino() == held.ino() => {}
+                Ok(_) => continue,
+                Err(e) if e.kind() == std::io::ErrorKind::NotFound => continue,
+                Err(e) => return Err(anyhow::Error::new(e).context(opening())),
+            }
+            file.set_len(0).and_then(|()| write!(file, "{}", std::process::id())).with_context(opening)?;
+            return Ok(Self { path, _file: file });
         }
-        Ok(None)
     }
 }
 
-impl Drop for RunLock {
+impl Drop for PipelineLock {
     fn drop(&mut self) {
-        let _ = std::fs::remove_file(&self.0);
+        // Removed while still locked; the lock goes when the file closes.
+        let _ = std::fs::remove_file(&self.path);
     }
 }
 
@@ -128,10 +152,6 @@ async fn budget_covers(p: &Pipeline) -> Result<Result<(), String>> {
 }
 
 async fn run_once(p: &Pipeline, when: DateTime<Utc>, opts: &ScheduleOptions, state: &mut PipelineState) -> Result<()> {
-    let Some(_lock) = RunLock::acquire(&opts.state_dir, &p.name)? else {
-        log::warn!("{}: another run holds the lock; skipping {when}", p.name);
-        return Ok(());
-    };
     let local = when.with_timezone(&p.timezone);
     let release_id = format!("{}-{}", p.name, local.format("%Y%m%dT%H%M%S"));
     let ro = RunOptions {
@@ -227,6 +247,9 @@ async fn pipeline_loop(
 /// Returns the exit code: 0 after a shutdown, 3 if pipelines stopped.
 pub async fn schedule(pipelines: Vec<Pipeline>, opts: ScheduleOptions) -> Result<i32> {
     use futures::StreamExt;
+    // Every lock first, so a second scheduler fails before running anything.
+    let _locks =
+        pipelines.iter().map(|p| PipelineLock::acquire(&opts.state_dir, &p.name)).collect::<Result<Vec<_>>>()?;
     let (tx, rx) = tokio::sync::watch::channel(false);
     // Pipelines run concurrently in this task (no thread hopping: the ledger
     // connection is not Sync); each pipeline's own loop is sequential.
@@ -266,4 +289,27 @@ pub async fn schedule(pipelines: Vec<Pipeline>, opts: ScheduleOptions) -> Result
         }
     }
     Ok(if stopped && !shut_down { 3 } else { 0 })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_second_lock_fails_while_the_first_is_held_and_succeeds_after_drop() {
+        let dir = tempfile::tempdir().unwrap();
+        let first = PipelineLock::acquire(dir.path(), "p").unwrap();
+        let path = dir.path().join("p.lock");
+        assert_eq!(std::fs::read_to_string(&path).unwrap(), std::process::id().to_string());
+        let err = PipelineLock::acquire(dir.path(), "p").err().expect("the lock is held").to_string();
+        assert!(err.contains("another scheduler holds the lock") && err.contains(&path.display().to_string()), "{err}");
+        // A stale pid in the file decides nothing: only the lock does.
+        let other = PipelineLock::acquire(dir.path(), "q").unwrap();
+        drop(first);
+        assert!(!path.exists(), "the lock file is removed on drop");
+        std::fs::write(&path, "999999999").unwrap();
+        let again = PipelineLock::acquire(dir.path(), "p").unwrap();
+        assert_eq!(std::fs::read_to_string(&path).unwrap(), std::process::id().to_string());
+        drop((again, other));
+    }
 }
