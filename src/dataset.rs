@@ -79,7 +79,7 @@ impl Dataset {
     pub async fn raw(&self, ctx: &SessionContext) -> Result<DataFrame> {
         let mut all = vec![self.location.clone()];
         all.extend(self.extra_locations.iter().cloned());
-        open_inputs(ctx, &all, self.format, &self.spec).await
+        Ok(open_inputs(ctx, &all, self.format, &self.spec).await?)
     }
 
     /// Physical plan producing encoded codes for `columns` (all domain columns if empty).
