@@ -103,7 +103,7 @@ pub struct InputArgs {
 impl InputArgs {
     /// Opens the input as a dataset named `name`.
     pub fn open(&self, name: &str) -> Result<crate::dataset::Dataset> {
-        crate::dataset::Dataset::open(name, &self.input, self.input_format, &self.domain)
+        Ok(crate::dataset::Dataset::open(name, &self.input, self.input_format, &self.domain)?)
     }
 }
 
