@@ -4,9 +4,9 @@
 
 use std::sync::Arc;
 
-use anyhow::{Context, Result};
 use datafusion::common::ScalarValue;
 use datafusion::dataframe::DataFrame;
+use datafusion::error::DataFusionError;
 use datafusion::execution::context::SessionContext;
 use datafusion::logical_expr::Operator;
 use datafusion::physical_expr::PhysicalExpr;
@@ -17,8 +17,55 @@ use dpflow_udfs::domain::EncodeExec;
 use dpflow_udfs::marginal::{NullMode, batch_to_counts, config_for, plan_marginals};
 use dpflow_udfs::synth::{FillNullsExec, FillPlan};
 
-use crate::domain::{Domain, DomainSpec};
-use crate::io::{InputFormat, open_inputs};
+use crate::domain::{Domain, DomainSpec, SpecError};
+use crate::io::{InputFormat, IoError, open_inputs};
+
+/// Why a dataset cannot be opened, read or counted.
+#[derive(Debug, thiserror::Error)]
+pub enum DatasetError {
+    /// The domain file (it names the file, line and key).
+    #[error(transparent)]
+    Domain(#[from] SpecError),
+    /// The input cannot be opened (it names the location).
+    #[error(transparent)]
+    Io(#[from] IoError),
+    /// The input lacks some domain column.
+    #[error(
+        "{location}: the data does not have the domain's columns {columns:?}; check the header against the domain with `dpflow inspect`"
+    )]
+    MissingColumns {
+        /// The input.
+        location: String,
+        /// The domain's columns.
+        columns: Vec<String>,
+        /// DataFusion's error.
+        source: DataFusionError,
+    },
+    /// A column name that is not in the domain.
+    #[error("unknown column {0:?}: it is not in the domain")]
+    UnknownColumn(String),
+    /// DataFusion cannot plan the encoded read.
+    #[error("planning the encoded read of {location}")]
+    Plan {
+        /// The input.
+        location: String,
+        /// DataFusion's error.
+        source: DataFusionError,
+    },
+    /// Counting failed.
+    #[error("counting marginals of {location}")]
+    Count {
+        /// The input.
+        location: String,
+        /// DataFusion's error.
+        source: DataFusionError,
+    },
+    /// The marginal operator answered fewer sets than asked (a bug).
+    #[error("marginal operator returned too few marginals")]
+    TooFewMarginals,
+}
+
+type Result<T, E = DatasetError> = std::result::Result<T, E>;
 
 /// A protected (or public) dataset.
 #[derive(Debug, Clone)]
@@ -70,6 +117,18 @@ impl Dataset {
         })
     }
 
+    fn plan_err(&self) -> impl Fn(DataFusionError) -> DatasetError + '_ {
+        |source| DatasetError::Plan { location: self.location.clone(), source }
+    }
+
+    /// Positions of domain columns.
+    fn positions(&self, columns: &[&str]) -> Result<Vec<usize>> {
+        columns
+            .iter()
+            .map(|c| self.domain().position(c).ok_or_else(|| DatasetError::UnknownColumn(c.to_string())))
+            .collect()
+    }
+
     /// The public domain.
     pub fn domain(&self) -> &Domain {
         &self.spec.domain
@@ -79,7 +138,7 @@ impl Dataset {
     pub async fn raw(&self, ctx: &SessionContext) -> Result<DataFrame> {
         let mut all = vec![self.location.clone()];
         all.extend(self.extra_locations.iter().cloned());
-        open_inputs(ctx, &all, self.format, &self.spec).await
+        Ok(open_inputs(ctx, &all, self.format, &self.spec).await?)
     }
 
     /// Physical plan producing encoded codes for `columns` (all domain columns if empty).
@@ -87,21 +146,19 @@ impl Dataset {
         // Encode every domain column (so drop-row/error policies select the same
         // rows whatever is counted), then keep the requested ones.
         let all = self.domain().names();
-        let df = self
-            .raw(ctx)
-            .await?
-            .select_columns(&all)
-            .with_context(|| format!("{}: the data does not have the domain's columns {all:?}", self.location))?;
-        let plan = df.create_physical_plan().await?;
-        let encoded: Arc<dyn ExecutionPlan> = Arc::new(EncodeExec::try_new(plan, Arc::new(self.domain().clone()))?);
+        let df = self.raw(ctx).await?.select_columns(&all).map_err(|source| DatasetError::MissingColumns {
+            location: self.location.clone(),
+            columns: all.iter().map(|c| c.to_string()).collect(),
+            source,
+        })?;
+        let plan = df.create_physical_plan().await.map_err(self.plan_err())?;
+        let encoded: Arc<dyn ExecutionPlan> =
+            Arc::new(EncodeExec::try_new(plan, Arc::new(self.domain().clone())).map_err(self.plan_err())?);
         if columns.is_empty() {
             return Ok(encoded);
         }
-        let idx: Vec<usize> = columns
-            .iter()
-            .map(|c| self.domain().position(c).with_context(|| format!("unknown column {c:?}")))
-            .collect::<Result<_>>()?;
-        Ok(dpflow_udfs::marginal::project(encoded, Some(&idx))?)
+        let idx = self.positions(columns)?;
+        dpflow_udfs::marginal::project(encoded, Some(&idx)).map_err(self.plan_err())
     }
 
     /// Exact marginals of attribute sets, in one scan.
@@ -135,10 +192,10 @@ impl Dataset {
                 }
                 match predicate {
                     None => all,
-                    Some(p) => Arc::new(FilterExec::try_new(p, all)?),
+                    Some(p) => Arc::new(FilterExec::try_new(p, all).map_err(self.plan_err())?),
                 }
             }
-            CodeSource::Filled(plan) => Arc::new(FillNullsExec::try_new(all, plan.clone())?),
+            CodeSource::Filled(plan) => Arc::new(FillNullsExec::try_new(all, plan.clone()).map_err(self.plan_err())?),
         })
     }
 
@@ -149,24 +206,22 @@ impl Dataset {
         sets: &[(Vec<String>, NullMode)],
         source: &CodeSource,
     ) -> Result<Vec<ExactMarginal>> {
-        let config = config_for(self.domain(), sets)?;
+        let config = config_for(self.domain(), sets).map_err(self.plan_err())?;
         let used: Vec<&str> = config.columns.iter().map(|c| c.name.as_str()).collect();
         let input = match source {
             CodeSource::Plain => self.encoded_plan(ctx, &used).await?,
             _ => {
-                let idx: Vec<usize> = used
-                    .iter()
-                    .map(|c| self.domain().position(c).with_context(|| format!("unknown column {c:?}")))
-                    .collect::<Result<_>>()?;
-                dpflow_udfs::marginal::project(self.codes_plan(ctx, source).await?, Some(&idx))?
+                let idx = self.positions(&used)?;
+                dpflow_udfs::marginal::project(self.codes_plan(ctx, source).await?, Some(&idx))
+                    .map_err(self.plan_err())?
             }
         };
-        let plan = plan_marginals(input, config.clone())?;
-        let batches =
-            collect(plan, ctx.task_ctx()).await.with_context(|| format!("counting marginals of {}", self.location))?;
+        let plan = plan_marginals(input, config.clone()).map_err(self.plan_err())?;
+        let count_err = |source| DatasetError::Count { location: self.location.clone(), source };
+        let batches = collect(plan, ctx.task_ctx()).await.map_err(count_err)?;
         let mut out: Vec<Option<ExactMarginal>> = vec![None; sets.len()];
         for b in &batches {
-            for (i, counts, observed) in batch_to_counts(b)? {
+            for (i, counts, observed) in batch_to_counts(b).map_err(count_err)? {
                 let i = i as usize;
                 let (attrs, mode) = &sets[i];
                 let shape = config.sets[i]
@@ -183,7 +238,7 @@ impl Dataset {
                 out[i] = Some(ExactMarginal { attrs: attrs.clone(), mode: *mode, shape, counts, observed });
             }
         }
-        out.into_iter().map(|m| m.context("marginal operator returned too few marginals")).collect()
+        out.into_iter().map(|m| m.ok_or(DatasetError::TooFewMarginals)).collect()
     }
 }
 

@@ -392,7 +392,7 @@ pub async fn write_bench_data(
         }
         next = end;
     }
-    sink.finish().await
+    Ok(sink.finish().await?)
 }
 
 #[cfg(test)]

@@ -95,6 +95,6 @@ pub struct InputArgs {
 impl InputArgs {
     /// Opens the input as a dataset named `name`.
     pub fn open(&self, name: &str) -> Result<dpflow::dataset::Dataset> {
-        dpflow::dataset::Dataset::open(name, &self.input, self.input_format, &self.domain)
+        Ok(dpflow::dataset::Dataset::open(name, &self.input, self.input_format, &self.domain)?)
     }
 }

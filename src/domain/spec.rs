@@ -263,7 +263,7 @@ impl DomainSpec {
             file: file.into(),
             line: None,
             key: "(root)".into(),
-            message: m,
+            message: m.to_string(),
         })?;
         Ok(Self { name: None, domain, text: TextFormat::default(), source: file.into() })
     }
@@ -339,14 +339,14 @@ fn compile(raw: RawSpec, file: &str) -> Result<DomainSpec, SpecError> {
             null_tokens: rc.null_tokens.clone().unwrap_or_else(|| raw.null_tokens.clone()),
             out_of_domain: rc.out_of_domain.unwrap_or(default_policy),
         };
-        col.validate().map_err(|m| err("", m))?;
+        col.validate().map_err(|m| err("", m.to_string()))?;
         columns.push(col);
     }
     let domain = Domain::new(columns).map_err(|m| SpecError {
         file: file.into(),
         line: None,
         key: "columns".into(),
-        message: m,
+        message: m.to_string(),
     })?;
     Ok(DomainSpec { name: raw.name, domain, text: raw.text.unwrap_or_default(), source: file.into() })
 }

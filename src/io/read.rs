@@ -1,6 +1,5 @@
 //! Streaming reads of CSV and Parquet inputs.
 
-use anyhow::{Context, Result, bail};
 use datafusion::arrow::datatypes::{DataType, Field, Schema};
 use datafusion::dataframe::DataFrame;
 use datafusion::execution::context::SessionContext;
@@ -10,6 +9,7 @@ use object_store::ObjectStoreExt;
 use object_store::path::Path as ObjectPath;
 use url::Url;
 
+use super::IoError;
 use super::store::{register_stores_for, resolve_url, store_for};
 use crate::domain::DomainSpec;
 
@@ -50,30 +50,43 @@ fn extension_of(url: &Url) -> String {
 }
 
 /// Reads the header line of a delimited text file (first file of a prefix).
-pub async fn read_header_names(ctx: &SessionContext, url: &Url, delimiter: char, quote: char) -> Result<Vec<String>> {
+pub async fn read_header_names(
+    ctx: &SessionContext,
+    url: &Url,
+    delimiter: char,
+    quote: char,
+) -> Result<Vec<String>, IoError> {
     let store = store_for(ctx, url)?;
-    let mut path = ObjectPath::from_url_path(url.path()).with_context(|| format!("bad path in {url}"))?;
+    let location = || url.to_string();
+    let mut path =
+        ObjectPath::from_url_path(url.path()).map_err(|source| IoError::BadPath { location: location(), source })?;
+    let store_err = |action| move |source| IoError::Store { action, location: location(), source };
     if url.path().ends_with('/') {
-        let first =
-            store.list(Some(&path)).try_next().await?.with_context(|| format!("{url}: no files under this prefix"))?;
+        let first = store
+            .list(Some(&path))
+            .try_next()
+            .await
+            .map_err(store_err("listing"))?
+            .ok_or_else(|| IoError::EmptyPrefix { url: location() })?;
         path = first.location;
     }
-    let meta = store.head(&path).await.with_context(|| format!("cannot open {url}"))?;
+    let meta = store.head(&path).await.map_err(store_err("cannot open"))?;
     let end = meta.size.min(1 << 16);
-    let bytes = store.get_range(&path, 0..end).await?;
+    let bytes = store.get_range(&path, 0..end).await.map_err(store_err("reading"))?;
     let text = String::from_utf8_lossy(&bytes);
-    let line = text.lines().next().with_context(|| format!("{url}: empty file"))?;
+    let line = text.lines().next().ok_or_else(|| IoError::EmptyFile { url: location() })?;
     Ok(line.split(delimiter).map(|s| s.trim().trim_matches(quote).to_string()).collect())
 }
 
 /// Fails unless `url` names an existing object, or a prefix/glob with at least
 /// one object (DataFusion would silently read an empty table).
-pub async fn ensure_exists(ctx: &SessionContext, url: &Url, location: &str) -> Result<()> {
+pub async fn ensure_exists(ctx: &SessionContext, url: &Url, location: &str) -> Result<(), IoError> {
     let store = store_for(ctx, url)?;
     let path = url.path();
     let is_glob = path.contains(['*', '?', '[']);
     if !is_glob && !path.ends_with('/') {
-        let p = ObjectPath::from_url_path(path).with_context(|| format!("bad path in {location}"))?;
+        let p = ObjectPath::from_url_path(path)
+            .map_err(|source| IoError::BadPath { location: location.to_string(), source })?;
         if store.head(&p).await.is_ok() {
             return Ok(());
         }
@@ -83,10 +96,11 @@ pub async fn ensure_exists(ctx: &SessionContext, url: &Url, location: &str) -> R
         Some(i) => &path[..path[..i].rfind('/').map_or(0, |j| j + 1)],
         None => path,
     };
-    let prefix = ObjectPath::from_url_path(fixed).with_context(|| format!("bad path in {location}"))?;
+    let prefix = ObjectPath::from_url_path(fixed)
+        .map_err(|source| IoError::BadPath { location: location.to_string(), source })?;
     match store.list(Some(&prefix)).try_next().await {
         Ok(Some(_)) => Ok(()),
-        _ => bail!("input {location} does not exist (no file or object at {url})"),
+        _ => Err(IoError::MissingInput { location: location.to_string(), url: url.to_string() }),
     }
 }
 
@@ -98,7 +112,7 @@ pub async fn open_input(
     location: &str,
     format: Option<InputFormat>,
     spec: &DomainSpec,
-) -> Result<DataFrame> {
+) -> Result<DataFrame, IoError> {
     open_inputs(ctx, &[location.to_string()], format, spec).await
 }
 
@@ -108,8 +122,8 @@ pub async fn open_inputs(
     locations: &[String],
     format: Option<InputFormat>,
     spec: &DomainSpec,
-) -> Result<DataFrame> {
-    let location = locations.first().context("no input given")?.as_str();
+) -> Result<DataFrame, IoError> {
+    let location = locations.first().ok_or(IoError::NoInput)?.as_str();
     let mut table_paths = Vec::with_capacity(locations.len());
     let mut urls = Vec::with_capacity(locations.len());
     for l in locations {
@@ -126,11 +140,11 @@ pub async fn open_inputs(
         InputFormat::Parquet => ctx
             .read_parquet(table_path, ParquetReadOptions::default())
             .await
-            .with_context(|| format!("cannot read Parquet input {location}")),
+            .map_err(|source| IoError::OpenInput { format: "Parquet", location: location.to_string(), source }),
         InputFormat::Csv => {
             let t = &spec.text;
             if !t.delimiter.is_ascii() || !t.quote.is_ascii() || t.comment.is_some_and(|c| !c.is_ascii()) {
-                bail!("{}: text delimiter, quote and comment must be ASCII characters", spec.source);
+                return Err(IoError::NonAsciiText { domain: spec.source.to_string() });
             }
             let names: Vec<String> = if t.header {
                 read_header_names(ctx, &url, t.delimiter, t.quote).await?
@@ -148,9 +162,11 @@ pub async fn open_inputs(
             if let Some(c) = t.comment {
                 opts = opts.comment(c as u8);
             }
-            let df =
-                ctx.read_csv(table_path, opts).await.with_context(|| format!("cannot read CSV input {location}"))?;
-            Ok(df)
+            ctx.read_csv(table_path, opts).await.map_err(|source| IoError::OpenInput {
+                format: "CSV",
+                location: location.to_string(),
+                source,
+            })
         }
     }
 }

@@ -2,7 +2,7 @@
 
 use std::sync::{Arc, OnceLock};
 
-use anyhow::{Context, Result, bail};
+use super::IoError;
 use datafusion::execution::context::SessionContext;
 use datafusion::execution::object_store::ObjectStoreUrl;
 use datafusion::prelude::SessionConfig;
@@ -18,15 +18,21 @@ pub fn memory_store() -> Arc<InMemory> {
 }
 
 /// Turns a path or URL into a URL: bare paths become absolute `file://` URLs.
-pub fn resolve_url(location: &str) -> Result<Url> {
+pub fn resolve_url(location: &str) -> Result<Url, IoError> {
     if let Some((scheme, _)) = location.split_once("://") {
         if !matches!(scheme, "file" | "s3" | "memory") {
-            bail!("unsupported URL scheme {scheme:?} in {location:?} (use file://, s3:// or memory://)");
+            return Err(IoError::UnsupportedScheme { scheme: scheme.to_string(), location: location.to_string() });
         }
-        return Url::parse(location).with_context(|| format!("invalid URL {location:?}"));
+        return Url::parse(location).map_err(|source| IoError::InvalidUrl { location: location.to_string(), source });
     }
     let path = std::path::Path::new(location);
-    let joined = if path.is_absolute() { path.to_path_buf() } else { std::env::current_dir()?.join(path) };
+    let joined = if path.is_absolute() {
+        path.to_path_buf()
+    } else {
+        std::env::current_dir()
+            .map_err(|source| IoError::CurrentDir { location: location.to_string(), source })?
+            .join(path)
+    };
     // Lexical normalisation: object-store paths may not contain `.` or `..`.
     let mut abs = std::path::PathBuf::new();
     for c in joined.components() {
@@ -45,14 +51,14 @@ pub fn resolve_url(location: &str) -> Result<Url> {
     }
     Url::from_file_path(&s)
         .or_else(|_| Url::parse(&format!("file://{s}")))
-        .map_err(|_| anyhow::anyhow!("cannot turn {location:?} into a file URL"))
+        .map_err(|_| IoError::NotAFileUrl { location: location.to_string() })
 }
 
 /// The object store serving `url` (registered with [`register_stores_for`] first).
-pub fn store_for(ctx: &SessionContext, url: &Url) -> Result<Arc<dyn ObjectStore>> {
-    let base =
-        ObjectStoreUrl::parse(&url[..url::Position::BeforePath]).with_context(|| format!("bad store URL {url}"))?;
-    ctx.runtime_env().object_store(&base).with_context(|| format!("no object store registered for {url}"))
+pub fn store_for(ctx: &SessionContext, url: &Url) -> Result<Arc<dyn ObjectStore>, IoError> {
+    let no_store = |source| IoError::NoStore { url: url.to_string(), source };
+    let base = ObjectStoreUrl::parse(&url[..url::Position::BeforePath]).map_err(no_store)?;
+    ctx.runtime_env().object_store(&base).map_err(no_store)
 }
 
 /// A DataFusion session with dpflow's defaults.
@@ -66,7 +72,7 @@ pub fn session_context() -> SessionContext {
 /// Registers the object store a URL needs (S3 credentials and endpoint come
 /// from the standard AWS environment variables: `AWS_ACCESS_KEY_ID`,
 /// `AWS_SECRET_ACCESS_KEY`, `AWS_REGION`, `AWS_ENDPOINT_URL`, `AWS_ALLOW_HTTP`).
-pub fn register_stores_for(ctx: &SessionContext, url: &Url) -> Result<()> {
+pub fn register_stores_for(ctx: &SessionContext, url: &Url) -> Result<(), IoError> {
     match url.scheme() {
         "file" => Ok(()),
         "memory" => {
@@ -76,7 +82,7 @@ pub fn register_stores_for(ctx: &SessionContext, url: &Url) -> Result<()> {
             Ok(())
         }
         "s3" => {
-            let bucket = url.host_str().with_context(|| format!("{url}: an s3:// URL needs a bucket"))?;
+            let bucket = url.host_str().ok_or_else(|| IoError::NoBucket { url: url.to_string() })?;
             let mut builder = AmazonS3Builder::from_env().with_bucket_name(bucket);
             // AmazonS3Builder::from_env reads AWS_ENDPOINT; accept the newer spelling too.
             if let Ok(ep) = std::env::var("AWS_ENDPOINT_URL") {
@@ -88,11 +94,11 @@ pub fn register_stores_for(ctx: &SessionContext, url: &Url) -> Result<()> {
             if std::env::var("AWS_REGION").is_err() && std::env::var("AWS_DEFAULT_REGION").is_err() {
                 builder = builder.with_region("us-east-1");
             }
-            let store = builder.build().with_context(|| format!("configuring S3 for bucket {bucket:?}"))?;
+            let store = builder.build().map_err(|source| IoError::S3Config { bucket: bucket.to_string(), source })?;
             let base = Url::parse(&format!("s3://{bucket}")).expect("bucket url");
             ctx.register_object_store(&base, Arc::new(store));
             Ok(())
         }
-        other => bail!("unsupported URL scheme {other:?}"),
+        other => Err(IoError::UnsupportedScheme { scheme: other.to_string(), location: url.to_string() }),
     }
 }

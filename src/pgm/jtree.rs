@@ -4,6 +4,9 @@
 
 use std::collections::BTreeSet;
 
+use itertools::Itertools;
+use petgraph::unionfind::UnionFind;
+
 /// A junction tree over attributes `0..sizes.len()`.
 #[derive(Debug, Clone, PartialEq)]
 pub struct JunctionTree {
@@ -54,16 +57,8 @@ pub fn greedy_order(sizes: &[usize], cliques: &[Vec<usize>], heuristic: Heuristi
             let key = match heuristic {
                 Heuristic::MinSize => (size, 0.0),
                 Heuristic::MinFill => {
-                    let nb: Vec<usize> = adj[v].iter().copied().collect();
-                    let mut fill = 0.0;
-                    for i in 0..nb.len() {
-                        for j in i + 1..nb.len() {
-                            if !adj[nb[i]].contains(&nb[j]) {
-                                fill += 1.0;
-                            }
-                        }
-                    }
-                    (fill, size)
+                    let fill = adj[v].iter().array_combinations().filter(|&[&a, b]| !adj[a].contains(b)).count();
+                    (fill as f64, size)
                 }
             };
             if best.is_none_or(|(_, k)| key < k) {
@@ -139,34 +134,16 @@ pub fn elimination_cliques(sizes: &[usize], cliques: &[Vec<usize>], order: &[usi
 /// joined with empty separators so the result is one tree.
 pub fn max_spanning_tree(cliques: &[Vec<usize>]) -> Vec<(usize, usize)> {
     let n = cliques.len();
-    let mut cand: Vec<(usize, usize, usize)> = Vec::new();
-    for i in 0..n {
-        for j in i + 1..n {
-            let w = cliques[i].iter().filter(|a| cliques[j].contains(a)).count();
-            cand.push((w, i, j));
-        }
-    }
+    let mut cand: Vec<(usize, usize, usize)> = (0..n)
+        .array_combinations()
+        .map(|[i, j]| (cliques[i].iter().filter(|a| cliques[j].contains(a)).count(), i, j))
+        .collect();
     // Heaviest first; ties by index for determinism.
     cand.sort_by(|a, b| b.0.cmp(&a.0).then(a.1.cmp(&b.1)).then(a.2.cmp(&b.2)));
-    let mut parent: Vec<usize> = (0..n).collect();
-    fn find(p: &mut [usize], x: usize) -> usize {
-        let mut r = x;
-        while p[r] != r {
-            r = p[r];
-        }
-        let mut y = x;
-        while p[y] != r {
-            let nx = p[y];
-            p[y] = r;
-            y = nx;
-        }
-        r
-    }
+    let mut components = UnionFind::<usize>::new(n);
     let mut edges = Vec::new();
     for (_, i, j) in cand {
-        let (ri, rj) = (find(&mut parent, i), find(&mut parent, j));
-        if ri != rj {
-            parent[ri] = rj;
+        if components.union(i, j) {
             edges.push((i, j));
         }
     }

@@ -56,6 +56,6 @@ pub fn sampling_plan(model: &GraphicalModel, domain: &Domain, decode: DecodeMode
         used.push(col);
     }
     let plan = SamplingPlan { domain: domain.clone(), steps, decode };
-    plan.validate()?;
+    plan.validate().map_err(|e| e.to_string())?;
     Ok(plan)
 }

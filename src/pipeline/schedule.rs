@@ -1,7 +1,8 @@
 //! `dpflow schedule`: runs pipelines on their cron schedules.
 //!
-//! * one run at a time per pipeline (in-process loop plus a lock file, so two
-//!   schedulers cannot overlap either);
+//! * one run at a time per pipeline (a sequential loop per pipeline, and an
+//!   advisory lock on `<state dir>/<pipeline>.lock` held for the scheduler's
+//!   lifetime, so a second scheduler of the same pipeline refuses to start);
 //! * a missed run (the scheduler was down at the last scheduled time) runs
 //!   once on start-up;
 //! * before each run the ledger must cover the release's cost; otherwise the
@@ -11,10 +12,10 @@
 use std::path::{Path, PathBuf};
 use std::str::FromStr;
 
-use anyhow::{Context, Result};
 use chrono::{DateTime, Utc};
 use serde::{Deserialize, Serialize};
 
+use super::error::{PipelineError, chain};
 use super::run::{RunOptions, RunOutcome};
 use super::spec::Pipeline;
 
@@ -51,48 +52,80 @@ pub fn load_state(dir: &Path, name: &str) -> PipelineState {
         .unwrap_or(PipelineState { name: name.into(), ..Default::default() })
 }
 
+type Result<T, E = PipelineError> = std::result::Result<T, E>;
+
+fn state_err(action: &'static str, path: &Path) -> impl FnOnce(std::io::Error) -> PipelineError {
+    let path = path.to_path_buf();
+    move |source| PipelineError::State { action, path, source }
+}
+
 fn save_state(dir: &Path, s: &PipelineState) -> Result<()> {
-    std::fs::create_dir_all(dir)?;
+    std::fs::create_dir_all(dir).map_err(state_err("creating the state directory", dir))?;
     let tmp = dir.join(format!(".{}.tmp", s.name));
-    std::fs::write(&tmp, serde_json::to_vec_pretty(s)?)?;
-    std::fs::rename(&tmp, state_path(dir, &s.name))?;
+    let json = serde_json::to_vec_pretty(s).map_err(|source| PipelineError::Json {
+        action: "encoding",
+        what: format!("the state of pipeline {}", s.name),
+        source,
+    })?;
+    std::fs::write(&tmp, json).map_err(state_err("writing", &tmp))?;
+    let path = state_path(dir, &s.name);
+    std::fs::rename(&tmp, &path).map_err(state_err("writing", &path))?;
     Ok(())
 }
 
-/// An exclusive lock file for one pipeline (removed on drop).
-struct RunLock(PathBuf);
+/// A scheduler's claim on one pipeline: an advisory lock (`flock`) on
+/// `<state dir>/<pipeline>.lock`, held for the scheduler's lifetime. The lock,
+/// not the pid written into the file (for humans), decides: the operating
+/// system releases it when the holder exits, however it exits.
+pub(crate) struct PipelineLock {
+    path: PathBuf,
+    // Closing the file releases the lock (after `drop` removed the path).
+    _file: std::fs::File,
+}
 
-impl RunLock {
-    fn acquire(dir: &Path, name: &str) -> Result<Option<Self>> {
-        std::fs::create_dir_all(dir)?;
+impl PipelineLock {
+    /// Takes the lock on `<dir>/<name>.lock`, or fails at once if another
+    /// scheduler (or any other process) holds it.
+    pub(crate) fn acquire(dir: &Path, name: &str) -> Result<Self> {
+        use std::io::Write;
+        use std::os::unix::fs::MetadataExt;
+        std::fs::create_dir_all(dir).map_err(state_err("creating the state directory", dir))?;
         let path = dir.join(format!("{name}.lock"));
-        for _ in 0..2 {
-            match std::fs::OpenOptions::new().write(true).create_new(true).open(&path) {
-                Ok(mut f) => {
-                    use std::io::Write;
-                    let _ = write!(f, "{}", std::process::id());
-                    return Ok(Some(RunLock(path)));
+        let opening = || state_err("opening the lock file", &path);
+        loop {
+            let mut file = std::fs::OpenOptions::new()
+                .read(true)
+                .write(true)
+                .create(true)
+                .truncate(false)
+                .open(&path)
+                .map_err(opening())?;
+            match file.try_lock() {
+                Ok(()) => {}
+                Err(std::fs::TryLockError::WouldBlock) => {
+                    return Err(PipelineError::Locked { pipeline: name.to_string(), path });
                 }
-                Err(e) if e.kind() == std::io::ErrorKind::AlreadyExists => {
-                    // Stale if its process is gone.
-                    let pid: Option<i32> = std::fs::read_to_string(&path).ok().and_then(|s| s.trim().parse().ok());
-                    // SAFETY: kill with signal 0 only checks that the process exists.
-                    let alive = pid.is_some_and(|p| unsafe { libc::kill(p, 0) } == 0);
-                    if alive {
-                        return Ok(None);
-                    }
-                    let _ = std::fs::remove_file(&path);
-                }
-                Err(e) => return Err(e.into()),
+                Err(std::fs::TryLockError::Error(e)) => return Err(state_err("locking", &path)(e)),
             }
+            // A holder removes the path before it unlocks: if the path no
+            // longer names the file locked here, lock the new one instead.
+            let held = file.metadata().map_err(opening())?;
+            match std::fs::metadata(&path) {
+                Ok(m) if m.dev() == held.dev() && m.ino() == held.ino() => {}
+                Ok(_) => continue,
+                Err(e) if e.kind() == std::io::ErrorKind::NotFound => continue,
+                Err(e) => return Err(opening()(e)),
+            }
+            file.set_len(0).and_then(|()| write!(file, "{}", std::process::id())).map_err(opening())?;
+            return Ok(Self { path, _file: file });
         }
-        Ok(None)
     }
 }
 
-impl Drop for RunLock {
+impl Drop for PipelineLock {
     fn drop(&mut self) {
-        let _ = std::fs::remove_file(&self.0);
+        // Removed while still locked; the lock goes when the file closes.
+        let _ = std::fs::remove_file(&self.path);
     }
 }
 
@@ -106,32 +139,33 @@ pub struct ScheduleOptions {
 }
 
 fn cron_of(p: &Pipeline) -> Result<croner::Cron> {
-    let s = p.schedule.as_deref().with_context(|| format!("pipeline {} has no schedule", p.name))?;
-    croner::Cron::from_str(s).with_context(|| format!("pipeline {}: bad schedule {s:?}", p.name))
+    let s = p.schedule.as_deref().ok_or_else(|| PipelineError::NoSchedule(p.name.clone()))?;
+    croner::Cron::from_str(s).map_err(|source| PipelineError::Schedule {
+        pipeline: p.name.clone(),
+        problem: "bad schedule",
+        schedule: s.to_string(),
+        source,
+    })
 }
 
-/// Can the ledger cover the next release?
-async fn budget_covers(p: &Pipeline) -> Result<Result<(), String>> {
+/// Why the ledger cannot cover the next release, if it cannot.
+async fn budget_shortfall(p: &Pipeline) -> Result<Option<String>> {
     let (plans, _) = p.plan().await?;
     let ledger = match crate::privacy::Ledger::open(&p.ledger) {
         Ok(l) => l,
-        Err(crate::privacy::LedgerError::Missing(_)) if p.create_ledger.is_some() => return Ok(Ok(())),
+        Err(crate::privacy::LedgerError::Missing(_)) if p.create_ledger.is_some() => return Ok(None),
         Err(e) => return Err(e.into()),
     };
     let mut filter = ledger.filter(&p.dataset)?;
     for m in plans.iter().flat_map(|s| &s.mechanisms) {
         if let Err(e) = filter.charge(&m.loss) {
-            return Ok(Err(format!("the ledger cannot cover the next release: {e}")));
+            return Ok(Some(format!("the ledger cannot cover the next release: {e}")));
         }
     }
-    Ok(Ok(()))
+    Ok(None)
 }
 
 async fn run_once(p: &Pipeline, when: DateTime<Utc>, opts: &ScheduleOptions, state: &mut PipelineState) -> Result<()> {
-    let Some(_lock) = RunLock::acquire(&opts.state_dir, &p.name)? else {
-        log::warn!("{}: another run holds the lock; skipping {when}", p.name);
-        return Ok(());
-    };
     let local = when.with_timezone(&p.timezone);
     let release_id = format!("{}-{}", p.name, local.format("%Y%m%dT%H%M%S"));
     let ro = RunOptions {
@@ -152,9 +186,10 @@ async fn run_once(p: &Pipeline, when: DateTime<Utc>, opts: &ScheduleOptions, sta
         Ok(RunOutcome::AlreadyComplete { .. }) => state.last_status = Some("already-complete".into()),
         Ok(RunOutcome::DryRun { .. }) => {}
         Err(e) => {
-            log::error!("{}: run for {when} failed: {e:#}", p.name);
+            let e = chain(&e);
+            log::error!("{}: run for {when} failed: {e}", p.name);
             state.last_status = Some("failed".into());
-            state.last_error = Some(format!("{e:#}"));
+            state.last_error = Some(e);
         }
     }
     Ok(())
@@ -177,9 +212,9 @@ async fn pipeline_loop(
         let prev = prev.with_timezone(&Utc);
         if prev > last {
             log::info!("{}: missed the run of {prev}; running it now", p.name);
-            match budget_covers(&p).await? {
-                Ok(()) => run_once(&p, prev, &opts, &mut state).await?,
-                Err(why) => {
+            match budget_shortfall(&p).await? {
+                None => run_once(&p, prev, &opts, &mut state).await?,
+                Some(why) => {
                     state.stopped = Some(why);
                     save_state(&opts.state_dir, &state)?;
                     return Ok(state);
@@ -190,7 +225,12 @@ async fn pipeline_loop(
     }
     loop {
         let now = Utc::now().with_timezone(&p.timezone);
-        let next = cron.find_next_occurrence(&now, false).with_context(|| format!("{}: no next run", p.name))?;
+        let next = cron.find_next_occurrence(&now, false).map_err(|source| PipelineError::Schedule {
+            pipeline: p.name.clone(),
+            problem: "no next run for the schedule",
+            schedule: p.schedule.clone().unwrap_or_default(),
+            source,
+        })?;
         let next_utc = next.with_timezone(&Utc);
         state.next = Some(next_utc);
         save_state(&opts.state_dir, &state)?;
@@ -204,9 +244,9 @@ async fn pipeline_loop(
                 return Ok(state);
             }
         }
-        match budget_covers(&p).await? {
-            Ok(()) => {}
-            Err(why) => {
+        match budget_shortfall(&p).await? {
+            None => {}
+            Some(why) => {
                 log::error!("{}: stopping: {why}", p.name);
                 state.stopped = Some(why);
                 state.next = None;
@@ -227,6 +267,9 @@ async fn pipeline_loop(
 /// Returns the exit code: 0 after a shutdown, 3 if pipelines stopped.
 pub async fn schedule(pipelines: Vec<Pipeline>, opts: ScheduleOptions) -> Result<i32> {
     use futures::StreamExt;
+    // Every lock first, so a second scheduler fails before running anything.
+    let _locks =
+        pipelines.iter().map(|p| PipelineLock::acquire(&opts.state_dir, &p.name)).collect::<Result<Vec<_>>>()?;
     let (tx, rx) = tokio::sync::watch::channel(false);
     // Pipelines run concurrently in this task (no thread hopping: the ledger
     // connection is not Sync); each pipeline's own loop is sequential.
@@ -259,11 +302,34 @@ pub async fn schedule(pipelines: Vec<Pipeline>, opts: ScheduleOptions) -> Result
                     }
                 }
                 Some(Err(e)) => {
-                    log::error!("scheduler: {e:#}");
+                    log::error!("scheduler: {}", chain(&e));
                     stopped = true;
                 }
             }
         }
     }
     Ok(if stopped && !shut_down { 3 } else { 0 })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_second_lock_fails_while_the_first_is_held_and_succeeds_after_drop() {
+        let dir = tempfile::tempdir().unwrap();
+        let first = PipelineLock::acquire(dir.path(), "p").unwrap();
+        let path = dir.path().join("p.lock");
+        assert_eq!(std::fs::read_to_string(&path).unwrap(), std::process::id().to_string());
+        let err = PipelineLock::acquire(dir.path(), "p").err().expect("the lock is held").to_string();
+        assert!(err.contains("another scheduler holds the lock") && err.contains(&path.display().to_string()), "{err}");
+        // A stale pid in the file decides nothing: only the lock does.
+        let other = PipelineLock::acquire(dir.path(), "q").unwrap();
+        drop(first);
+        assert!(!path.exists(), "the lock file is removed on drop");
+        std::fs::write(&path, "999999999").unwrap();
+        let again = PipelineLock::acquire(dir.path(), "p").unwrap();
+        assert_eq!(std::fs::read_to_string(&path).unwrap(), std::process::id().to_string());
+        drop((again, other));
+    }
 }

@@ -50,17 +50,13 @@ pub enum Budget {
 
 impl Budget {
     /// Checks the parameters.
-    pub fn validate(&self) -> Result<(), String> {
+    pub fn validate(&self) -> Result<(), BudgetError> {
         let ok = match *self {
             Budget::Pure { epsilon } => epsilon > 0.0 && epsilon.is_finite(),
             Budget::Approx { epsilon, delta } => epsilon > 0.0 && epsilon.is_finite() && delta > 0.0 && delta < 1.0,
             Budget::Zcdp { rho } => rho > 0.0 && rho.is_finite(),
         };
-        if ok {
-            Ok(())
-        } else {
-            Err(format!("invalid budget {self:?}: ε and ρ must be positive and finite, 0 < δ < 1"))
-        }
+        if ok { Ok(()) } else { Err(BudgetError::Invalid(format!("{self:?}"))) }
     }
 
     /// The budget's size in its own unit (ε or ρ).
@@ -118,7 +114,8 @@ impl std::ops::Add for Normalized {
     }
 }
 
-/// A charge that does not fit the budget, or cannot be expressed in its unit.
+/// An invalid budget, or a charge that does not fit the budget or cannot be
+/// expressed in its unit.
 #[derive(Debug, Clone, thiserror::Error, PartialEq)]
 pub enum BudgetError {
     /// The charge would exceed what is left.
@@ -133,6 +130,9 @@ pub enum BudgetError {
         /// "epsilon" or "rho".
         unit: &'static str,
     },
+    /// A budget that is not positive and finite.
+    #[error("invalid budget {0}: ε and ρ must be positive and finite, 0 < δ < 1")]
+    Invalid(String),
     /// The loss's unit cannot be charged to this budget.
     #[error("a {loss} charge cannot be made against a {budget} budget")]
     Incompatible {

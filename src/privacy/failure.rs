@@ -12,7 +12,7 @@
 //! Curator-only commands (`inspect`, `eval`, `missing inject`) read data
 //! without releasing anything and keep their detailed messages.
 
-use super::ledger::Ledger;
+use super::ledger::{Ledger, LedgerError};
 
 /// A run that failed after reading protected data. Its message is the same
 /// for one bad row or a million, and says nothing about the data.
@@ -41,21 +41,44 @@ impl ProtectedFailure {
     }
 }
 
+/// A failure after a protected read, as settled by [`charge_failure`].
+#[derive(Debug, thiserror::Error)]
+pub enum FailureError {
+    /// The charge is marked failed (or none was recorded).
+    #[error(transparent)]
+    Charged(#[from] ProtectedFailure),
+    /// Marking the charge failed did not succeed: it stays `reserved`, which
+    /// also counts as spent. The ledger error holds no data (file, charge id).
+    #[error(
+        "{failure}; and marking charge #{charge} failed did not succeed ({ledger_error}); it stays reserved, which \
+         also counts as spent: resolve it with `dpflow budget resolve` as failed, never as released"
+    )]
+    Unsettled {
+        /// The redacted failure.
+        failure: ProtectedFailure,
+        /// The charge left reserved.
+        charge: i64,
+        /// Why it could not be marked failed.
+        ledger_error: LedgerError,
+    },
+}
+
 /// Settles a failure after a protected read: marks `charge` failed (spent)
 /// in `ledger` and returns the redacted error. The original error is
-/// dropped here on purpose, unformatted.
-pub fn charge_failure(what: &'static str, ledger: Option<(&Ledger, i64)>, _cause: anyhow::Error) -> anyhow::Error {
-    match ledger {
+/// dropped here on purpose, unformatted; any error type is accepted so that
+/// nothing has to be formatted to get here.
+pub fn charge_failure<E: From<FailureError>, C>(what: &'static str, ledger: Option<(&Ledger, i64)>, _cause: C) -> E {
+    let failure = match ledger {
         Some((l, id)) => match l.fail(id, "failed after reading protected data (cause withheld)") {
             Ok(()) => ProtectedFailure::new(what, Some(id)).into(),
             // The reservation stays `reserved`, which also counts as spent.
-            Err(e) => anyhow::Error::new(ProtectedFailure::new(what, Some(id))).context(format!(
-                "and marking charge #{id} failed did not succeed ({e}); it stays reserved, which also counts as spent: \
-                 resolve it with `dpflow budget resolve` as failed, never as released"
-            )),
+            Err(e) => {
+                FailureError::Unsettled { failure: ProtectedFailure::new(what, Some(id)), charge: id, ledger_error: e }
+            }
         },
         None => ProtectedFailure::new(what, None).into(),
-    }
+    };
+    failure.into()
 }
 
 #[cfg(test)]
@@ -64,8 +87,9 @@ mod tests {
 
     #[test]
     fn the_message_is_the_same_whatever_the_cause() {
-        let a = charge_failure("query", None, anyhow::anyhow!("row 17: value 4242 is outside the domain")).to_string();
-        let b = charge_failure("query", None, anyhow::anyhow!("Divide by zero error")).to_string();
+        let a: FailureError = charge_failure("query", None, "row 17: value 4242 is outside the domain");
+        let b: FailureError = charge_failure("query", None, std::io::Error::other("Divide by zero error"));
+        let (a, b) = (a.to_string(), b.to_string());
         assert_eq!(a, b);
         assert!(!a.contains("4242") && !a.contains("17"));
     }

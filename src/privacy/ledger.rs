@@ -370,7 +370,7 @@ impl Ledger {
 
     /// Registers a protected dataset with its total budget.
     pub fn add_dataset(&self, name: &str, privacy_unit: &str, budget: Budget) -> Result<(), LedgerError> {
-        budget.validate().map_err(|m| LedgerError::BadCharge(0, m))?;
+        budget.validate().map_err(|source| LedgerError::Budget { dataset: name.to_string(), source })?;
         let json = serde_json::to_string(&budget).expect("budget serialises");
         let n = self
             .conn

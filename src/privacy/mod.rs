@@ -19,6 +19,6 @@ pub const SEEDED_LEDGER_REFUSAL: &str = "refused: --unsafe-seed with a ledger: s
      charged release could be repeated and its noise differenced away; drop --unsafe-seed for a real release, or run \
      without a ledger for tests and benchmarks";
 
-pub use failure::{ProtectedFailure, charge_failure};
+pub use failure::{FailureError, ProtectedFailure, charge_failure};
 pub use ledger::{BudgetStatus, ChargeRow, ChargeStatus, DatasetEntry, Ledger, LedgerError, Reservation};
 pub use yaml::{RawBudget, RawBudgetError};

@@ -24,6 +24,7 @@ use std::collections::HashMap;
 
 use anyhow::{Result, bail};
 use dpflow_udfs::noise::{DpRng, ExponentialMechanism, NoiseDistribution};
+use itertools::Itertools;
 use serde::{Deserialize, Serialize};
 
 use crate::domain::Domain;
@@ -265,15 +266,9 @@ pub(crate) fn one_way(d: usize) -> Vec<Vec<usize>> {
     (0..d).map(|a| vec![a]).collect()
 }
 
-/// All 2-way attribute sets.
+/// All 2-way attribute sets, in lexicographic order.
 pub(crate) fn two_way(d: usize) -> Vec<Vec<usize>> {
-    let mut out = Vec::new();
-    for i in 0..d {
-        for j in i + 1..d {
-            out.push(vec![i, j]);
-        }
-    }
-    out
+    (0..d).array_combinations().map(|[i, j]| vec![i, j]).collect()
 }
 
 /// ‖a − b‖₁.

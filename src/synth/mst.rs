@@ -8,6 +8,7 @@
 //! compression is undone at sampling time.
 
 use anyhow::Result;
+use petgraph::unionfind::UnionFind;
 
 use super::compress::Compression;
 use super::{FitContext, FitMetadata, Fitted, MeasurementLog, Synthesizer, l1, one_way, two_way};
@@ -67,30 +68,16 @@ impl Synthesizer for Mst {
             let est: Vec<f64> = beliefs.marginal_any(p, &csizes).values.iter().map(|v| v * c).collect();
             weights.push(l1(&exact, &est));
         }
-        let mut comp: Vec<usize> = (0..d).collect();
-        fn root(c: &mut [usize], x: usize) -> usize {
-            let mut r = x;
-            while c[r] != r {
-                r = c[r];
-            }
-            c[x] = r;
-            r
-        }
+        let mut components = UnionFind::<usize>::new(d);
         let edges_needed = d.saturating_sub(1);
         let eps_select = if edges_needed > 0 { (8.0 * (rho / 3.0) / edges_needed as f64).sqrt() } else { 0.0 };
         let mut tree = Vec::with_capacity(edges_needed);
         for k in 0..edges_needed {
-            let open: Vec<usize> = (0..pairs.len())
-                .filter(|&i| {
-                    let (a, b) = (pairs[i][0], pairs[i][1]);
-                    root(&mut comp, a) != root(&mut comp, b)
-                })
-                .collect();
+            let open: Vec<usize> = (0..pairs.len()).filter(|&i| !components.equiv(pairs[i][0], pairs[i][1])).collect();
             let scores: Vec<f64> = open.iter().map(|&i| weights[i]).collect();
             let pick = ctx.select(&format!("mst edge {}", k + 1), &scores, eps_select, 1.0)?;
             let e = &pairs[open[pick]];
-            let (ra, rb) = (root(&mut comp, e[0]), root(&mut comp, e[1]));
-            comp[ra] = rb;
+            components.union(e[0], e[1]);
             tree.push(e.clone());
         }
         // (3) Measure the tree's 2-way marginals.

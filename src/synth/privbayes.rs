@@ -19,6 +19,7 @@
 //! number of rows observed on X ∪ Π and the same bound holds.
 
 use anyhow::{Result, bail};
+use itertools::Itertools;
 
 use super::{FitContext, FitMetadata, Fitted, MeasurementLog, Synthesizer};
 use crate::domain::Domain;
@@ -47,25 +48,6 @@ impl Default for PrivBayes {
     fn default() -> Self {
         Self { degree: 2, structure_share: 0.5, pgm: false, max_rows: 1e9, max_cells: 1_000_000, theta: 4.0 }
     }
-}
-
-/// All k-subsets of `items` (in lexicographic order).
-fn combinations(items: &[usize], k: usize) -> Vec<Vec<usize>> {
-    let mut out = Vec::new();
-    let mut cur = Vec::with_capacity(k);
-    fn rec(items: &[usize], k: usize, start: usize, cur: &mut Vec<usize>, out: &mut Vec<Vec<usize>>) {
-        if cur.len() == k {
-            out.push(cur.clone());
-            return;
-        }
-        for i in start..items.len() {
-            cur.push(items[i]);
-            rec(items, k, i + 1, cur, out);
-            cur.pop();
-        }
-    }
-    rec(items, k, 0, &mut cur, &mut out);
-    out
 }
 
 fn xlogx(c: f64) -> f64 {
@@ -113,7 +95,7 @@ impl Synthesizer for PrivBayes {
         let sizes = domain.cardinalities();
         let mut out = Vec::new();
         for size in 1..=(self.degree + 1).min(d) {
-            for s in combinations(&all, size) {
+            for s in all.iter().copied().combinations(size) {
                 let cells: usize = s.iter().map(|&a| sizes[a]).product();
                 if cells <= self.max_cells || size == 1 {
                     out.push(s);
@@ -161,7 +143,8 @@ impl Synthesizer for PrivBayes {
                 // θ-useful parent sets of size ≤ k, keeping only maximal ones (Zhang et al. 2017 §4.3).
                 let mut valid: Vec<Vec<usize>> = Vec::new();
                 for size in (0..=k).rev() {
-                    for parents in combinations(&chosen, size) {
+                    // Lexicographic in the positions of `chosen` (seeded runs depend on the order).
+                    for parents in chosen.iter().copied().combinations(size) {
                         let set = sorted(parents.iter().copied().chain([x]).collect());
                         let fits = cells(&set) <= limit || parents.is_empty();
                         if fits && !valid.iter().any(|v| parents.iter().all(|p| v.contains(p))) {

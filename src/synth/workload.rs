@@ -2,6 +2,7 @@
 //! (001 §2.1, Def. 2; §6.1 for the skewed workload).
 
 use anyhow::{Context, Result, bail};
+use itertools::Itertools;
 use rand::rngs::SmallRng;
 use rand::{RngExt, SeedableRng};
 use serde::{Deserialize, Serialize};
@@ -26,22 +27,9 @@ pub struct Workload {
     pub spec: String,
 }
 
+/// All k-subsets of `0..n` in lexicographic order (seeded runs depend on it).
 fn combinations(n: usize, k: usize) -> Vec<Vec<usize>> {
-    let mut out = Vec::new();
-    let mut cur = Vec::with_capacity(k);
-    fn rec(start: usize, n: usize, k: usize, cur: &mut Vec<usize>, out: &mut Vec<Vec<usize>>) {
-        if cur.len() == k {
-            out.push(cur.clone());
-            return;
-        }
-        for i in start..n {
-            cur.push(i);
-            rec(i + 1, n, k, cur, out);
-            cur.pop();
-        }
-    }
-    rec(0, n, k, &mut cur, &mut out);
-    out
+    (0..n).combinations(k).collect()
 }
 
 fn cells(domain: &Domain, attrs: &[usize]) -> f64 {

@@ -124,17 +124,17 @@ impl PhysicalExtensionCodec for DpflowCodec {
         Ok(match payload {
             PhysicalPayload::Marginal { config, mode } => Arc::new(MarginalExec::try_new(input()?, config, mode)?),
             PhysicalPayload::Encode { domain, output, passthrough } => {
-                let domain = domain.reindex().map_err(DataFusionError::Internal)?;
+                let domain = domain.reindex().map_err(|e| DataFusionError::Internal(e.to_string()))?;
                 Arc::new(EncodeExec::with_passthrough(input()?, Arc::new(domain), output, passthrough)?)
             }
             PhysicalPayload::Synthetic { mut plan, rows, partitions, chunk_rows, seed } => {
-                plan.domain = plan.domain.reindex().map_err(DataFusionError::Internal)?;
+                plan.domain = plan.domain.reindex().map_err(|e| DataFusionError::Internal(e.to_string()))?;
                 Arc::new(SyntheticExec::try_new(Arc::new(plan), rows, partitions, chunk_rows, seed)?)
             }
             PhysicalPayload::Fill { mut plan } => {
-                plan.domain = plan.domain.reindex().map_err(DataFusionError::Internal)?;
+                plan.domain = plan.domain.reindex().map_err(|e| DataFusionError::Internal(e.to_string()))?;
                 if let Some(m) = plan.model.as_mut() {
-                    m.domain = m.domain.clone().reindex().map_err(DataFusionError::Internal)?;
+                    m.domain = m.domain.clone().reindex().map_err(|e| DataFusionError::Internal(e.to_string()))?;
                 }
                 Arc::new(FillNullsExec::try_new(input()?, Arc::new(plan))?)
             }

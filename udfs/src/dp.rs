@@ -10,14 +10,18 @@
 //! therefore cannot leak exact answers through them.
 //!
 //! `dpflow_hash64(salt, ...)` is a deterministic keyed hash used to choose a
-//! random subset of groups per privacy unit (contribution bounding).
+//! random subset of groups per privacy unit (contribution bounding). It is
+//! DataFusion's vectorised `create_hashes` with a hash state seeded from the
+//! salt: the same keys and salt give the same hash in every batch, partition
+//! and process.
 
-use std::hash::{Hash, Hasher};
+use std::hash::BuildHasher;
 use std::sync::Arc;
 
-use datafusion::arrow::array::{Array, ArrayRef, UInt64Builder};
+use datafusion::arrow::array::{Array, ArrayRef, UInt64Array};
 use datafusion::arrow::datatypes::DataType;
-use datafusion::common::{DataFusionError, Result, ScalarValue};
+use datafusion::common::hash_utils::{QualityRandomState, create_hashes};
+use datafusion::common::{DataFusionError, Result};
 use datafusion::logical_expr::function::AccumulatorArgs;
 use datafusion::logical_expr::{
     Accumulator, AggregateUDF, AggregateUDFImpl, ColumnarValue, ScalarFunctionArgs, ScalarUDF, ScalarUDFImpl,
@@ -139,19 +143,91 @@ impl ScalarUDFImpl for KeyedHash {
 
     fn invoke_with_args(&self, args: ScalarFunctionArgs) -> Result<ColumnarValue> {
         let n = args.number_rows;
-        let arrays: Vec<ArrayRef> = args.args.iter().map(|a| a.to_array(n)).collect::<Result<_>>()?;
-        let mut b = UInt64Builder::with_capacity(n);
-        for i in 0..n {
-            let mut h = std::collections::hash_map::DefaultHasher::new();
-            for a in &arrays {
-                if a.is_null(i) {
-                    0xFFu8.hash(&mut h);
-                } else {
-                    ScalarValue::try_from_array(a, i)?.hash(&mut h);
+        let mut values = args.args.as_slice();
+        // The hash must depend on the salt and the key values only (not on
+        // the batch, the partition or the process), so the hash state is
+        // fixed: seeded from the salt when it is a constant (the engine's
+        // case), otherwise a fixed seed with the salt hashed as a column.
+        let state = match values.first() {
+            Some(ColumnarValue::Scalar(salt)) if values.len() > 1 => {
+                values = &values[1..];
+                let mut seed = [0u64];
+                create_hashes([salt.to_array_of_size(1)?], &SALT_STATE, &mut seed)?;
+                QualityRandomState::with_seed(seed[0])
+            }
+            _ => SALT_STATE,
+        };
+        let arrays: Vec<ArrayRef> = values.iter().map(|a| a.to_array(n)).collect::<Result<_>>()?;
+        let mut hashes = vec![0u64; n];
+        create_hashes(&arrays, &state, &mut hashes)?;
+        // A null leaves the running hash unchanged in `create_hashes`; mark it
+        // so that a null key never shares a hash with a value by construction.
+        for (k, a) in arrays.iter().enumerate() {
+            if let Some(nulls) = a.logical_nulls() {
+                for i in (0..n).filter(|&i| nulls.is_null(i)) {
+                    hashes[i] = state.hash_one((NULL_MARK, k, hashes[i]));
                 }
             }
-            b.append_value(h.finish());
         }
-        Ok(ColumnarValue::Array(Arc::new(b.finish())))
+        Ok(ColumnarValue::Array(Arc::new(UInt64Array::from(hashes))))
+    }
+}
+
+/// The fixed hash state that turns a salt into a seed.
+const SALT_STATE: QualityRandomState = QualityRandomState::with_seed(0x6470_666c_6f77_5f68);
+
+/// Hashed in place of a null key.
+const NULL_MARK: u8 = 0xFF;
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use datafusion::arrow::array::{Int64Array, StringArray};
+    use datafusion::arrow::datatypes::Field;
+    use datafusion::common::ScalarValue;
+    use datafusion::config::ConfigOptions;
+
+    fn hash(args: Vec<ColumnarValue>, n: usize) -> Vec<Option<u64>> {
+        let arg_fields = args.iter().map(|a| Arc::new(Field::new("a", a.data_type(), true))).collect();
+        let out = KeyedHash::default()
+            .invoke_with_args(ScalarFunctionArgs {
+                args,
+                arg_fields,
+                number_rows: n,
+                return_field: Arc::new(Field::new("h", DataType::UInt64, false)),
+                config_options: Arc::new(ConfigOptions::default()),
+            })
+            .unwrap()
+            .to_array(n)
+            .unwrap();
+        out.as_any().downcast_ref::<UInt64Array>().unwrap().iter().collect()
+    }
+
+    fn salt(s: i64) -> ColumnarValue {
+        ColumnarValue::Scalar(ScalarValue::Int64(Some(s)))
+    }
+
+    #[test]
+    fn the_hash_depends_on_the_salt_and_the_key_values_only() {
+        let a: ArrayRef = Arc::new(Int64Array::from(vec![Some(1), None, Some(0), Some(1)]));
+        let b: ArrayRef = Arc::new(StringArray::from(vec![Some("x"), Some("x"), None, Some("x")]));
+        let h = hash(vec![salt(7), ColumnarValue::Array(a.clone()), ColumnarValue::Array(b.clone())], 4);
+        // Same key, same hash, wherever the row sits (batch, position).
+        assert_eq!(h[0], h[3]);
+        let alone = hash(vec![salt(7), ColumnarValue::Array(a.slice(3, 1)), ColumnarValue::Array(b.slice(3, 1))], 1);
+        assert_eq!(alone[0], h[0]);
+        // Nulls are values of their own.
+        assert_ne!(h[0], h[1]);
+        assert_ne!(h[1], h[2]);
+        let nulls: ArrayRef = Arc::new(Int64Array::from(vec![None::<i64>]));
+        let zero: ArrayRef = Arc::new(Int64Array::from(vec![Some(0)]));
+        assert_ne!(
+            hash(vec![salt(7), ColumnarValue::Array(nulls)], 1),
+            hash(vec![salt(7), ColumnarValue::Array(zero)], 1)
+        );
+        // Another salt, another order.
+        let other = hash(vec![salt(8), ColumnarValue::Array(a), ColumnarValue::Array(b)], 4);
+        assert_ne!(h, other);
+        assert!(h.iter().all(Option::is_some));
     }
 }

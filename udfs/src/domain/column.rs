@@ -6,6 +6,77 @@ use std::collections::{BTreeMap, HashMap};
 use datafusion::arrow::datatypes::DataType;
 use serde::{Deserialize, Serialize};
 
+/// Why a compiled column is inconsistent (each names the domain-file key to fix).
+#[derive(Debug, Clone, PartialEq, thiserror::Error)]
+pub enum ColumnError {
+    /// A categorical column without values.
+    #[error("a categorical column needs at least one value; list them under `values:`")]
+    NoValues,
+    /// A categorical value listed twice.
+    #[error(
+        "value {value:?} appears twice (positions {first} and {second}); list it once (other spellings go under `aliases:`)"
+    )]
+    DuplicateValue {
+        /// The value.
+        value: String,
+        /// Its first position.
+        first: usize,
+        /// Its second position.
+        second: usize,
+    },
+    /// An alias whose target is not a value.
+    #[error("alias {alias:?} maps to {target:?}, which is not a value; add {target:?} to `values:` or fix the alias")]
+    UnknownAliasTarget {
+        /// The alias.
+        alias: String,
+        /// What it maps to.
+        target: String,
+    },
+    /// `clip` on a column that is not numeric.
+    #[error("out_of_domain: clip needs a numeric column; use drop-row, drop-row-if-read, null or error here")]
+    ClipNeedsNumeric,
+    /// A numeric column without bins.
+    #[error("{article} {kind} column needs at least one bin", article = if kind.starts_with('i') { "an" } else { "a" })]
+    NoBins {
+        /// "integer" or "float".
+        kind: &'static str,
+    },
+    /// Bin edges that are not finite numbers.
+    #[error("bin edges must be finite")]
+    NonFiniteEdges,
+    /// Bin edges out of order.
+    #[error("bin edges must be strictly increasing")]
+    EdgesNotIncreasing,
+    /// `null` on a column that cannot hold one.
+    #[error("out_of_domain: null needs nullable: true")]
+    NullNeedsNullable,
+    /// More codes than a `u32` holds.
+    #[error("domain too large ({size} values; at most 4294967294): use coarser bins")]
+    TooLarge {
+        /// Values of the column.
+        size: usize,
+    },
+}
+
+/// Why a set of columns is not a domain.
+#[derive(Debug, Clone, PartialEq, thiserror::Error)]
+pub enum DomainError {
+    /// One column is inconsistent.
+    #[error("column {column:?}: {reason}")]
+    Column {
+        /// Column name.
+        column: String,
+        /// What is wrong with it.
+        reason: ColumnError,
+    },
+    /// Two columns with one name.
+    #[error("column {0:?} is declared twice; column names must be unique")]
+    DuplicateColumn(String),
+    /// A column name that is not in the domain.
+    #[error("unknown column {0:?}: it is not in the domain")]
+    UnknownColumn(String),
+}
+
 /// What to do with a value outside the public domain (counted apart from nulls).
 ///
 /// DP reads accept only the data-independent policies (`clip`, `null`,
@@ -147,57 +218,57 @@ impl Column {
     }
 
     /// Checks the internal consistency of a compiled column.
-    pub fn validate(&self) -> Result<(), String> {
+    pub fn validate(&self) -> Result<(), ColumnError> {
         match &self.kind {
             ColumnKind::Categorical { values, aliases } => {
                 if values.is_empty() {
-                    return Err("a categorical column needs at least one value".into());
+                    return Err(ColumnError::NoValues);
                 }
                 let mut seen = HashMap::new();
                 for (i, v) in values.iter().enumerate() {
                     if let Some(j) = seen.insert(v.as_str(), i) {
-                        return Err(format!("value {v:?} appears twice (positions {j} and {i})"));
+                        return Err(ColumnError::DuplicateValue { value: v.clone(), first: j, second: i });
                     }
                 }
                 for (from, to) in aliases {
                     if !seen.contains_key(to.as_str()) {
-                        return Err(format!("alias {from:?} maps to {to:?}, which is not a value"));
+                        return Err(ColumnError::UnknownAliasTarget { alias: from.clone(), target: to.clone() });
                     }
                 }
                 if self.out_of_domain == OutOfDomain::Clip {
-                    return Err("out_of_domain: clip needs a numeric column".into());
+                    return Err(ColumnError::ClipNeedsNumeric);
                 }
             }
             ColumnKind::Integer { edges } => {
                 if edges.len() < 2 {
-                    return Err("an integer column needs at least one bin".into());
+                    return Err(ColumnError::NoBins { kind: "integer" });
                 }
                 if edges.windows(2).any(|w| w[0] >= w[1]) {
-                    return Err("bin edges must be strictly increasing".into());
+                    return Err(ColumnError::EdgesNotIncreasing);
                 }
             }
             ColumnKind::Float { edges } => {
                 if edges.len() < 2 {
-                    return Err("a float column needs at least one bin".into());
+                    return Err(ColumnError::NoBins { kind: "float" });
                 }
                 if edges.iter().any(|e| !e.is_finite()) {
-                    return Err("bin edges must be finite".into());
+                    return Err(ColumnError::NonFiniteEdges);
                 }
                 if edges.windows(2).any(|w| w[0] >= w[1]) {
-                    return Err("bin edges must be strictly increasing".into());
+                    return Err(ColumnError::EdgesNotIncreasing);
                 }
             }
             ColumnKind::Boolean => {
                 if self.out_of_domain == OutOfDomain::Clip {
-                    return Err("out_of_domain: clip needs a numeric column".into());
+                    return Err(ColumnError::ClipNeedsNumeric);
                 }
             }
         }
         if self.out_of_domain == OutOfDomain::Null && !self.nullable {
-            return Err("out_of_domain: null needs nullable: true".into());
+            return Err(ColumnError::NullNeedsNullable);
         }
         if self.size() > u32::MAX as usize - 1 {
-            return Err("domain too large".into());
+            return Err(ColumnError::TooLarge { size: self.size() });
         }
         Ok(())
     }
@@ -260,19 +331,19 @@ impl Domain {
     }
 
     /// Builds a domain, checking every column and that names are unique.
-    pub fn new(columns: Vec<Column>) -> Result<Self, String> {
+    pub fn new(columns: Vec<Column>) -> Result<Self, DomainError> {
         let mut index = HashMap::new();
         for (i, c) in columns.iter().enumerate() {
-            c.validate().map_err(|e| format!("column {:?}: {e}", c.name))?;
+            c.validate().map_err(|reason| DomainError::Column { column: c.name.clone(), reason })?;
             if index.insert(c.name.clone(), i).is_some() {
-                return Err(format!("column {:?} is declared twice", c.name));
+                return Err(DomainError::DuplicateColumn(c.name.clone()));
             }
         }
         Ok(Self { columns, index })
     }
 
     /// Restores the name index after deserialisation.
-    pub fn reindex(mut self) -> Result<Self, String> {
+    pub fn reindex(mut self) -> Result<Self, DomainError> {
         let cols = std::mem::take(&mut self.columns);
         Self::new(cols)
     }
@@ -324,10 +395,10 @@ impl Domain {
     }
 
     /// The sub-domain of the named columns (in the given order).
-    pub fn project(&self, names: &[&str]) -> Result<Domain, String> {
+    pub fn project(&self, names: &[&str]) -> Result<Domain, DomainError> {
         let cols = names
             .iter()
-            .map(|n| self.column(n).cloned().ok_or_else(|| format!("unknown column {n:?}")))
+            .map(|n| self.column(n).cloned().ok_or_else(|| DomainError::UnknownColumn(n.to_string())))
             .collect::<Result<Vec<_>, _>>()?;
         Domain::new(cols)
     }

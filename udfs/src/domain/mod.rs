@@ -12,7 +12,7 @@ mod table;
 #[cfg(test)]
 mod tests;
 
-pub use column::{Column, ColumnKind, Domain, OutOfDomain};
+pub use column::{Column, ColumnError, ColumnKind, Domain, DomainError, OutOfDomain};
 pub use decode::{DecodeError, DecodeMode, decode_columns, decoded_schema};
 pub use encode::{BatchEncoder, ColumnStats, EncodeError, EncodeStats, encoded_schema};
 pub use exec::{DomainOutput, EncodeExec};

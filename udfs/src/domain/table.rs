@@ -101,7 +101,7 @@ impl TableProvider for EncodedTable {
         };
         let names: Vec<&str> =
             self.domain.names().into_iter().zip(&keep).filter(|(_, k)| **k).map(|(c, _)| c).collect();
-        let sub = Arc::new(self.domain.project(&names).map_err(DataFusionError::Plan)?);
+        let sub = Arc::new(self.domain.project(&names).map_err(|e| DataFusionError::Plan(e.to_string()))?);
         let raw = self.inner.schema();
         let mut raw_cols: Vec<usize> = names.iter().map(|n| raw.index_of(n)).collect::<std::result::Result<_, _>>()?;
         for p in &self.passthrough {

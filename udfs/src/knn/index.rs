@@ -14,6 +14,14 @@ use std::collections::HashMap;
 
 use serde::{Deserialize, Serialize};
 
+/// kNN imputation failures.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum KnnError {
+    /// L1(D), hence the smooth sensitivity, is only derived for one donor.
+    #[error("L1(D) is implemented for k = 1 (got k = {0}): DP imputation takes one donor per donee")]
+    UnsupportedK(usize),
+}
+
 /// How an attribute contributes to the distance.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "lowercase")]
@@ -263,9 +271,9 @@ impl Assignment {
     /// donor of one class can make every other class "close" to it, e.g.
     /// m one-hot classes with one donor and one donee each go from bound 1 to
     /// m — see the knn tests.)
-    pub fn l1(&self, cfg: &KnnConfig, rec: &KnnRecords, enumerate_limit: u64) -> Result<L1Report, String> {
+    pub fn l1(&self, cfg: &KnnConfig, rec: &KnnRecords, enumerate_limit: u64) -> Result<L1Report, KnnError> {
         if cfg.k != 1 {
-            return Err(format!("L1(D) is implemented for k = 1 (got k = {})", cfg.k));
+            return Err(KnnError::UnsupportedK(cfg.k));
         }
         let nclass = self.classes.len();
         let mut donees: Vec<Vec<(f64, f64)>> = vec![Vec::new(); nclass]; // (rid_x, rid of donor) per class

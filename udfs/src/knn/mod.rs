@@ -8,4 +8,6 @@ mod index;
 mod tests;
 
 pub use exec::{ImputeScheme, KnnDonorExec, KnnSpec};
-pub use index::{Assignment, AttrKind, KnnConfig, KnnRecords, L1Report, MatchAttr, Metric, max_cyclic_coverage};
+pub use index::{
+    Assignment, AttrKind, KnnConfig, KnnError, KnnRecords, L1Report, MatchAttr, Metric, max_cyclic_coverage,
+};

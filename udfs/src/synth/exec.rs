@@ -36,7 +36,7 @@ impl SyntheticExec {
         chunk_rows: usize,
         seed: u64,
     ) -> Result<Self> {
-        plan.validate().map_err(DataFusionError::Plan)?;
+        plan.validate().map_err(|e| DataFusionError::Plan(e.to_string()))?;
         if chunk_rows == 0 || partitions == 0 {
             return Err(DataFusionError::Plan("chunk size and partitions must be positive".into()));
         }

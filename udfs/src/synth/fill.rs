@@ -24,7 +24,7 @@ use futures::StreamExt;
 use rand::{Rng, SeedableRng};
 use serde::{Deserialize, Serialize};
 
-use super::plan::SamplingPlan;
+use super::plan::{PlanError, SamplingPlan};
 use crate::domain::Domain;
 use crate::noise::exact::uniform_below_u64;
 
@@ -58,19 +58,19 @@ pub struct FillPlan {
 
 impl FillPlan {
     /// Checks that the rules fit the domain.
-    pub fn validate(&self) -> Result<(), String> {
+    pub fn validate(&self) -> Result<(), PlanError> {
         if self.fills.len() != self.domain.len() {
-            return Err(format!("fill plan: {} rules for {} columns", self.fills.len(), self.domain.len()));
+            return Err(PlanError::FillRules { rules: self.fills.len(), columns: self.domain.len() });
         }
         for (c, f) in self.domain.columns().iter().zip(&self.fills) {
             match f {
                 ColumnFill::Constant(v) if *v as usize >= c.size() => {
-                    return Err(format!("fill plan: constant {v} outside column {}", c.name));
+                    return Err(PlanError::FillConstant { code: *v, column: c.name.clone() });
                 }
                 ColumnFill::Model => {
-                    let m = self.model.as_ref().ok_or("fill plan: a model rule needs a model")?;
+                    let m = self.model.as_ref().ok_or(PlanError::FillModelMissing)?;
                     if m.domain.cardinalities() != self.domain.columns().iter().map(|c| c.size()).collect::<Vec<_>>() {
-                        return Err("fill plan: the model's domain must be the data's without null codes".into());
+                        return Err(PlanError::FillModelDomain);
                     }
                 }
                 _ => {}
@@ -162,7 +162,7 @@ pub struct FillNullsExec {
 impl FillNullsExec {
     /// A fill operator over `input` (an encoder's code output).
     pub fn try_new(input: Arc<dyn ExecutionPlan>, plan: Arc<FillPlan>) -> Result<Self> {
-        plan.validate().map_err(DataFusionError::Plan)?;
+        plan.validate().map_err(|e| DataFusionError::Plan(e.to_string()))?;
         if input.schema().fields().len() != plan.domain.len() {
             return Err(DataFusionError::Plan(format!(
                 "FillNullsExec: input has {} columns, the domain {}",

@@ -8,4 +8,4 @@ mod plan;
 
 pub use exec::SyntheticExec;
 pub use fill::{ColumnFill, FillNullsExec, FillPlan};
-pub use plan::{SamplingPlan, SamplingStep, randomized_round};
+pub use plan::{PlanError, SamplingPlan, SamplingStep, randomized_round};

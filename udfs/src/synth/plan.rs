@@ -16,6 +16,51 @@ use serde::{Deserialize, Serialize};
 use crate::domain::{DecodeError, DecodeMode, Domain, decode_columns};
 use crate::noise::exact::uniform_below_u64;
 
+/// An inconsistent sampling or fill plan (built by dpflow from a fitted
+/// model, so one of these is a bug or a damaged model file: refit the model).
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum PlanError {
+    /// A step for a column out of range or generated twice.
+    #[error("sampling plan: column {0} missing or repeated")]
+    StepColumn(usize),
+    /// A step whose parent comes later.
+    #[error("sampling plan: parent {parent} of column {column} not generated before it")]
+    ParentOrder {
+        /// Parent column.
+        parent: usize,
+        /// Generated column.
+        column: usize,
+    },
+    /// A conditional table of the wrong size.
+    #[error("sampling plan: table of column {0} has the wrong size")]
+    TableSize(usize),
+    /// Some column has no step.
+    #[error("sampling plan: not every column is generated")]
+    Uncovered,
+    /// A fill plan with one rule per column expected.
+    #[error("fill plan: {rules} rules for {columns} columns")]
+    FillRules {
+        /// Rules.
+        rules: usize,
+        /// Columns.
+        columns: usize,
+    },
+    /// A constant fill outside its column.
+    #[error("fill plan: constant {code} outside column {column}")]
+    FillConstant {
+        /// The code.
+        code: u32,
+        /// Column name.
+        column: String,
+    },
+    /// A model fill without a model.
+    #[error("fill plan: a model rule needs a model")]
+    FillModelMissing,
+    /// A model over other columns.
+    #[error("fill plan: the model's domain must be the data's without null codes")]
+    FillModelDomain,
+}
+
 /// One generation step: column `column` given `parents`.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct SamplingStep {
@@ -111,26 +156,26 @@ fn shuffle<T, R: Rng + ?Sized>(rng: &mut R, v: &mut [T]) {
 
 impl SamplingPlan {
     /// Checks that steps cover every column once with consistent tables.
-    pub fn validate(&self) -> Result<(), String> {
+    pub fn validate(&self) -> Result<(), PlanError> {
         let cards = self.domain.cardinalities();
         let mut seen = vec![false; cards.len()];
         for s in &self.steps {
             if s.column >= cards.len() || seen[s.column] {
-                return Err(format!("sampling plan: column {} missing or repeated", s.column));
+                return Err(PlanError::StepColumn(s.column));
             }
             for &p in &s.parents {
                 if p >= cards.len() || !seen[p] {
-                    return Err(format!("sampling plan: parent {p} of column {} not generated before it", s.column));
+                    return Err(PlanError::ParentOrder { parent: p, column: s.column });
                 }
             }
             seen[s.column] = true;
             let combos: usize = s.parents.iter().map(|&p| cards[p]).product();
             if s.table.len() != combos * cards[s.column] {
-                return Err(format!("sampling plan: table of column {} has the wrong size", s.column));
+                return Err(PlanError::TableSize(s.column));
             }
         }
         if seen.iter().any(|s| !s) {
-            return Err("sampling plan: not every column is generated".into());
+            return Err(PlanError::Uncovered);
         }
         Ok(())
     }
