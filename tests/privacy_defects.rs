@@ -50,7 +50,7 @@ async fn the_division_by_zero_membership_oracle_is_refused_before_anything_is_ch
     let mut e = SqlEngine::open(Catalog::load(&p).unwrap(), None).await.unwrap();
     let oracle = "SELECT dp_count(*) FROM t WHERE CASE WHEN id = 'p2' THEN 1/(age-37) ELSE 1 END = 1";
     let err = e.query(oracle, None).await.unwrap_err();
-    assert_eq!(dpflow::sql::refusal_kind(&err), Some(dpflow::sql::RefusalKind::MayFail), "{err:#}");
+    assert_eq!(err.refusal_kind(), Some(dpflow::sql::RefusalKind::MayFail), "{err:#}");
     let err = format!("{err:#}");
     assert!(err.contains("integer division") && err.contains("DOUBLE"), "{err}");
     let cast = "SELECT dp_count(*) FROM t WHERE CAST(id AS INT) = 3";
@@ -74,7 +74,7 @@ async fn out_of_domain_error_policy_is_refused_for_dp_reads_and_drop_row_is_data
     let p = catalog(d.path(), csv, strict, "", true, "");
     let mut e = SqlEngine::open(Catalog::load(&p).unwrap(), None).await.unwrap();
     let err = e.query("SELECT dp_count(*) FROM t", None).await.unwrap_err();
-    assert_eq!(dpflow::sql::refusal_kind(&err), Some(dpflow::sql::RefusalKind::TablePolicy), "{err:#}");
+    assert_eq!(err.refusal_kind(), Some(dpflow::sql::RefusalKind::TablePolicy), "{err:#}");
     let err = format!("{err:#}");
     assert!(err.contains("out_of_domain: error") && err.contains("drop-row"), "{err}");
     assert!(!err.contains("987654"), "{err}");

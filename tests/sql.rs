@@ -206,7 +206,7 @@ async fn refusals_are_clear() {
     assert!(cases.len() >= 10);
     for (q, kind, want) in cases {
         let err = e.query(q, None).await.err().unwrap_or_else(|| panic!("accepted: {q}"));
-        assert_eq!(dpflow::sql::refusal_kind(&err), Some(kind), "{q}: {err:#}");
+        assert_eq!(err.refusal_kind(), Some(kind), "{q}: {err:#}");
         let err = format!("{err:#}");
         assert!(err.contains(want), "{q}\n  error: {err}\n  expected to mention: {want}");
     }
@@ -239,7 +239,7 @@ async fn public_join_on_unique_keys_is_allowed_and_duplicates_are_refused() {
         )
         .await
         .unwrap_err();
-    assert_eq!(dpflow::sql::refusal_kind(&err), Some(dpflow::sql::RefusalKind::MultipliesRows), "{err:#}");
+    assert_eq!(err.refusal_kind(), Some(dpflow::sql::RefusalKind::MultipliesRows), "{err:#}");
     assert!(format!("{err:#}").contains("not unique"), "{err:#}");
 }
 

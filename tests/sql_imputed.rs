@@ -135,7 +135,7 @@ async fn imputed_queries_outside_the_supported_shape_are_refused() {
     ];
     for (sql, kind, want) in cases {
         let err = e.query(sql, None).await.unwrap_err();
-        assert_eq!(dpflow::sql::refusal_kind(&err), Some(kind), "{sql}: {err:#}");
+        assert_eq!(err.refusal_kind(), Some(kind), "{sql}: {err:#}");
         let err = format!("{err:#}");
         assert!(err.contains(want), "{sql}: {err}");
     }

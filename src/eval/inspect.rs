@@ -4,7 +4,7 @@
 
 use std::sync::Arc;
 
-use anyhow::{Context, Result};
+use super::error::{EvalError, Result};
 use futures::StreamExt;
 use serde::Serialize;
 
@@ -56,12 +56,14 @@ pub async fn inspect(input: &str, domain_path: &str, format: Option<InputFormat>
     let df = open_input(&ctx, input, format, &spec).await?;
     let domain = Arc::new(spec.domain.clone());
     let schema = df.schema().as_arrow().clone();
-    let mut encoder =
-        BatchEncoder::new(domain.clone(), &schema).map_err(|e| anyhow::anyhow!("{input}: {e}"))?.count_only();
-    let mut stream = df.execute_stream().await.with_context(|| format!("reading {input}"))?;
+    let mut encoder = BatchEncoder::new(domain.clone(), &schema)
+        .map_err(|source| EvalError::Encode { input: input.to_string(), source })?
+        .count_only();
+    let read = |source| EvalError::Read { input: input.to_string(), source };
+    let mut stream = df.execute_stream().await.map_err(read)?;
     while let Some(batch) = stream.next().await {
-        let batch = batch.with_context(|| format!("reading {input}"))?;
-        encoder.encode(&batch).map_err(|e| anyhow::anyhow!("{input}: {e}"))?;
+        let batch = batch.map_err(read)?;
+        encoder.encode(&batch).map_err(|source| EvalError::Encode { input: input.to_string(), source })?;
     }
     let stats = encoder.into_stats();
     let columns = domain

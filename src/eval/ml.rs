@@ -6,7 +6,7 @@
 //! 250 one-hot matrix, ours well under a second. A curator-side evaluation
 //! (it reads the real data), not a private release.
 
-use anyhow::{Context, Result, bail};
+use super::error::{EvalError, Result};
 use datafusion::arrow::array::UInt32Array;
 use datafusion::execution::context::SessionContext;
 use datafusion::physical_plan::collect;
@@ -41,12 +41,16 @@ pub struct MlReport {
 /// Codes of every domain column, row-major by column.
 async fn codes(ctx: &SessionContext, d: &Dataset) -> Result<Vec<Vec<u32>>> {
     let plan = d.encoded_plan(ctx, &[]).await?;
-    let batches = collect(plan, ctx.task_ctx()).await.with_context(|| format!("reading {}", d.location))?;
+    let batches =
+        collect(plan, ctx.task_ctx()).await.map_err(|source| EvalError::Read { input: d.location.clone(), source })?;
     let ncols = d.domain().len();
     let mut cols = vec![Vec::new(); ncols];
     for b in &batches {
         for (c, col) in cols.iter_mut().enumerate() {
-            let a = b.column(c).as_any().downcast_ref::<UInt32Array>().context("codes")?;
+            let a = b.column(c).as_any().downcast_ref::<UInt32Array>().ok_or_else(|| EvalError::Read {
+                input: d.location.clone(),
+                source: datafusion::error::DataFusionError::Internal("encoded columns are not u32 codes".into()),
+            })?;
             col.extend_from_slice(a.values());
         }
     }
@@ -178,7 +182,8 @@ fn features(cols: &[Vec<u32>], sizes: &[usize], target: usize, rows: &[usize]) -
         onehot,
         per_row,
         width,
-        codes: DenseMatrix::new(n, per_row, codes, true).map_err(|e| anyhow::anyhow!("{e}"))?,
+        codes: DenseMatrix::new(n, per_row, codes, true)
+            .map_err(|e| EvalError::Model { model: "feature matrix", message: e.to_string() })?,
         y,
     })
 }
@@ -204,8 +209,9 @@ fn train_and_score(train: &Features, test: &Features, k: usize) -> Result<(f64, 
         &train.y,
         DecisionTreeClassifierParameters::default().with_max_depth(12).with_min_samples_leaf(5),
     )
-    .map_err(|e| anyhow::anyhow!("decision tree: {e}"))?;
-    let dt_pred: Vec<u32> = tree.predict(&test.codes).map_err(|e| anyhow::anyhow!("{e}"))?;
+    .map_err(|e| EvalError::Model { model: "decision tree", message: e.to_string() })?;
+    let dt_pred: Vec<u32> =
+        tree.predict(&test.codes).map_err(|e| EvalError::Model { model: "decision tree", message: e.to_string() })?;
     Ok((f1(&test.y, &lr_pred, k), f1(&test.y, &dt_pred, k)))
 }
 
@@ -218,11 +224,13 @@ pub async fn ml_efficacy(
     max_train: usize,
 ) -> Result<MlReport> {
     let domain = real.domain();
-    let t = domain.position(target).with_context(|| format!("--ml-target: unknown column {target:?}"))?;
+    let t = domain
+        .position(target)
+        .ok_or_else(|| EvalError::MlTarget { target: target.to_string(), problem: "not a column of the domain" })?;
     let sizes = domain.cardinalities();
     let k = domain.columns()[t].size();
     if k < 2 {
-        bail!("--ml-target {target:?} has fewer than two values");
+        return Err(EvalError::MlTarget { target: target.to_string(), problem: "has fewer than two values" });
     }
     let real_cols = codes(ctx, real).await?;
     let synth_cols = codes(ctx, synth).await?;

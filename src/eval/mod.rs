@@ -5,11 +5,13 @@
 //! These compare against the real data: they are curator-side evaluation
 //! tools, not private releases.
 
+mod error;
 pub mod inspect;
 pub mod ml;
 
-use anyhow::Result;
 use datafusion::execution::context::SessionContext;
+pub use error::{EvalError, Result};
+use itertools::Itertools;
 use serde::Serialize;
 
 use crate::dataset::Dataset;
@@ -44,28 +46,19 @@ pub fn tvd(a: &[f64], b: &[f64]) -> f64 {
     0.5 * a.iter().zip(b).map(|(x, y)| (x / sa - y / sb).abs()).sum::<f64>()
 }
 
+/// All k-subsets of 0..d in lexicographic order.
 fn combos(d: usize, k: usize) -> Vec<Vec<usize>> {
-    let mut out = Vec::new();
-    let mut cur = Vec::new();
-    fn rec(s: usize, d: usize, k: usize, cur: &mut Vec<usize>, out: &mut Vec<Vec<usize>>) {
-        if cur.len() == k {
-            out.push(cur.clone());
-            return;
-        }
-        for i in s..d {
-            cur.push(i);
-            rec(i + 1, d, k, cur, out);
-            cur.pop();
-        }
-    }
-    rec(0, d, k, &mut cur, &mut out);
-    out
+    (0..d).combinations(k).collect()
+}
+
+fn synth_error(e: impl Into<Box<dyn std::error::Error + Send + Sync>>) -> EvalError {
+    EvalError::Synth(e.into())
 }
 
 /// Evaluates synthetic against real data on a workload and on all 1/2/3-way marginals.
 pub async fn evaluate(ctx: &SessionContext, real: &Dataset, synth: &Dataset, workload: &str) -> Result<EvalReport> {
     let d = real.domain().len();
-    let w = Workload::parse(workload, real.domain())?;
+    let w = Workload::parse(workload, real.domain()).map_err(synth_error)?;
     let mut sets: Vec<Vec<usize>> = w.queries.iter().map(|q| q.attrs.clone()).collect();
     for k in 1..=3.min(d) {
         for c in combos(d, k) {
@@ -74,12 +67,12 @@ pub async fn evaluate(ctx: &SessionContext, real: &Dataset, synth: &Dataset, wor
             }
         }
     }
-    let a = exact_answers(ctx, real, &sets).await?;
-    let b = exact_answers(ctx, synth, &sets).await?;
+    let a = exact_answers(ctx, real, &sets).await.map_err(synth_error)?;
+    let b = exact_answers(ctx, synth, &sets).await.map_err(synth_error)?;
     let mean = |qs: &[Vec<usize>]| -> Result<f64> {
         let mut s = 0.0;
         for q in qs {
-            s += tvd(a.get(q)?, b.get(q)?);
+            s += tvd(a.get(q).map_err(synth_error)?, b.get(q).map_err(synth_error)?);
         }
         Ok(s / qs.len().max(1) as f64)
     };
@@ -88,7 +81,7 @@ pub async fn evaluate(ctx: &SessionContext, real: &Dataset, synth: &Dataset, wor
     let wsum: f64 = weights.iter().sum::<f64>().max(f64::MIN_POSITIVE);
     let mut werr = 0.0;
     for (q, c) in wq.iter().zip(&weights) {
-        werr += c * tvd(a.get(q)?, b.get(q)?);
+        werr += c * tvd(a.get(q).map_err(synth_error)?, b.get(q).map_err(synth_error)?);
     }
     Ok(EvalReport {
         notice: inspect::CURATOR_NOTICE,
@@ -97,7 +90,7 @@ pub async fn evaluate(ctx: &SessionContext, real: &Dataset, synth: &Dataset, wor
         tvd_1way: mean(&combos(d, 1))?,
         tvd_2way: mean(&combos(d, 2))?,
         tvd_3way: if d >= 3 { Some(mean(&combos(d, 3))?) } else { None },
-        rows_real: a.get(&[0])?.iter().sum(),
-        rows_synthetic: b.get(&[0])?.iter().sum(),
+        rows_real: a.get(&[0]).map_err(synth_error)?.iter().sum(),
+        rows_synthetic: b.get(&[0]).map_err(synth_error)?.iter().sum(),
     })
 }

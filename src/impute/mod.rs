@@ -19,11 +19,11 @@
 //! The imputed microdata never leaves this module: only noisy statistics do.
 //! The smooth bound S(D) = f(L1(D)) is data-dependent and is *not* reported.
 
+mod error;
 pub mod spec;
 
 use std::collections::HashMap;
 
-use anyhow::{Context, Result, bail};
 use datafusion::arrow::array::{Array, AsArray};
 use datafusion::arrow::datatypes::{Float64Type, UInt32Type};
 use datafusion::execution::context::SessionContext;
@@ -32,6 +32,7 @@ use dpflow_udfs::knn::{Assignment, KnnConfig, KnnRecords, L1Report};
 use dpflow_udfs::noise::cauchy::{dilation_cost, log_density_lipschitz, public_grid_exponent, snap};
 use dpflow_udfs::noise::real::{from_grid_units, to_grid_units};
 use dpflow_udfs::noise::{DpRng, GeneralizedCauchy, NoiseDistribution};
+pub use error::{ImputeError, Result};
 use futures::StreamExt;
 use serde::Serialize;
 
@@ -77,7 +78,7 @@ pub async fn load_columns(
         std::sync::Arc::new(EncodeExec::try_new(ds.raw(ctx).await?.create_physical_plan().await?, domain.clone())?);
     let parts = typed.properties().partitioning.partition_count();
     if codes_plan.properties().partitioning.partition_count() != parts {
-        bail!("internal: the two reads of an imputation input are partitioned differently");
+        return Err(ImputeError::Internal("the two reads of an imputation input are partitioned differently"));
     }
     let mut out: HashMap<String, Vec<Option<f64>>> = needed.iter().map(|n| (n.clone(), Vec::new())).collect();
     for p in 0..parts {
@@ -86,10 +87,11 @@ pub async fn load_columns(
         while let (Some(t), Some(c)) = (s_typed.next().await, s_codes.next().await) {
             let (t, c) = (t?, c?);
             if t.num_rows() != c.num_rows() {
-                bail!("internal: the two reads of an imputation input are not aligned");
+                return Err(ImputeError::Internal("the two reads of an imputation input are not aligned"));
             }
             for name in needed {
-                let col = domain.column(name).with_context(|| format!("unknown column {name}"))?;
+                let col =
+                    domain.column(name).ok_or_else(|| crate::dataset::DatasetError::UnknownColumn(name.clone()))?;
                 let i = domain.position(name).expect("known");
                 let v = out.get_mut(name).expect("inserted");
                 match col.kind {
@@ -154,7 +156,7 @@ pub fn donor_search(
     let asg = Assignment::build(cfg, &rec);
     let seconds_search = t.elapsed().as_secs_f64();
     let t = std::time::Instant::now();
-    let l1 = asg.l1(cfg, &rec, enumerate_limit).map_err(anyhow::Error::msg)?;
+    let l1 = asg.l1(cfg, &rec, enumerate_limit)?;
     Ok(DonorSearch { rec, asg, l1, seconds_search, seconds_l1: t.elapsed().as_secs_f64() })
 }
 
@@ -253,19 +255,19 @@ fn rows_where(d: &HashMap<String, Vec<Option<f64>>>, p: &[Predicate], n: usize) 
 pub fn smooth_calibration(epsilon: f64, delta: Option<f64>) -> Result<SmoothCalibration> {
     let ln2 = std::f64::consts::LN_2;
     if let Some(d) = delta {
-        bail!(
+        return Err(ImputeError::Calibration(format!(
             "smooth-sensitivity releases with an (ε, δ) budget (δ = {d:e}) are refused: the Gaussian variant \
              (Nissim–Raskhodnikova–Smith 2007, Lemma 2.10) needs β = ε/(4(1 + ln(2/δ))) ≥ ln 2 with ε < 1, \
              which never holds for the ln 2-smooth bounds of 004; give a pure ε budget (generalized Cauchy noise)"
-        );
+        )));
     }
     if !(epsilon.is_finite() && epsilon > ln2) {
-        bail!(
+        return Err(ImputeError::Calibration(format!(
             "smooth-sensitivity releases need ε > ln 2 ≈ 0.693 per released number (got ε = {epsilon}): the 004 \
              smooth bounds may double between neighbouring datasets, which alone costs ln 2; give each released \
              number more ε (a mean releases 2 numbers — count and mean —, a variance 3, a proportion 2), \
              e.g. ε = 6·ln 2 ≈ 4.16 per number as in 004 §6, or use the ignore-missing estimator"
-        );
+        )));
     }
     Ok(if epsilon >= 2.0 * ln2 {
         SmoothCalibration { gamma: 1.0 + epsilon / (2.0 * ln2), alpha: ln2 }
@@ -386,7 +388,7 @@ pub fn answer(
         Estimator::Smooth => smooth_calibration(epsilon, delta)?.noise(),
         _ => {
             if !(epsilon.is_finite() && epsilon > 0.0) {
-                bail!("ε must be positive and finite, got {epsilon}");
+                return Err(ImputeError::Epsilon(epsilon));
             }
             SmoothNoise::Laplace { epsilon }
         }
@@ -605,7 +607,9 @@ pub async fn run(
         crate::privacy::Budget::Pure { epsilon } => (epsilon, None),
         crate::privacy::Budget::Approx { epsilon, delta } => (epsilon, Some(delta)),
         crate::privacy::Budget::Zcdp { .. } => {
-            bail!("smooth-sensitivity releases need an ε (or ε, δ) budget per released number")
+            return Err(ImputeError::Calibration(
+                "smooth-sensitivity releases need an ε (or ε, δ) budget per released number".into(),
+            ));
         }
     };
     let results = answer(&data, &spec.queries, estimator, eps, delta, rng)?;
@@ -616,14 +620,16 @@ pub async fn run(
 /// released number.
 pub fn planned_records(spec: &spec::ImputeSpec, estimator: Estimator) -> Result<Vec<MechanismRecord>> {
     if let Some(why) = crate::domain::DomainSpec::load(&spec.domain)?.domain.dp_read_refusal() {
-        bail!("refused: {}: {why}", spec.domain);
+        return Err(ImputeError::TablePolicy { domain: spec.domain.clone(), why: why.to_string() });
     }
     let (loss, epsilon, delta) = match spec.budget {
         crate::privacy::Budget::Pure { epsilon } => (PrivacyLoss::Pure { epsilon }, epsilon, None),
         crate::privacy::Budget::Approx { epsilon, delta } => {
             (PrivacyLoss::Approx { epsilon, delta }, epsilon, Some(delta))
         }
-        crate::privacy::Budget::Zcdp { .. } => bail!("smooth-sensitivity releases need an ε (or ε, δ) budget"),
+        crate::privacy::Budget::Zcdp { .. } => {
+            return Err(ImputeError::Calibration("smooth-sensitivity releases need an ε (or ε, δ) budget".into()));
+        }
     };
     if estimator == Estimator::Smooth {
         // Refused here, before any ledger charge or data read (issue 14 §2).

@@ -3,6 +3,7 @@
 
 use serde::{Deserialize, Serialize};
 
+use super::error::{ImputeError, Result};
 use crate::domain::{ColumnKind, Domain};
 use dpflow_udfs::knn::{AttrKind, KnnConfig, MatchAttr, Metric};
 
@@ -200,15 +201,31 @@ pub struct ImputeSpec {
     pub queries: Vec<QuerySpec>,
 }
 
+fn spec_error(path: &str, key: &str, problem: impl Into<String>) -> ImputeError {
+    ImputeError::Spec { path: path.to_string(), key: key.to_string(), problem: problem.into() }
+}
+
+/// A `where:` error (no file yet): the caller names the file with [`in_file`].
+fn bad(key: &str, problem: impl Into<String>) -> ImputeError {
+    spec_error("", key, problem)
+}
+
+fn in_file(e: ImputeError, path: &str) -> ImputeError {
+    match e {
+        ImputeError::Spec { path: p, key, problem } if p.is_empty() => spec_error(path, &key, problem),
+        other => other,
+    }
+}
+
 /// Parses a `where:` mapping into predicates.
 pub fn predicates(
     domain: &Domain,
     m: &std::collections::BTreeMap<String, serde_json::Value>,
-) -> anyhow::Result<Vec<Predicate>> {
+) -> Result<Vec<Predicate>> {
     let mut out = Vec::new();
     for (col, v) in m {
-        let c = domain.column(col).ok_or_else(|| anyhow::anyhow!("where: unknown column {col:?}"))?;
-        let arr = v.as_array().ok_or_else(|| anyhow::anyhow!("where.{col}: give [lo, hi] or a list of labels"))?;
+        let c = domain.column(col).ok_or_else(|| bad("where", format!("unknown column {col:?}")))?;
+        let arr = v.as_array().ok_or_else(|| bad(&format!("where.{col}"), "give [lo, hi] or a list of labels"))?;
         match &c.kind {
             ColumnKind::Categorical { values, .. } => {
                 let codes = arr
@@ -222,14 +239,14 @@ pub fn predicates(
                             .iter()
                             .position(|v| *v == s)
                             .map(|p| p as f64)
-                            .ok_or_else(|| anyhow::anyhow!("where.{col}: unknown label {s:?}"))
+                            .ok_or_else(|| bad(&format!("where.{col}"), format!("unknown label {s:?}")))
                     })
-                    .collect::<anyhow::Result<Vec<_>>>()?;
+                    .collect::<Result<Vec<_>>>()?;
                 out.push(Predicate { column: col.clone(), lo: None, hi: None, codes: Some(codes) });
             }
             _ => {
                 if arr.len() != 2 {
-                    anyhow::bail!("where.{col}: give [lo, hi] (null for open)");
+                    return Err(bad(&format!("where.{col}"), "give [lo, hi] (null for open)"));
                 }
                 out.push(Predicate { column: col.clone(), lo: arr[0].as_f64(), hi: arr[1].as_f64(), codes: None });
             }
@@ -246,21 +263,22 @@ pub(crate) fn matching(
     matches: &[RawMatch],
     metric: Metric,
     what: &str,
-) -> anyhow::Result<Imputation> {
+) -> Result<Imputation> {
     let path = what;
     for a in impute {
-        let c = domain.column(a).ok_or_else(|| anyhow::anyhow!("{path}: impute: unknown column {a:?}"))?;
+        let c = domain.column(a).ok_or_else(|| spec_error(path, "impute", format!("unknown column {a:?}")))?;
         if !c.nullable {
-            anyhow::bail!("{path}: impute: column {a:?} is not nullable, nothing to impute");
+            return Err(spec_error(path, "impute", format!("column {a:?} is not nullable, nothing to impute")));
         }
     }
     let mut attrs = Vec::new();
     let mut grouping = Vec::new();
     for m in matches {
-        let c =
-            domain.column(&m.column).ok_or_else(|| anyhow::anyhow!("{path}: match: unknown column {:?}", m.column))?;
+        let c = domain
+            .column(&m.column)
+            .ok_or_else(|| spec_error(path, "match", format!("unknown column {:?}", m.column)))?;
         if impute.contains(&m.column) {
-            anyhow::bail!("{path}: match: {:?} is being imputed", m.column);
+            return Err(spec_error(path, "match", format!("{:?} is being imputed", m.column)));
         }
         let kind = m.kind.unwrap_or(match c.kind {
             ColumnKind::Categorical { .. } | ColumnKind::Boolean => AttrKind::Categorical,
@@ -269,7 +287,11 @@ pub(crate) fn matching(
         // A non-finite weight makes distances NaN (∞·0), which the donor search and
         // L1(D) cannot order: L1 would come out far too small.
         if m.group == 0 || !m.weight.is_finite() || m.weight < 0.0 {
-            anyhow::bail!("{path}: match.{}: group must be ≥ 1 and weight a finite number ≥ 0", m.column);
+            return Err(spec_error(
+                path,
+                &format!("match.{}", m.column),
+                "group must be ≥ 1 and weight a finite number ≥ 0",
+            ));
         }
         attrs.push(MatchAttr {
             name: m.column.clone(),
@@ -284,9 +306,11 @@ pub(crate) fn matching(
 
 impl ImputeSpec {
     /// Loads a spec (paths relative to the file).
-    pub fn load(path: &str) -> anyhow::Result<Self> {
-        let text = std::fs::read_to_string(path).map_err(|e| anyhow::anyhow!("reading {path}: {e}"))?;
-        let raw: RawSpec = serde_saphyr::from_str(&text).map_err(|e| anyhow::anyhow!("{path}: {e}"))?;
+    pub fn load(path: &str) -> Result<Self> {
+        let text =
+            std::fs::read_to_string(path).map_err(|source| ImputeError::ReadSpec { path: path.to_string(), source })?;
+        let raw: RawSpec = serde_saphyr::from_str(&text)
+            .map_err(|e| ImputeError::ParseSpec { path: path.to_string(), message: e.to_string() })?;
         let base = std::path::Path::new(path).parent().unwrap_or(std::path::Path::new("."));
         let rel = |p: &str| {
             if p.contains("://") || std::path::Path::new(p).is_absolute() {
@@ -302,29 +326,40 @@ impl ImputeSpec {
         for q in &raw.queries {
             let kinds = [q.count.is_some(), q.mean.is_some(), q.variance.is_some(), q.proportion.is_some()];
             if kinds.iter().filter(|x| **x).count() != 1 {
-                anyhow::bail!("{path}: query {}: give exactly one of count, mean, variance, proportion", q.name);
+                return Err(spec_error(
+                    path,
+                    &format!("query {}", q.name),
+                    "give exactly one of count, mean, variance, proportion",
+                ));
             }
             let kind = if let Some(m) = &q.mean {
                 QueryKind::Mean { value: m.value.clone(), lo: m.lo, hi: m.hi }
             } else if let Some(m) = &q.variance {
                 QueryKind::Variance { value: m.value.clone(), lo: m.lo, hi: m.hi }
             } else if let Some(p) = &q.proportion {
-                QueryKind::Proportion { numerator: predicates(&domain, &p.numerator)? }
+                QueryKind::Proportion { numerator: predicates(&domain, &p.numerator).map_err(|e| in_file(e, path))? }
             } else {
                 QueryKind::Count
             };
             if let QueryKind::Mean { lo, hi, .. } | QueryKind::Variance { lo, hi, .. } = &kind
                 && lo >= hi
             {
-                anyhow::bail!("{path}: query {}: lo must be below hi", q.name);
+                return Err(spec_error(path, &format!("query {}", q.name), "lo must be below hi"));
             }
-            queries.push(QuerySpec { name: q.name.clone(), kind, predicate: predicates(&domain, &q.filter)? });
+            queries.push(QuerySpec {
+                name: q.name.clone(),
+                kind,
+                predicate: predicates(&domain, &q.filter).map_err(|e| in_file(e, path))?,
+            });
         }
         Ok(Self {
             input: rel(&raw.input),
             domain: domain_file,
             imputation,
-            budget: raw.budget.budget("budget")?,
+            budget: raw
+                .budget
+                .budget("budget")
+                .map_err(|source| ImputeError::Budget { path: path.to_string(), source })?,
             queries,
         })
     }

@@ -1,7 +1,7 @@
 //! The arguments of DP aggregate calls: bounds and levels are public
 //! constants (number literals), and the aggregated value must be a number.
 
-use anyhow::Result;
+use super::error::Result;
 use datafusion::arrow::datatypes::DataType;
 use datafusion::common::ScalarValue;
 use datafusion::logical_expr::{Aggregate, Expr, ExprSchemable};
@@ -13,9 +13,11 @@ pub fn parse_f64(e: &Expr, what: &str, func: &str) -> Result<f64> {
     let v = match e.clone().unalias() {
         Expr::Literal(v, _) => v,
         Expr::Negative(inner) => match *inner {
-            Expr::Literal(v, _) => {
-                ScalarValue::Float64(Some(-ScalarValue::cast_to(&v, &DataType::Float64)?.to_string().parse::<f64>()?))
-            }
+            Expr::Literal(v, _) => ScalarValue::Float64(Some(
+                -ScalarValue::cast_to(&v, &DataType::Float64)?.to_string().parse::<f64>().map_err(|_| {
+                    Refusal::new(K::Arguments, format!("{func}: {what} must be a number literal, got `{e}`"))
+                })?,
+            )),
             _ => {
                 return Err(
                     Refusal::new(K::Arguments, format!("{func}: {what} must be a number literal, got `{e}`")).into()

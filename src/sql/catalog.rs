@@ -5,7 +5,7 @@ use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
-use anyhow::{Context, Result, bail};
+use super::error::{Result, SqlError};
 use serde::Deserialize;
 
 use crate::dataset::Dataset;
@@ -130,47 +130,52 @@ impl Catalog {
     /// Loads a catalog; relative paths are relative to the catalog file.
     pub fn load(path: impl AsRef<Path>) -> Result<Self> {
         let path = path.as_ref();
-        let text = std::fs::read_to_string(path).with_context(|| format!("reading catalog {}", path.display()))?;
-        let raw: RawCatalog = serde_saphyr::from_str(&text).map_err(|e| anyhow::anyhow!("{}: {e}", path.display()))?;
+        let file = path.display().to_string();
+        let bad = |problem: String| SqlError::Catalog { path: file.clone(), problem };
+        let text =
+            std::fs::read_to_string(path).map_err(|source| SqlError::ReadCatalog { path: file.clone(), source })?;
+        let raw: RawCatalog = serde_saphyr::from_str(&text).map_err(|e| bad(e.to_string()))?;
         let base = path.parent().unwrap_or(Path::new("."));
         let mut tables = BTreeMap::new();
         for (name, t) in raw.tables {
-            let what = format!("{}: tables.{name}", path.display());
+            let what = format!("tables.{name}");
             let domain_path = resolve(base, &t.domain);
-            let spec = DomainSpec::load(&domain_path)?;
+            let spec = DomainSpec::load(&domain_path).map_err(crate::dataset::DatasetError::from)?;
             let unit = match t.privacy_unit {
                 None => PrivacyUnit::Row,
                 Some(RawUnit::Row(s)) if s == "row" => PrivacyUnit::Row,
-                Some(RawUnit::Row(s)) => bail!("{what}.privacy_unit: {s:?} is not `row` or {{column: NAME}}"),
+                Some(RawUnit::Row(s)) => {
+                    return Err(bad(format!("{what}.privacy_unit: {s:?} is not `row` or {{column: NAME}}")));
+                }
                 Some(RawUnit::Column { column }) => {
                     if spec.domain.column(&column).is_some() {
-                        bail!(
+                        return Err(bad(format!(
                             "{what}.privacy_unit: the unit column {column:?} must not be a domain attribute (it identifies people)"
-                        );
+                        )));
                     }
                     PrivacyUnit::Column(column)
                 }
             };
             if t.max_rows_per_unit == 0 || t.max_groups_per_unit == 0 {
-                bail!("{what}: contribution bounds must be at least 1");
+                return Err(bad(format!("{what}: contribution bounds must be at least 1")));
             }
             let impute = match &t.impute {
                 None => None,
                 Some(i) => {
                     if t.public {
-                        bail!("{what}.impute: public tables need no private imputation");
+                        return Err(bad(format!("{what}.impute: public tables need no private imputation")));
                     }
                     if unit != PrivacyUnit::Row || t.max_rows_per_unit != 1 {
-                        bail!(
+                        return Err(bad(format!(
                             "{what}.impute: kNN imputation's smooth sensitivity (004) assumes one row per person: use privacy_unit: row"
-                        );
+                        )));
                     }
                     Some(crate::impute::spec::matching(
                         &spec.domain,
                         &i.columns,
                         &i.matching,
                         i.metric,
-                        &format!("{what}.impute"),
+                        &format!("{file}: {what}.impute"),
                     )?)
                 }
             };
@@ -199,19 +204,28 @@ impl Catalog {
             None => None,
             Some(m) => Some(
                 m.into_iter()
-                    .map(|(k, v)| Ok((k.clone(), v.budget(&format!("create_ledger_if_missing.{k}"))?)))
+                    .map(|(k, v)| {
+                        let b = v
+                            .budget(&format!("create_ledger_if_missing.{k}"))
+                            .map_err(|source| SqlError::CatalogBudget { path: file.clone(), source })?;
+                        Ok((k.clone(), b))
+                    })
                     .collect::<Result<BTreeMap<_, _>>>()?,
             ),
         };
         if !(raw.confidence > 0.0 && raw.confidence < 1.0) {
-            bail!("{}: confidence must be in (0, 1)", path.display());
+            return Err(bad("confidence must be in (0, 1)".to_string()));
         }
         Ok(Self {
             path: path.to_path_buf(),
             tables,
             ledger: raw.ledger.map(|l| PathBuf::from(resolve(base, &l))),
             create_ledger,
-            query_budget: raw.query_budget.map(|b| b.budget("query_budget")).transpose()?,
+            query_budget: raw
+                .query_budget
+                .map(|b| b.budget("query_budget"))
+                .transpose()
+                .map_err(|source| SqlError::CatalogBudget { path: file.clone(), source })?,
             confidence: raw.confidence,
         })
     }

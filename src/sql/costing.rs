@@ -14,11 +14,11 @@ use dpflow_udfs::noise::NoiseDistribution;
 
 use super::args::parse_f64;
 use super::catalog::{Catalog, PrivacyUnit, TableEntry};
+use super::error::{Result, SqlError};
 use super::refusal::{Refusal, RefusalKind as K};
 use super::sites::{CallSite, SiteBudget, site_of};
 use crate::privacy::convert::cdp_rho;
 use crate::privacy::{Budget, MechanismRecord, PrivacyLoss};
-use anyhow::{Result, bail};
 
 /// Largest number of public-domain keys a GROUP BY may enumerate.
 const MAX_DOMAIN_KEYS: usize = 1_000_000;
@@ -212,7 +212,9 @@ pub(super) fn plan_costs(
     // Parse calls in aggregate order.
     let mut calls = Vec::new();
     for (i, e) in agg.aggr_expr.iter().enumerate() {
-        let Expr::AggregateFunction(f) = e.clone().unalias() else { bail!("internal: not an aggregate") };
+        let Expr::AggregateFunction(f) = e.clone().unalias() else {
+            return Err(SqlError::Internal("not an aggregate".into()));
+        };
         let name = f.func.name().to_string();
         let args = &f.params.args;
         let site = site_of(args)?;
@@ -261,7 +263,7 @@ pub(super) fn plan_costs(
                 let (lo, hi) = bounds(&a[2], &a[3])?;
                 Kind::Quantile { arg: a[0].clone(), q, lo, hi }
             }
-            other => bail!("internal: unknown DP function {other}"),
+            other => return Err(SqlError::Internal(format!("unknown DP function {other}"))),
         };
         let field = agg.schema.field(agg.group_expr.len() + i).name().clone();
         calls.push((i, site, name, kind, field));

@@ -5,7 +5,7 @@
 
 use std::sync::Arc;
 
-use anyhow::{Context, Result, bail};
+use super::error::{Result, SqlError};
 use datafusion::arrow::array::{ArrayRef, RecordBatch};
 use datafusion::arrow::datatypes::{DataType, Field, Schema};
 use datafusion::execution::context::SessionContext;
@@ -73,7 +73,7 @@ impl SqlEngine {
     /// DP functions, and the ledger.
     pub async fn open(catalog: Catalog, unsafe_seed: Option<u64>) -> Result<Self> {
         if unsafe_seed.is_some() && catalog.ledger.is_some() {
-            bail!(crate::privacy::SEEDED_LEDGER_REFUSAL);
+            return Err(SqlError::SeededLedger);
         }
         let ctx = crate::io::session_context();
         for f in dpflow_udfs::dp::dp_aggregates() {
@@ -91,7 +91,10 @@ impl SqlEngine {
             };
             let typed =
                 dpflow_udfs::domain::EncodedTable::typed_with(raw, Arc::new(t.dataset.domain().clone()), passthrough)
-                    .with_context(|| format!("table {}", t.name))?;
+                    .map_err(|e| SqlError::Catalog {
+                    path: catalog.path.display().to_string(),
+                    problem: format!("tables.{}: {e}", t.name),
+                })?;
             ctx.register_table(t.name.as_str(), Arc::new(typed))?;
         }
         let ledger = match &catalog.ledger {
@@ -153,7 +156,7 @@ impl SqlEngine {
     }
 
     fn table(&self, name: &str) -> Result<&TableEntry> {
-        self.catalog.tables.get(name).with_context(|| format!("unknown table {name}"))
+        self.catalog.tables.get(name).ok_or_else(|| SqlError::UnknownTable(name.to_string()))
     }
 
     /// Runs (or explains) one query with `budget` (default: the catalog's query budget).
@@ -212,7 +215,7 @@ impl SqlEngine {
             Some(l) => Ok(Some(l.reserve(dataset, &release_id, records, None)?)),
             None => {
                 if self.unsafe_seed.is_none() && !self.precharged {
-                    bail!("the catalog has no ledger: DP queries must be charged to a ledger");
+                    return Err(SqlError::NoLedger);
                 }
                 Ok(None)
             }

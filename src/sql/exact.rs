@@ -5,7 +5,7 @@
 
 use std::sync::Arc;
 
-use anyhow::{Result, bail};
+use super::error::{Result, SqlError};
 use datafusion::arrow::datatypes::DataType;
 use datafusion::common::{Column, ScalarValue};
 use datafusion::functions_aggregate::expr_fn::{count, sum};
@@ -94,7 +94,12 @@ pub(super) fn scalar_i128(v: &ScalarValue) -> Result<i128> {
         v if v.is_null() => 0,
         ScalarValue::Decimal128(Some(x), _, 0) => *x,
         ScalarValue::Int64(Some(x)) => *x as i128,
-        other => bail!("internal: helper aggregate of type {} is not an exact integer", other.data_type()),
+        other => {
+            return Err(SqlError::Internal(format!(
+                "helper aggregate of type {} is not an exact integer",
+                other.data_type()
+            )));
+        }
     })
 }
 

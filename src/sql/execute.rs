@@ -7,7 +7,7 @@
 use std::collections::HashMap;
 use std::sync::Arc;
 
-use anyhow::{Result, bail};
+use super::error::{Result, SqlError};
 use datafusion::arrow::array::{ArrayRef, RecordBatch};
 use datafusion::arrow::datatypes::{DataType, Field, Schema};
 use datafusion::common::tree_node::{Transformed, TreeNode};
@@ -174,7 +174,7 @@ impl SqlEngine {
                 }
                 kept
             }
-            (None, None) => bail!("internal: no key policy"),
+            (None, None) => return Err(SqlError::Internal("no key policy".into())),
         };
         // Quantile histograms (a second exact pass) when needed.
         let mut hist: HashMap<usize, HashMap<Vec<ScalarValue>, Vec<f64>>> = HashMap::new();

@@ -26,7 +26,7 @@
 //! and WHERE conditions other than conjunctions of comparisons, BETWEEN and
 //! IN lists on domain columns.
 
-use anyhow::{Result, bail};
+use super::error::{Result, SqlError};
 use datafusion::common::ScalarValue;
 use datafusion::logical_expr::{BinaryExpr, Expr, LogicalPlan, Operator};
 
@@ -51,6 +51,19 @@ pub(super) struct ImputedPlan {
 
 fn refuse<T>(kind: K, msg: impl Into<String>) -> Result<T> {
     Err(Refusal::new(kind, msg).into())
+}
+
+/// A WHERE condition the imputed subpopulation cannot express.
+fn unsupported(msg: String) -> SqlError {
+    Refusal::new(K::Unsupported, msg).into()
+}
+
+/// A refusal's message prefixed with where it arose (`WHERE …`).
+fn prefixed(e: SqlError, prefix: &str) -> SqlError {
+    match e {
+        SqlError::Refused(r) => Refusal::new(r.kind, format!("{prefix}: {}", r.message)).into(),
+        other => other,
+    }
 }
 
 /// Whether the prepared query calls a `dp_imputed_*` function.
@@ -121,7 +134,7 @@ pub(super) fn plan_imputed(
         }
     };
     let name = scan.table_name.table().to_string();
-    let Some(table) = catalog.tables.get(&name) else { bail!("unknown table {name}") };
+    let Some(table) = catalog.tables.get(&name) else { return Err(SqlError::UnknownTable(name)) };
     if table.public {
         return refuse(K::TablePolicy, format!("{name} is public: use ordinary SQL aggregates on it"));
     }
@@ -134,13 +147,14 @@ pub(super) fn plan_imputed(
     let domain = table.dataset.domain();
     let mut subpopulation = Vec::new();
     for c in &conditions {
-        subpopulation
-            .extend(predicates(c, domain).map_err(|e| Refusal::new(K::Unsupported, format!("WHERE {c}: {e}")))?);
+        subpopulation.extend(predicates(c, domain).map_err(|e| prefixed(e, &format!("WHERE {c}")))?);
     }
     // Calls and their shares.
     let mut parsed: Vec<(QueryKind, usize, String)> = Vec::new();
     for (i, e) in agg.aggr_expr.iter().enumerate() {
-        let Expr::AggregateFunction(f) = e.clone().unalias() else { bail!("internal: not an aggregate") };
+        let Expr::AggregateFunction(f) = e.clone().unalias() else {
+            return Err(SqlError::Internal("not an aggregate".into()));
+        };
         let func = f.func.name().to_string();
         if f.params.distinct || f.params.filter.is_some() || !f.params.order_by.is_empty() {
             return refuse(
@@ -183,8 +197,7 @@ pub(super) fn plan_imputed(
                 }
             }
             ("dp_imputed_proportion", [cond]) => QueryKind::Proportion {
-                numerator: predicates(cond, domain)
-                    .map_err(|e| Refusal::new(K::Unsupported, format!("{func}({cond}): {e}")))?,
+                numerator: predicates(cond, domain).map_err(|e| prefixed(e, &format!("{func}({cond})")))?,
             },
             _ => {
                 let sig = match func.as_str() {
@@ -296,7 +309,7 @@ fn column_name(e: &Expr) -> Option<String> {
 fn number(v: &ScalarValue) -> Result<f64> {
     match v.cast_to(&datafusion::arrow::datatypes::DataType::Float64)? {
         ScalarValue::Float64(Some(f)) if f.is_finite() => Ok(f),
-        _ => bail!("`{v}` is not a finite number"),
+        _ => return Err(unsupported(format!("`{v}` is not a finite number"))),
     }
 }
 
@@ -312,11 +325,11 @@ fn code_of(domain: &Domain, column: &str, v: &ScalarValue) -> Result<f64> {
             .iter()
             .position(|x| *x == label)
             .map(|p| p as f64)
-            .ok_or_else(|| anyhow::anyhow!("{label:?} is not a value of {column}")),
+            .ok_or_else(|| unsupported(format!("{label:?} is not a value of {column}"))),
         ColumnKind::Boolean => match label.as_str() {
             "false" => Ok(0.0),
             "true" => Ok(1.0),
-            _ => bail!("{label:?} is not a boolean"),
+            _ => return Err(unsupported(format!("{label:?} is not a boolean"))),
         },
         _ => unreachable!("numeric columns take ranges"),
     }
@@ -328,7 +341,7 @@ fn code_of(domain: &Domain, column: &str, v: &ScalarValue) -> Result<f64> {
 pub(super) fn predicates(e: &Expr, domain: &Domain) -> Result<Vec<Predicate>> {
     let numeric = |c: &str| -> Result<Option<bool>> {
         match domain.column(c).map(|x| &x.kind) {
-            None => bail!("{c} is not a domain column"),
+            None => return Err(unsupported(format!("{c} is not a domain column"))),
             Some(ColumnKind::Integer { .. }) => Ok(Some(true)),
             Some(ColumnKind::Float { .. }) => Ok(Some(false)),
             Some(_) => Ok(None),
@@ -343,21 +356,23 @@ pub(super) fn predicates(e: &Expr, domain: &Domain) -> Result<Vec<Predicate>> {
             Ok(p)
         }
         Expr::Between(b) if !b.negated => {
-            let Some(c) = column_name(&b.expr) else { bail!("BETWEEN must test a column") };
+            let Some(c) = column_name(&b.expr) else { return Err(unsupported(format!("BETWEEN must test a column"))) };
             if numeric(&c)?.is_none() {
-                bail!("BETWEEN needs a numeric column ({c} is categorical)");
+                return Err(unsupported(format!("BETWEEN needs a numeric column ({c} is categorical)")));
             }
-            let (Some(lo), Some(hi)) = (literal(&b.low), literal(&b.high)) else { bail!("BETWEEN needs literals") };
+            let (Some(lo), Some(hi)) = (literal(&b.low), literal(&b.high)) else {
+                return Err(unsupported(format!("BETWEEN needs literals")));
+            };
             Ok(vec![range(c, Some(number(&lo)?), Some(number(&hi)?))])
         }
         Expr::InList(l) if !l.negated => {
-            let Some(c) = column_name(&l.expr) else { bail!("IN must test a column") };
+            let Some(c) = column_name(&l.expr) else { return Err(unsupported(format!("IN must test a column"))) };
             let vals = l
                 .list
                 .iter()
                 .map(literal)
                 .collect::<Option<Vec<_>>>()
-                .ok_or_else(|| anyhow::anyhow!("IN needs literals"))?;
+                .ok_or_else(|| unsupported(format!("IN needs literals")))?;
             match numeric(&c)? {
                 None => Ok(vec![Predicate {
                     column: c.clone(),
@@ -365,27 +380,33 @@ pub(super) fn predicates(e: &Expr, domain: &Domain) -> Result<Vec<Predicate>> {
                     hi: None,
                     codes: Some(vals.iter().map(|v| code_of(domain, &c, v)).collect::<Result<_>>()?),
                 }]),
-                Some(_) => bail!("IN lists are supported on categorical columns; use BETWEEN on {c}"),
+                Some(_) => {
+                    return Err(unsupported(format!(
+                        "IN lists are supported on categorical columns; use BETWEEN on {c}"
+                    )));
+                }
             }
         }
         Expr::BinaryExpr(BinaryExpr { left, op, right }) => {
             if !matches!(op, Operator::Eq | Operator::Lt | Operator::LtEq | Operator::Gt | Operator::GtEq) {
-                bail!("operator {op} is not supported: use AND-ed comparisons (=, <, <=, >, >=), BETWEEN or IN");
+                return Err(unsupported(format!(
+                    "operator {op} is not supported: use AND-ed comparisons (=, <, <=, >, >=), BETWEEN or IN"
+                )));
             }
             // column op literal, or literal op column (mirrored).
             let (c, v, op) = match (column_name(left), literal(right), column_name(right), literal(left)) {
                 (Some(c), Some(v), _, _) => (c, v, *op),
                 (_, _, Some(c), Some(v)) => {
-                    (c, v, op.swap().ok_or_else(|| anyhow::anyhow!("unsupported operator {op}"))?)
+                    (c, v, op.swap().ok_or_else(|| unsupported(format!("unsupported operator {op}")))?)
                 }
-                _ => bail!("conditions must compare a column with a literal"),
+                _ => return Err(unsupported(format!("conditions must compare a column with a literal"))),
             };
             match (numeric(&c)?, op) {
                 (None, Operator::Eq) => {
                     let code = code_of(domain, &c, &v)?;
                     Ok(vec![Predicate { column: c, lo: None, hi: None, codes: Some(vec![code]) }])
                 }
-                (None, _) => bail!("only = and IN are supported on categorical column {c}"),
+                (None, _) => return Err(unsupported(format!("only = and IN are supported on categorical column {c}"))),
                 (Some(integer), op) => {
                     let x = number(&v)?;
                     let name = c.clone();
@@ -394,7 +415,9 @@ pub(super) fn predicates(e: &Expr, domain: &Domain) -> Result<Vec<Predicate>> {
                             return Ok(x);
                         }
                         if !integer {
-                            bail!("strict comparisons on real-valued {name} are not supported: use >= or <=");
+                            return Err(unsupported(format!(
+                                "strict comparisons on real-valued {name} are not supported: use >= or <="
+                            )));
                         }
                         Ok(if up { x.floor() + 1.0 } else { x.ceil() - 1.0 })
                     };
@@ -404,7 +427,11 @@ pub(super) fn predicates(e: &Expr, domain: &Domain) -> Result<Vec<Predicate>> {
                         Operator::Gt => range(c, Some(step(true, true)?), None),
                         Operator::LtEq => range(c, None, Some(step(false, false)?)),
                         Operator::Lt => range(c, None, Some(step(true, false)?)),
-                        other => bail!("operator {other} is not supported (use =, <, <=, >, >=, BETWEEN, IN)"),
+                        other => {
+                            return Err(unsupported(format!(
+                                "operator {other} is not supported (use =, <, <=, >, >=, BETWEEN, IN)"
+                            )));
+                        }
                     }])
                 }
             }
@@ -413,7 +440,9 @@ pub(super) fn predicates(e: &Expr, domain: &Domain) -> Result<Vec<Predicate>> {
             Ok(vec![Predicate { column: c.name.clone(), lo: None, hi: None, codes: Some(vec![1.0]) }])
         }
         other => {
-            bail!("`{other}` is not supported: use AND-ed comparisons of a column with a literal, BETWEEN, or IN lists")
+            return Err(unsupported(format!(
+                "`{other}` is not supported: use AND-ed comparisons of a column with a literal, BETWEEN, or IN lists"
+            )));
         }
     }
 }

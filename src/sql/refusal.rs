@@ -69,8 +69,3 @@ impl Refusal {
 pub fn refuse<T>(kind: RefusalKind, message: impl Into<String>) -> Result<T, Refusal> {
     Err(Refusal::new(kind, message))
 }
-
-/// The refusal kind inside an error from the SQL engine, if it is a refusal.
-pub fn refusal_kind(e: &anyhow::Error) -> Option<RefusalKind> {
-    e.downcast_ref::<Refusal>().map(|r| r.kind)
-}

@@ -3,7 +3,7 @@
 //! variances, clamped to the public bounds) and its requested confidence
 //! bounds; quantiles by the exponential mechanism over a public grid.
 
-use anyhow::Result;
+use super::error::Result;
 use datafusion::common::ScalarValue;
 use datafusion::common::tree_node::TreeNode;
 use datafusion::logical_expr::expr::ScalarFunction;

@@ -8,7 +8,7 @@
 
 use std::ops::ControlFlow;
 
-use anyhow::{Context, Result, bail};
+use super::error::{Result, SqlError};
 use datafusion::sql::sqlparser::ast::{
     Expr, FunctionArg, FunctionArgExpr, FunctionArguments, Statement, Value, visit_expressions_mut,
 };
@@ -57,7 +57,7 @@ pub fn site_tag(id: usize) -> String {
 
 /// Parses one statement and tags its DP calls.
 pub fn prepare(sql: &str) -> Result<Prepared> {
-    let mut stmts = Parser::parse_sql(&GenericDialect {}, sql).map_err(|e| anyhow::anyhow!("SQL syntax error: {e}"))?;
+    let mut stmts = Parser::parse_sql(&GenericDialect {}, sql).map_err(|e| SqlError::Syntax(e.to_string()))?;
     if stmts.len() != 1 {
         return Err(
             Refusal::new(K::Unsupported, format!("give exactly one SQL statement (got {})", stmts.len())).into()
@@ -80,7 +80,7 @@ pub fn prepare(sql: &str) -> Result<Prepared> {
     // Identical call text shares one site (e.g. `dp_count(*)` and
     // `dp_ci_low(dp_count(*))`): DataFusion computes it once.
     let mut by_text: std::collections::HashMap<String, usize> = Default::default();
-    let mut error: Option<anyhow::Error> = None;
+    let mut error: Option<Refusal> = None;
     let _ = visit_expressions_mut(&mut stmt, |e: &mut Expr| {
         if let Expr::Function(f) = e {
             let name = f.name.to_string().to_ascii_lowercase();
@@ -88,7 +88,7 @@ pub fn prepare(sql: &str) -> Result<Prepared> {
                 return ControlFlow::<()>::Continue(());
             }
             let FunctionArguments::List(list) = &mut f.args else {
-                error = Some(anyhow::anyhow!("{name} needs an argument list"));
+                error = Some(Refusal::new(K::Arguments, format!("{name} needs an argument list")));
                 return ControlFlow::Break(());
             };
             let mut positional = Vec::new();
@@ -105,19 +105,26 @@ pub fn prepare(sql: &str) -> Result<Prepared> {
                             _ => None,
                         };
                         let Some(value) = value.filter(|v| *v > 0.0 && v.is_finite()) else {
-                            error = Some(anyhow::anyhow!("{name}: {key} => must be a positive number literal"));
+                            error = Some(Refusal::new(
+                                K::Arguments,
+                                format!("{name}: {key} => must be a positive number literal"),
+                            ));
                             return ControlFlow::Break(());
                         };
                         if budget.is_some() {
-                            error = Some(anyhow::anyhow!("{name}: give one budget share (epsilon => or rho =>)"));
+                            error = Some(Refusal::new(
+                                K::Arguments,
+                                format!("{name}: give one budget share (epsilon => or rho =>)"),
+                            ));
                             return ControlFlow::Break(());
                         }
                         budget = Some(match key.as_str() {
                             "epsilon" | "eps" => SiteBudget::Epsilon(value),
                             "rho" => SiteBudget::Rho(value),
                             other => {
-                                error = Some(anyhow::anyhow!(
-                                    "{name}: unknown named argument {other:?} (use epsilon => or rho =>)"
+                                error = Some(Refusal::new(
+                                    K::Arguments,
+                                    format!("{name}: unknown named argument {other:?} (use epsilon => or rho =>)"),
                                 ));
                                 return ControlFlow::Break(());
                             }
@@ -133,7 +140,7 @@ pub fn prepare(sql: &str) -> Result<Prepared> {
                     }
                     FunctionArg::Unnamed(arg @ FunctionArgExpr::Expr(_)) => positional.push(FunctionArg::Unnamed(arg)),
                     other => {
-                        error = Some(anyhow::anyhow!("{name}: unsupported argument {other}"));
+                        error = Some(Refusal::new(K::Arguments, format!("{name}: unsupported argument {other}")));
                         return ControlFlow::Break(());
                     }
                 }
@@ -159,7 +166,7 @@ pub fn prepare(sql: &str) -> Result<Prepared> {
         ControlFlow::Continue(())
     });
     if let Some(e) = error {
-        return Err(e);
+        return Err(e.into());
     }
     Ok(Prepared { sql: stmt.to_string(), sites, explain })
 }
@@ -169,10 +176,11 @@ pub fn site_of(args: &[datafusion::logical_expr::Expr]) -> Result<usize> {
     use datafusion::common::ScalarValue;
     use datafusion::logical_expr::Expr;
     match args.last() {
-        Some(Expr::Literal(ScalarValue::Utf8(Some(s)), _)) => {
-            s.strip_prefix("__dp_site_").and_then(|x| x.parse().ok()).context("internal: malformed DP call-site tag")
-        }
-        _ => bail!("internal: DP call without a site tag"),
+        Some(Expr::Literal(ScalarValue::Utf8(Some(s)), _)) => s
+            .strip_prefix("__dp_site_")
+            .and_then(|x| x.parse().ok())
+            .ok_or_else(|| SqlError::Internal("malformed DP call-site tag".into())),
+        _ => Err(SqlError::Internal("DP call without a site tag".into())),
     }
 }
 
