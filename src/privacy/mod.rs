@@ -9,6 +9,7 @@ pub mod budget;
 pub mod convert;
 pub mod failure;
 pub mod ledger;
+pub mod share;
 pub mod yaml;
 
 pub use budget::{Budget, BudgetError, Normalized, PrivacyFilter};
@@ -21,4 +22,5 @@ pub const SEEDED_LEDGER_REFUSAL: &str = "refused: --unsafe-seed with a ledger: s
 
 pub use failure::{FailureError, ProtectedFailure, charge_failure};
 pub use ledger::{BudgetStatus, ChargeRow, ChargeStatus, DatasetEntry, Ledger, LedgerError, Reservation};
+pub use share::Share;
 pub use yaml::{RawBudget, RawBudgetError};

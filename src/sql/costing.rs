@@ -16,9 +16,9 @@ use super::args::parse_f64;
 use super::catalog::{Catalog, PrivacyUnit, TableEntry};
 use super::error::{Result, SqlError};
 use super::refusal::{Refusal, RefusalKind as K};
-use super::sites::{CallSite, SiteBudget, site_of};
+use super::sites::{CallSite, site_of};
 use crate::privacy::convert::cdp_rho;
-use crate::privacy::{Budget, MechanismRecord, PrivacyLoss};
+use crate::privacy::{Budget, MechanismRecord, PrivacyLoss, Share};
 
 /// Largest number of public-domain keys a GROUP BY may enumerate.
 const MAX_DOMAIN_KEYS: usize = 1_000_000;
@@ -31,13 +31,6 @@ pub(super) enum Kind {
     Avg { arg: Expr, lo: f64, hi: f64 },
     Var { arg: Expr, lo: f64, hi: f64 },
     Quantile { arg: Expr, q: f64, lo: f64, hi: f64 },
-}
-
-/// How a call site is noised.
-#[derive(Debug, Clone, Copy, PartialEq)]
-pub(super) enum Share {
-    Eps(f64),
-    Rho(f64),
 }
 
 /// A planned DP aggregate.
@@ -269,7 +262,7 @@ pub(super) fn plan_costs(
         calls.push((i, site, name, kind, field));
     }
     // Shares.
-    let explicit: Vec<Option<SiteBudget>> =
+    let explicit: Vec<Option<Share>> =
         calls.iter().map(|c| sites.iter().find(|s| s.id == c.1).and_then(|s| s.budget)).collect();
     let n_explicit = explicit.iter().filter(|e| e.is_some()).count();
     if n_explicit != 0 && n_explicit != calls.len() {
@@ -287,13 +280,7 @@ pub(super) fn plan_costs(
             };
             selection = Some((epsilon, delta));
         }
-        explicit
-            .iter()
-            .map(|e| match e.expect("all explicit") {
-                SiteBudget::Epsilon(x) => Share::Eps(x),
-                SiteBudget::Rho(x) => Share::Rho(x),
-            })
-            .collect()
+        explicit.iter().map(|e| e.expect("all explicit")).collect()
     } else {
         let Some(b) = budget else {
             return Err(Refusal::new(
@@ -308,7 +295,7 @@ pub(super) fn plan_costs(
                 if needs_selection {
                     return Err(Refusal::new(K::Budget, "GROUP BY keys without a public domain need DP partition selection, which needs δ > 0 (give --delta)").into());
                 }
-                vec![Share::Eps(epsilon / k); calls.len()]
+                vec![Share::Epsilon(epsilon / k); calls.len()]
             }
             Budget::Zcdp { rho } => {
                 if needs_selection {
@@ -371,7 +358,7 @@ pub(super) fn plan_one(
     };
     let noise_for = |c: f64| -> (NoiseDistribution, f64, PrivacyLoss) {
         match share {
-            Share::Eps(e) => {
+            Share::Epsilon(e) => {
                 let eps = e / parts;
                 let b = dpflow_udfs::calibrate::laplace_scale(l1(c), eps);
                 (NoiseDistribution::Laplace { scale: b }, l1(c), PrivacyLoss::Pure { epsilon: l1(c) / b })
@@ -450,7 +437,7 @@ pub(super) fn plan_one(
         Kind::Quantile { lo, hi, .. } => {
             let bins = 1024usize;
             let (eps_em, loss) = match share {
-                Share::Eps(e) => (e / l0, PrivacyLoss::Pure { epsilon: e }),
+                Share::Epsilon(e) => (e / l0, PrivacyLoss::Pure { epsilon: e }),
                 // ε²/8 per group, L0 groups: ρ = L0·ε²/8.
                 Share::Rho(r) => ((8.0 * r / l0).sqrt(), PrivacyLoss::Zcdp { rho: r }),
             };

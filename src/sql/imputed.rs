@@ -32,10 +32,10 @@ use datafusion::logical_expr::{BinaryExpr, Expr, LogicalPlan, Operator};
 
 use super::catalog::{Catalog, TableEntry};
 use super::refusal::{Refusal, RefusalKind as K};
-use super::sites::{CallSite, SiteBudget};
+use super::sites::CallSite;
 use crate::domain::{ColumnKind, Domain};
 use crate::impute::{Predicate, QueryKind, QuerySpec};
-use crate::privacy::Budget;
+use crate::privacy::{Budget, Share};
 use dpflow_udfs::dp::DP_IMPUTED_AGGREGATES as IMPUTED_AGGREGATES;
 
 /// A planned `dp_imputed_*` query.
@@ -210,7 +210,7 @@ pub(super) fn plan_imputed(
         let field = agg.schema.field(i).name().clone();
         parsed.push((kind, site, field));
     }
-    let explicit: Vec<Option<SiteBudget>> =
+    let explicit: Vec<Option<Share>> =
         parsed.iter().map(|(_, site, _)| sites.iter().find(|s| s.id == *site).and_then(|s| s.budget)).collect();
     let n_explicit = explicit.iter().filter(|e| e.is_some()).count();
     if n_explicit != 0 && n_explicit != parsed.len() {
@@ -223,8 +223,8 @@ pub(super) fn plan_imputed(
         explicit
             .iter()
             .map(|e| match e.expect("all explicit") {
-                SiteBudget::Epsilon(x) => Ok(x),
-                SiteBudget::Rho(_) => refuse(
+                Share::Epsilon(x) => Ok(x),
+                Share::Rho(_) => refuse(
                     K::Budget,
                     "dp_imputed_* takes epsilon => (smooth-sensitivity noise is calibrated to pure ε), not rho =>",
                 ),

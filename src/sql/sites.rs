@@ -18,15 +18,7 @@ use datafusion::sql::sqlparser::parser::Parser;
 use dpflow_udfs::dp::{DP_AGGREGATES, DP_IMPUTED_AGGREGATES};
 
 use super::refusal::{Refusal, RefusalKind as K};
-
-/// A budget share given at a call site.
-#[derive(Debug, Clone, Copy, PartialEq)]
-pub enum SiteBudget {
-    /// Pure ε (Laplace noise).
-    Epsilon(f64),
-    /// ρ-zCDP (Gaussian noise).
-    Rho(f64),
-}
+use crate::privacy::Share;
 
 /// One DP aggregate call in the query text.
 #[derive(Debug, Clone, PartialEq)]
@@ -36,7 +28,7 @@ pub struct CallSite {
     /// Function name.
     pub function: String,
     /// Explicit share, if any.
-    pub budget: Option<SiteBudget>,
+    pub budget: Option<Share>,
 }
 
 /// A query ready for planning.
@@ -119,8 +111,8 @@ pub fn prepare(sql: &str) -> Result<Prepared> {
                             return ControlFlow::Break(());
                         }
                         budget = Some(match key.as_str() {
-                            "epsilon" | "eps" => SiteBudget::Epsilon(value),
-                            "rho" => SiteBudget::Rho(value),
+                            "epsilon" | "eps" => Share::Epsilon(value),
+                            "rho" => Share::Rho(value),
                             other => {
                                 error = Some(Refusal::new(
                                     K::Arguments,
@@ -206,7 +198,7 @@ mod tests {
         let p =
             prepare("SELECT sex, dp_count(*, epsilon => 0.5), dp_sum(age, 0, 100) FROM adult GROUP BY sex").unwrap();
         assert_eq!(p.sites.len(), 2);
-        assert_eq!(p.sites[0].budget, Some(SiteBudget::Epsilon(0.5)));
+        assert_eq!(p.sites[0].budget, Some(Share::Epsilon(0.5)));
         assert_eq!(p.sites[1].budget, None);
         assert!(p.sql.contains("dp_count(1, '__dp_site_0')"), "{}", p.sql);
         assert!(p.sql.contains("dp_sum(age, 0, 100, '__dp_site_1')"), "{}", p.sql);
