@@ -24,7 +24,7 @@ use super::catalog::TableEntry;
 use super::costing::{Kind, Planned, Selection};
 use super::engine::SqlEngine;
 use super::exact::{Fixup, bound_contributions, clamp_expr, helper_exprs, scalar_f64, scalar_i128};
-use super::release::{ci_requests, release_one};
+use super::release::{CiRequest, ci_requests, release_one};
 use super::sites::clean_dp_name;
 
 impl SqlEngine {
@@ -41,6 +41,35 @@ impl SqlEngine {
     ) -> Result<Vec<RecordBatch>> {
         let g = agg.group_expr.len();
         let bounded = bound_contributions(agg, entry, unit)?;
+        let n_helpers: usize = planned.iter().map(|p| p.helpers.len()).sum();
+        let n_logical = n_helpers + usize::from(selection.is_some());
+        let (exact, order) =
+            self.exact_helpers(agg, entry, &bounded, planned, unit, selection.is_some(), n_logical).await?;
+        let keys = self.released_keys(agg, domain_keys, selection, &exact, order, n_helpers)?;
+        let hist = self.quantile_histograms(agg, &bounded, planned).await?;
+        // Noise, once.
+        let ci_requests = ci_requests(plan, planned, self.catalog.confidence);
+        let (columns, ci_cols) = self.noise(g, planned, &keys, &exact, &hist, &ci_requests, n_logical)?;
+        let final_plan = post_process(plan, agg, columns, ci_cols, &ci_requests)?;
+        let out = self.ctx.execute_logical_plan(final_plan).await?.collect().await?;
+        Ok(out.into_iter().map(rename_dp_columns).collect())
+    }
+
+    /// The exact helper aggregates of every DP call per group key, as exact
+    /// integers (64-bit sums, again in 128 bits when a group sums 2³² values or
+    /// more), and the keys in the order the engine produced them.
+    #[allow(clippy::too_many_arguments)]
+    async fn exact_helpers(
+        &self,
+        agg: &Aggregate,
+        entry: &TableEntry,
+        bounded: &LogicalPlan,
+        planned: &[Planned],
+        unit: Option<&Column>,
+        count_units: bool,
+        n_logical: usize,
+    ) -> Result<(Exact, Vec<Vec<ScalarValue>>)> {
+        let g = agg.group_expr.len();
         // Exact helper aggregates (once, or twice when a group is too large for 64-bit sums).
         let schema = bounded.schema().clone();
         let domain = entry.dataset.domain();
@@ -65,8 +94,6 @@ impl SqlEngine {
             };
             Some(bounds)
         };
-        let n_helpers: usize = planned.iter().map(|p| p.helpers.len()).sum();
-        let n_logical = n_helpers + usize::from(selection.is_some());
         let mut exact: HashMap<Vec<ScalarValue>, Vec<i128>> = HashMap::new();
         let mut order: Vec<Vec<ScalarValue>> = Vec::new();
         // Narrow 64-bit sums first; if any group sums 2³² values or more, again with
@@ -89,7 +116,7 @@ impl SqlEngine {
                 counts.extend(h.counts.into_iter().map(|c| c + offset));
                 helpers.extend(h.exprs);
             }
-            if selection.is_some() {
+            if count_units {
                 helpers.push(match unit {
                     None => count(lit(1)).alias("__units"),
                     // A null id is its own unit (never pooled): distinct ids plus null-id rows.
@@ -140,9 +167,21 @@ impl SqlEngine {
                 break;
             }
         }
-        let zeros = vec![0i128; n_logical];
-        // Which keys are released.
-        let keys: Vec<Vec<ScalarValue>> = match (domain_keys, selection) {
+        Ok((exact, order))
+    }
+
+    /// The keys released: the public domain's keys, or those kept by DP
+    /// partition selection (noisy unit counts above the threshold τ).
+    fn released_keys(
+        &mut self,
+        agg: &Aggregate,
+        domain_keys: Option<Vec<Vec<ScalarValue>>>,
+        selection: Option<&Selection>,
+        exact: &Exact,
+        order: Vec<Vec<ScalarValue>>,
+        n_helpers: usize,
+    ) -> Result<Vec<Vec<ScalarValue>>> {
+        Ok(match (domain_keys, selection) {
             (Some(k), _) => k
                 .into_iter()
                 .map(|key| {
@@ -175,8 +214,18 @@ impl SqlEngine {
                 kept
             }
             (None, None) => return Err(SqlError::Internal("no key policy".into())),
-        };
-        // Quantile histograms (a second exact pass) when needed.
+        })
+    }
+
+    /// Per group, the histogram of each quantile call's values over its public
+    /// bins (a second exact pass, only when a query has a quantile).
+    async fn quantile_histograms(
+        &self,
+        agg: &Aggregate,
+        bounded: &LogicalPlan,
+        planned: &[Planned],
+    ) -> Result<Histograms> {
+        let g = agg.group_expr.len();
         let mut hist: HashMap<usize, HashMap<Vec<ScalarValue>, Vec<f64>>> = HashMap::new();
         for (pi, p) in planned.iter().enumerate() {
             if let Kind::Quantile { arg, lo, hi, .. } = &p.kind {
@@ -212,11 +261,26 @@ impl SqlEngine {
                 hist.insert(pi, m);
             }
         }
-        // Noise, once.
-        let ci_requests = ci_requests(plan, planned, self.catalog.confidence);
+        Ok(hist)
+    }
+
+    /// Noises every DP call for every released key, once: the released
+    /// columns (keys, then one per call) and the requested confidence bounds.
+    #[allow(clippy::too_many_arguments)]
+    fn noise(
+        &mut self,
+        g: usize,
+        planned: &[Planned],
+        keys: &[Vec<ScalarValue>],
+        exact: &Exact,
+        hist: &Histograms,
+        ci_requests: &[CiRequest],
+        n_logical: usize,
+    ) -> Result<(Vec<Vec<ScalarValue>>, Vec<Vec<ScalarValue>>)> {
+        let zeros = vec![0i128; n_logical];
         let mut columns: Vec<Vec<ScalarValue>> = vec![Vec::new(); g + planned.len()];
         let mut ci_cols: Vec<Vec<ScalarValue>> = vec![Vec::new(); ci_requests.len()];
-        for key in &keys {
+        for key in keys {
             let stats = exact.get(key).unwrap_or(&zeros);
             for (c, v) in key.iter().enumerate() {
                 columns[c].push(v.clone());
@@ -227,71 +291,89 @@ impl SqlEngine {
                 off += p.helpers.len();
                 let empty = Vec::new();
                 let histo = hist.get(&pi).and_then(|m| m.get(key)).unwrap_or(&empty);
-                let (value, cis) = release_one(p, h, histo, &ci_requests, pi, &mut self.rng)?;
+                let (value, cis) = release_one(p, h, histo, ci_requests, pi, &mut self.rng)?;
                 columns[g + pi].push(value);
                 for (k, v) in cis {
                     ci_cols[k].push(v);
                 }
             }
         }
-        // The released table, shaped like the aggregate's output (+ CI columns).
-        let mut fields = Vec::new();
-        let mut arrays: Vec<ArrayRef> = Vec::new();
-        for (c, f) in agg.schema.fields().iter().enumerate() {
-            fields.push(Field::new(format!("__c{c}"), f.data_type().clone(), true));
-            arrays.push(if columns[c].is_empty() {
-                datafusion::arrow::array::new_empty_array(f.data_type())
-            } else {
-                ScalarValue::iter_to_array(columns[c].clone())?
-            });
-        }
-        for (k, r) in ci_requests.iter().enumerate() {
-            fields.push(Field::new(r.hidden.clone(), DataType::Float64, true));
-            arrays.push(if ci_cols[k].is_empty() {
-                datafusion::arrow::array::new_empty_array(&DataType::Float64)
-            } else {
-                ScalarValue::iter_to_array(ci_cols[k].clone())?
-            });
-        }
-        let schema = Arc::new(Schema::new(fields));
-        let batch = RecordBatch::try_new(schema.clone(), arrays)?;
-        let mem = MemTable::try_new(schema, vec![vec![batch]])?;
-        let scan = LogicalPlanBuilder::scan("__dp_released", provider_as_source(Arc::new(mem)), None)?.build()?;
-        let mut proj: Vec<Expr> = agg
-            .schema
-            .iter()
-            .enumerate()
-            .map(|(c, (q, f))| col(Column::new_unqualified(format!("__c{c}"))).alias_qualified(q.cloned(), f.name()))
-            .collect();
-        for r in &ci_requests {
-            proj.push(col(Column::new_unqualified(r.hidden.clone())));
-        }
-        let replacement = LogicalPlanBuilder::from(scan).project(proj)?.build()?;
-        let target = LogicalPlan::Aggregate(agg.clone());
-        let final_plan = plan
-            .clone()
-            .transform_up(|node| {
-                if node == target {
-                    return Ok(Transformed::yes(replacement.clone()));
-                }
-                let node = node.map_expressions(|e| {
-                    e.transform_up(|x| {
-                        if let Expr::ScalarFunction(ScalarFunction { func, args }) = &x
-                            && (func.name() == "dp_ci_low" || func.name() == "dp_ci_high")
-                            && let Some(r) = ci_requests.iter().find(|r| r.matches(func.name(), args))
-                        {
-                            return Ok(Transformed::yes(col(Column::new_unqualified(r.hidden.clone()))));
-                        }
-                        Ok(Transformed::no(x))
-                    })
-                })?;
-                // Always recompute: rewritten expressions below may change the schema.
-                Ok(Transformed::yes(node.data.recompute_schema()?))
-            })?
-            .data;
-        let out = self.ctx.execute_logical_plan(final_plan).await?.collect().await?;
-        Ok(out.into_iter().map(rename_dp_columns).collect())
+        Ok((columns, ci_cols))
     }
+}
+
+/// Exact helper values per group key.
+type Exact = HashMap<Vec<ScalarValue>, Vec<i128>>;
+
+/// Per quantile call (by index), per group key, the counts of its bins.
+type Histograms = HashMap<usize, HashMap<Vec<ScalarValue>, Vec<f64>>>;
+
+/// The user's query with its DP aggregation replaced by the released table
+/// (noisy values and confidence bounds): everything above it is
+/// post-processing of released values.
+fn post_process(
+    plan: &LogicalPlan,
+    agg: &Aggregate,
+    columns: Vec<Vec<ScalarValue>>,
+    ci_cols: Vec<Vec<ScalarValue>>,
+    ci_requests: &[CiRequest],
+) -> Result<LogicalPlan> {
+    // The released table, shaped like the aggregate's output (+ CI columns).
+    let mut fields = Vec::new();
+    let mut arrays: Vec<ArrayRef> = Vec::new();
+    for (c, f) in agg.schema.fields().iter().enumerate() {
+        fields.push(Field::new(format!("__c{c}"), f.data_type().clone(), true));
+        arrays.push(if columns[c].is_empty() {
+            datafusion::arrow::array::new_empty_array(f.data_type())
+        } else {
+            ScalarValue::iter_to_array(columns[c].clone())?
+        });
+    }
+    for (k, r) in ci_requests.iter().enumerate() {
+        fields.push(Field::new(r.hidden.clone(), DataType::Float64, true));
+        arrays.push(if ci_cols[k].is_empty() {
+            datafusion::arrow::array::new_empty_array(&DataType::Float64)
+        } else {
+            ScalarValue::iter_to_array(ci_cols[k].clone())?
+        });
+    }
+    let schema = Arc::new(Schema::new(fields));
+    let batch = RecordBatch::try_new(schema.clone(), arrays)?;
+    let mem = MemTable::try_new(schema, vec![vec![batch]])?;
+    let scan = LogicalPlanBuilder::scan("__dp_released", provider_as_source(Arc::new(mem)), None)?.build()?;
+    let mut proj: Vec<Expr> = agg
+        .schema
+        .iter()
+        .enumerate()
+        .map(|(c, (q, f))| col(Column::new_unqualified(format!("__c{c}"))).alias_qualified(q.cloned(), f.name()))
+        .collect();
+    for r in ci_requests {
+        proj.push(col(Column::new_unqualified(r.hidden.clone())));
+    }
+    let replacement = LogicalPlanBuilder::from(scan).project(proj)?.build()?;
+    let target = LogicalPlan::Aggregate(agg.clone());
+    let final_plan = plan
+        .clone()
+        .transform_up(|node| {
+            if node == target {
+                return Ok(Transformed::yes(replacement.clone()));
+            }
+            let node = node.map_expressions(|e| {
+                e.transform_up(|x| {
+                    if let Expr::ScalarFunction(ScalarFunction { func, args }) = &x
+                        && (func.name() == "dp_ci_low" || func.name() == "dp_ci_high")
+                        && let Some(r) = ci_requests.iter().find(|r| r.matches(func.name(), args))
+                    {
+                        return Ok(Transformed::yes(col(Column::new_unqualified(r.hidden.clone()))));
+                    }
+                    Ok(Transformed::no(x))
+                })
+            })?;
+            // Always recompute: rewritten expressions below may change the schema.
+            Ok(Transformed::yes(node.data.recompute_schema()?))
+        })?
+        .data;
+    Ok(final_plan)
 }
 
 /// Output column names without site tags.
