@@ -120,5 +120,5 @@ pub(super) async fn schedule_cmd(a: ScheduleArgs) -> Result<i32> {
             anyhow::bail!("{}: no `schedule:` cron expression", p.path.display());
         }
     }
-    schedule(pipelines, ScheduleOptions { state_dir: a.state_dir, unsafe_seed: a.unsafe_seed }).await
+    Ok(schedule(pipelines, ScheduleOptions { state_dir: a.state_dir, unsafe_seed: a.unsafe_seed }).await?)
 }

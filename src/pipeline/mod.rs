@@ -2,9 +2,11 @@
 //! crash-safe, idempotent release with its `manifest.json`), and the
 //! `dpflow schedule` cron scheduler.
 
+mod error;
 pub mod run;
 pub mod schedule;
 pub mod spec;
 
+pub use error::{BoxError, PipelineError};
 pub use run::{Manifest, RunOptions, RunOutcome};
-pub use spec::{Pipeline, PipelineError, Step};
+pub use spec::{Pipeline, Step};

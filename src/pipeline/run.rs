@@ -16,7 +16,6 @@
 
 use std::time::Instant;
 
-use anyhow::{Context, Result, bail};
 use chrono::{DateTime, Utc};
 use futures::TryStreamExt;
 use object_store::ObjectStoreExt;
@@ -24,9 +23,10 @@ use object_store::path::Path as ObjectPath;
 use serde::Serialize;
 use sha2::Digest;
 
+use super::error::{BoxError, PipelineError};
 use super::spec::{Pipeline, Step};
 use crate::dataset::Dataset;
-use crate::io::{read_bytes, register_stores_for, resolve_url, session_context, store_for, write_bytes};
+use crate::io::{IoError, read_bytes, register_stores_for, resolve_url, session_context, store_for, write_bytes};
 use crate::privacy::{Budget, ChargeStatus, Ledger, LedgerError, MechanismRecord, PrivacyFilter, PrivacyLoss};
 use crate::sql::{Catalog, PrivacyUnit, SqlEngine, TableEntry};
 
@@ -141,6 +141,13 @@ fn join(base: &str, rel: &str) -> String {
     format!("{}/{}", base.trim_end_matches('/'), rel.trim_start_matches('/'))
 }
 
+type Result<T, E = PipelineError> = std::result::Result<T, E>;
+
+/// A step's error (from a layer without a typed error of its own yet).
+fn step_error(step: &str, source: BoxError) -> PipelineError {
+    PipelineError::Step { step: step.to_string(), source }
+}
+
 struct Locations {
     output: String,
     staging: String,
@@ -206,25 +213,30 @@ impl Pipeline {
         let catalog = self.catalog()?;
         for t in catalog.tables.values().filter(|t| !t.public) {
             if let Some(why) = t.dataset.domain().dp_read_refusal() {
-                bail!("{}: dataset {}: {why}", self.path.display(), t.name);
+                return Err(PipelineError::DpReadRefused {
+                    file: self.path.display().to_string(),
+                    dataset: t.name.clone(),
+                    why,
+                });
             }
         }
-        let mut engine = SqlEngine::open_precharged(catalog, Some(0)).await?;
+        let mut engine = SqlEngine::open_precharged(catalog, Some(0))
+            .await
+            .map_err(|e| PipelineError::Tables { file: self.path.display().to_string(), source: e.into() })?;
         let mut plans = Vec::new();
         let mut filter = PrivacyFilter::new(self.budget);
         for step in &self.steps {
             let (kind, mechanisms) = match step {
                 Step::Sql { query, budget, name, .. } => {
-                    ("sql", engine.cost(query, Some(*budget)).await.with_context(|| format!("step {name}"))?)
+                    ("sql", engine.cost(query, Some(*budget)).await.map_err(|e| step_error(name, e.into()))?)
                 }
                 Step::Synthesize { name, mechanism, budget, missing, .. } => {
                     // Pipelines have no public bound M: refuse before the run reserves and reads.
                     if *missing == crate::missing::Strategy::ImputeFirst(crate::missing::ImputeMethod::ModeStability) {
-                        bail!(
-                            "{}: step {name}: impute-first:mode-stability needs a public bound on the missing cells, \
-                             which pipelines do not take yet; use impute-first:mode (DP modes) or adaptive",
-                            self.path.display()
-                        );
+                        return Err(PipelineError::ModeStabilityUnsupported {
+                            file: self.path.display().to_string(),
+                            step: name.clone(),
+                        });
                     }
                     let pure = matches!(
                         mechanism,
@@ -236,7 +248,7 @@ impl Pipeline {
                             PrivacyLoss::Pure { epsilon }
                         }
                         _ => PrivacyLoss::Zcdp {
-                            rho: budget.as_rho().context("synthesize needs a zCDP-convertible budget")?,
+                            rho: budget.as_rho().ok_or_else(|| PipelineError::NotZcdp { step: name.clone() })?,
                         },
                     };
                     (
@@ -251,17 +263,18 @@ impl Pipeline {
                         }],
                     )
                 }
-                Step::Impute { spec, estimator, .. } => ("impute", crate::impute::planned_records(spec, *estimator)?),
+                Step::Impute { name, spec, estimator, .. } => (
+                    "impute",
+                    crate::impute::planned_records(spec, *estimator).map_err(|e| step_error(name, e.into()))?,
+                ),
                 Step::Evaluate { .. } => ("evaluate", vec![]),
             };
             for m in &mechanisms {
-                filter.charge(&m.loss).with_context(|| {
-                    format!(
-                        "{}: the steps cost more than the release budget {} (step {})",
-                        self.path.display(),
-                        self.budget.describe(),
-                        step.name()
-                    )
+                filter.charge(&m.loss).map_err(|source| PipelineError::OverBudget {
+                    file: self.path.display().to_string(),
+                    budget: self.budget.describe(),
+                    step: step.name().to_string(),
+                    source,
                 })?;
             }
             plans.push(StepPlan { step: step.name().to_string(), kind, mechanisms });
@@ -295,7 +308,7 @@ impl Pipeline {
         }
         // A pipeline always charges its ledger.
         if opts.unsafe_seed.is_some() {
-            bail!(crate::privacy::SEEDED_LEDGER_REFUSAL);
+            return Err(PipelineError::UnsafeSeed);
         }
         let when = opts.date.unwrap_or(started).with_timezone(&self.timezone);
         let date = when.format("%Y-%m-%d").to_string();
@@ -344,8 +357,12 @@ impl Pipeline {
                 return Err(crate::privacy::charge_failure("pipeline run", Some((&ledger, charge_id)), e));
             }
         };
-        if let Err(e) = write_bytes(&ctx, &join(&loc.staging, "_steps.json"), serde_json::to_vec(&step_records)?).await
-        {
+        let records_json = serde_json::to_vec(&step_records).map_err(|source| PipelineError::Json {
+            action: "encoding",
+            what: "the step records".into(),
+            source,
+        })?;
+        if let Err(e) = write_bytes(&ctx, &join(&loc.staging, "_steps.json"), records_json).await {
             let _ = delete_prefix(&ctx, &loc.staging).await;
             return Err(crate::privacy::charge_failure("pipeline run", Some((&ledger, charge_id)), e));
         }
@@ -361,7 +378,9 @@ impl Pipeline {
         opts: &RunOptions,
         progress: &dyn Fn(&str),
     ) -> Result<Vec<serde_json::Value>> {
-        let mut engine = SqlEngine::open_precharged(self.catalog()?, opts.unsafe_seed).await?;
+        let mut engine = SqlEngine::open_precharged(self.catalog()?, opts.unsafe_seed)
+            .await
+            .map_err(|e| PipelineError::Tables { file: self.path.display().to_string(), source: e.into() })?;
         let mut records = Vec::new();
         let mut synth_outputs: std::collections::HashMap<String, String> = Default::default();
         for step in &self.steps {
@@ -369,12 +388,12 @@ impl Pipeline {
             progress(&format!("step {}", step.name()));
             match step {
                 Step::Sql { name, query, budget, output } => {
-                    let r = engine.query(query, Some(*budget)).await.with_context(|| format!("step {name}"))?;
+                    let r = engine.query(query, Some(*budget)).await.map_err(|e| step_error(name, e.into()))?;
                     let mut buf = Vec::new();
                     {
                         let mut w = datafusion::arrow::csv::WriterBuilder::new().with_header(true).build(&mut buf);
                         for b in &r.batches {
-                            w.write(b)?;
+                            w.write(b).map_err(|source| PipelineError::Csv { step: name.clone(), source })?;
                         }
                     }
                     write_bytes(ctx, &join(&loc.staging, output), buf).await?;
@@ -419,7 +438,7 @@ impl Pipeline {
                     };
                     let rec = crate::synth::run::run_synth(ctx, &req, progress)
                         .await
-                        .with_context(|| format!("step {name}"))?;
+                        .map_err(|e| step_error(name, e.into()))?;
                     let mut outs = vec![output.clone()];
                     outs.extend(model_output.iter().cloned());
                     synth_outputs.insert(name.clone(), join(&loc.staging, output));
@@ -431,11 +450,12 @@ impl Pipeline {
                     }));
                 }
                 Step::Impute { name, spec, estimator, output } => {
-                    let mechanisms = crate::impute::planned_records(spec, *estimator)?;
+                    let mechanisms =
+                        crate::impute::planned_records(spec, *estimator).map_err(|e| step_error(name, e.into()))?;
                     let mut rng = dpflow_udfs::noise::DpRng::new(opts.unsafe_seed)?;
                     let report = crate::impute::run(ctx, spec, *estimator, &mut rng)
                         .await
-                        .with_context(|| format!("step {name}"))?;
+                        .map_err(|e| step_error(name, e.into()))?;
                     let mut csv = String::from("query,value,noisy_count\n");
                     for r in &report.results {
                         let v = r.value.map_or(String::new(), |v| v.to_string());
@@ -450,15 +470,25 @@ impl Pipeline {
                     }));
                 }
                 Step::Evaluate { name, synthetic, workload, private_output } => {
-                    let synth_loc = synth_outputs.get(synthetic).context("evaluate: unknown synthetic step")?;
+                    let synth_loc = synth_outputs.get(synthetic).ok_or_else(|| PipelineError::UnknownSynthetic {
+                        step: name.clone(),
+                        synthetic: synthetic.clone(),
+                    })?;
                     let real = self.dataset()?;
                     let mut syn = self.dataset()?;
                     syn.location = synth_loc.clone();
                     syn.extra_locations = vec![];
                     syn.format = None;
-                    let r = crate::eval::evaluate(ctx, &real, &syn, workload).await?;
+                    let r = crate::eval::evaluate(ctx, &real, &syn, workload)
+                        .await
+                        .map_err(|e| step_error(name, e.into()))?;
+                    let json = serde_json::to_vec_pretty(&r).map_err(|source| PipelineError::Json {
+                        action: "encoding",
+                        what: format!("the evaluation of step {name}"),
+                        source,
+                    })?;
                     // Curator-only: written to a private place, never published.
-                    write_bytes(ctx, private_output, serde_json::to_vec_pretty(&r)?).await?;
+                    write_bytes(ctx, private_output, json).await?;
                     records.push(serde_json::json!({
                         "step": name, "kind": "evaluate", "note": "curator-only evaluation written to a private location; not part of the release",
                     }));
@@ -483,14 +513,17 @@ impl Pipeline {
         let steps: Vec<serde_json::Value> = match step_records {
             Some(s) => s,
             None => {
-                let b = read_bytes(ctx, &join(&loc.staging, "_steps.json")).await.with_context(|| {
-                    format!(
-                        "release {release_id} is committed in the ledger but its staged outputs are missing; \
-                         they cannot be recomputed without spending again — investigate {}",
-                        loc.staging
-                    )
+                let records = join(&loc.staging, "_steps.json");
+                let b = read_bytes(ctx, &records).await.map_err(|source| PipelineError::StagedMissing {
+                    release_id: release_id.to_string(),
+                    staging: loc.staging.clone(),
+                    source: Box::new(source),
                 })?;
-                serde_json::from_slice(&b)?
+                serde_json::from_slice(&b).map_err(|source| PipelineError::Json {
+                    action: "decoding",
+                    what: records,
+                    source,
+                })?
             }
         };
         let mut outputs = Vec::new();
@@ -530,7 +563,12 @@ impl Pipeline {
         };
         let manifest_url = join(&loc.output, "manifest.json");
         // Last: its presence means the release is complete.
-        write_bytes(ctx, &manifest_url, serde_json::to_vec_pretty(&manifest)?).await?;
+        let json = serde_json::to_vec_pretty(&manifest).map_err(|source| PipelineError::Json {
+            action: "encoding",
+            what: "the manifest".into(),
+            source,
+        })?;
+        write_bytes(ctx, &manifest_url, json).await?;
         delete_prefix(ctx, &loc.staging).await.ok();
         if self.staging.is_none()
             && let Ok(url) = resolve_url(&join(&loc.output, "_staging"))
@@ -548,11 +586,12 @@ async fn exists(ctx: &datafusion::execution::context::SessionContext, location: 
     let url = resolve_url(location)?;
     register_stores_for(ctx, &url)?;
     let store = store_for(ctx, &url)?;
-    let path = ObjectPath::from_url_path(url.path())?;
+    let path = ObjectPath::from_url_path(url.path())
+        .map_err(|source| IoError::BadPath { location: location.to_string(), source })?;
     match store.head(&path).await {
         Ok(_) => Ok(true),
         Err(object_store::Error::NotFound { .. }) => Ok(false),
-        Err(e) => Err(e.into()),
+        Err(source) => Err(PipelineError::Exists { location: location.to_string(), source }),
     }
 }
 
@@ -561,7 +600,8 @@ pub async fn delete_prefix(ctx: &datafusion::execution::context::SessionContext,
     let url = resolve_url(&format!("{}/", location.trim_end_matches('/')))?;
     register_stores_for(ctx, &url)?;
     let store = store_for(ctx, &url)?;
-    let prefix = ObjectPath::from_url_path(url.path())?;
+    let prefix = ObjectPath::from_url_path(url.path())
+        .map_err(|source| IoError::BadPath { location: location.to_string(), source })?;
     let objects: Vec<_> = store.list(Some(&prefix)).try_collect().await.unwrap_or_default();
     for o in objects {
         store.delete(&o.location).await.ok();

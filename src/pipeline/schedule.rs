@@ -12,10 +12,10 @@
 use std::path::{Path, PathBuf};
 use std::str::FromStr;
 
-use anyhow::{Context, Result};
 use chrono::{DateTime, Utc};
 use serde::{Deserialize, Serialize};
 
+use super::error::{PipelineError, chain};
 use super::run::{RunOptions, RunOutcome};
 use super::spec::Pipeline;
 
@@ -52,11 +52,24 @@ pub fn load_state(dir: &Path, name: &str) -> PipelineState {
         .unwrap_or(PipelineState { name: name.into(), ..Default::default() })
 }
 
+type Result<T, E = PipelineError> = std::result::Result<T, E>;
+
+fn state_err(action: &'static str, path: &Path) -> impl FnOnce(std::io::Error) -> PipelineError {
+    let path = path.to_path_buf();
+    move |source| PipelineError::State { action, path, source }
+}
+
 fn save_state(dir: &Path, s: &PipelineState) -> Result<()> {
-    std::fs::create_dir_all(dir)?;
+    std::fs::create_dir_all(dir).map_err(state_err("creating the state directory", dir))?;
     let tmp = dir.join(format!(".{}.tmp", s.name));
-    std::fs::write(&tmp, serde_json::to_vec_pretty(s)?)?;
-    std::fs::rename(&tmp, state_path(dir, &s.name))?;
+    let json = serde_json::to_vec_pretty(s).map_err(|source| PipelineError::Json {
+        action: "encoding",
+        what: format!("the state of pipeline {}", s.name),
+        source,
+    })?;
+    std::fs::write(&tmp, json).map_err(state_err("writing", &tmp))?;
+    let path = state_path(dir, &s.name);
+    std::fs::rename(&tmp, &path).map_err(state_err("writing", &path))?;
     Ok(())
 }
 
@@ -76,9 +89,9 @@ impl PipelineLock {
     pub(crate) fn acquire(dir: &Path, name: &str) -> Result<Self> {
         use std::io::Write;
         use std::os::unix::fs::MetadataExt;
-        std::fs::create_dir_all(dir).with_context(|| format!("creating the state directory {}", dir.display()))?;
+        std::fs::create_dir_all(dir).map_err(state_err("creating the state directory", dir))?;
         let path = dir.join(format!("{name}.lock"));
-        let opening = || format!("opening the lock file {}", path.display());
+        let opening = || state_err("opening the lock file", &path);
         loop {
             let mut file = std::fs::OpenOptions::new()
                 .read(true)
@@ -86,28 +99,24 @@ impl PipelineLock {
                 .create(true)
                 .truncate(false)
                 .open(&path)
-                .with_context(opening)?;
+                .map_err(opening())?;
             match file.try_lock() {
                 Ok(()) => {}
-                Err(std::fs::TryLockError::WouldBlock) => anyhow::bail!(
-                    "another scheduler holds the lock {} of pipeline {name} (its pid is in the file); stop it before \
-                     starting a new scheduler for this pipeline",
-                    path.display()
-                ),
-                Err(std::fs::TryLockError::Error(e)) => {
-                    return Err(anyhow::Error::new(e).context(format!("locking {}", path.display())));
+                Err(std::fs::TryLockError::WouldBlock) => {
+                    return Err(PipelineError::Locked { pipeline: name.to_string(), path });
                 }
+                Err(std::fs::TryLockError::Error(e)) => return Err(state_err("locking", &path)(e)),
             }
             // A holder removes the path before it unlocks: if the path no
             // longer names the file locked here, lock the new one instead.
-            let held = file.metadata().with_context(opening)?;
+            let held = file.metadata().map_err(opening())?;
             match std::fs::metadata(&path) {
                 Ok(m) if m.dev() == held.dev() && m.ino() == held.ino() => {}
                 Ok(_) => continue,
                 Err(e) if e.kind() == std::io::ErrorKind::NotFound => continue,
-                Err(e) => return Err(anyhow::Error::new(e).context(opening())),
+                Err(e) => return Err(opening()(e)),
             }
-            file.set_len(0).and_then(|()| write!(file, "{}", std::process::id())).with_context(opening)?;
+            file.set_len(0).and_then(|()| write!(file, "{}", std::process::id())).map_err(opening())?;
             return Ok(Self { path, _file: file });
         }
     }
@@ -130,25 +139,30 @@ pub struct ScheduleOptions {
 }
 
 fn cron_of(p: &Pipeline) -> Result<croner::Cron> {
-    let s = p.schedule.as_deref().with_context(|| format!("pipeline {} has no schedule", p.name))?;
-    croner::Cron::from_str(s).with_context(|| format!("pipeline {}: bad schedule {s:?}", p.name))
+    let s = p.schedule.as_deref().ok_or_else(|| PipelineError::NoSchedule(p.name.clone()))?;
+    croner::Cron::from_str(s).map_err(|source| PipelineError::Schedule {
+        pipeline: p.name.clone(),
+        problem: "bad schedule",
+        schedule: s.to_string(),
+        source,
+    })
 }
 
-/// Can the ledger cover the next release?
-async fn budget_covers(p: &Pipeline) -> Result<Result<(), String>> {
+/// Why the ledger cannot cover the next release, if it cannot.
+async fn budget_shortfall(p: &Pipeline) -> Result<Option<String>> {
     let (plans, _) = p.plan().await?;
     let ledger = match crate::privacy::Ledger::open(&p.ledger) {
         Ok(l) => l,
-        Err(crate::privacy::LedgerError::Missing(_)) if p.create_ledger.is_some() => return Ok(Ok(())),
+        Err(crate::privacy::LedgerError::Missing(_)) if p.create_ledger.is_some() => return Ok(None),
         Err(e) => return Err(e.into()),
     };
     let mut filter = ledger.filter(&p.dataset)?;
     for m in plans.iter().flat_map(|s| &s.mechanisms) {
         if let Err(e) = filter.charge(&m.loss) {
-            return Ok(Err(format!("the ledger cannot cover the next release: {e}")));
+            return Ok(Some(format!("the ledger cannot cover the next release: {e}")));
         }
     }
-    Ok(Ok(()))
+    Ok(None)
 }
 
 async fn run_once(p: &Pipeline, when: DateTime<Utc>, opts: &ScheduleOptions, state: &mut PipelineState) -> Result<()> {
@@ -172,9 +186,10 @@ async fn run_once(p: &Pipeline, when: DateTime<Utc>, opts: &ScheduleOptions, sta
         Ok(RunOutcome::AlreadyComplete { .. }) => state.last_status = Some("already-complete".into()),
         Ok(RunOutcome::DryRun { .. }) => {}
         Err(e) => {
-            log::error!("{}: run for {when} failed: {e:#}", p.name);
+            let e = chain(&e);
+            log::error!("{}: run for {when} failed: {e}", p.name);
             state.last_status = Some("failed".into());
-            state.last_error = Some(format!("{e:#}"));
+            state.last_error = Some(e);
         }
     }
     Ok(())
@@ -197,9 +212,9 @@ async fn pipeline_loop(
         let prev = prev.with_timezone(&Utc);
         if prev > last {
             log::info!("{}: missed the run of {prev}; running it now", p.name);
-            match budget_covers(&p).await? {
-                Ok(()) => run_once(&p, prev, &opts, &mut state).await?,
-                Err(why) => {
+            match budget_shortfall(&p).await? {
+                None => run_once(&p, prev, &opts, &mut state).await?,
+                Some(why) => {
                     state.stopped = Some(why);
                     save_state(&opts.state_dir, &state)?;
                     return Ok(state);
@@ -210,7 +225,12 @@ async fn pipeline_loop(
     }
     loop {
         let now = Utc::now().with_timezone(&p.timezone);
-        let next = cron.find_next_occurrence(&now, false).with_context(|| format!("{}: no next run", p.name))?;
+        let next = cron.find_next_occurrence(&now, false).map_err(|source| PipelineError::Schedule {
+            pipeline: p.name.clone(),
+            problem: "no next run for the schedule",
+            schedule: p.schedule.clone().unwrap_or_default(),
+            source,
+        })?;
         let next_utc = next.with_timezone(&Utc);
         state.next = Some(next_utc);
         save_state(&opts.state_dir, &state)?;
@@ -224,9 +244,9 @@ async fn pipeline_loop(
                 return Ok(state);
             }
         }
-        match budget_covers(&p).await? {
-            Ok(()) => {}
-            Err(why) => {
+        match budget_shortfall(&p).await? {
+            None => {}
+            Some(why) => {
                 log::error!("{}: stopping: {why}", p.name);
                 state.stopped = Some(why);
                 state.next = None;
@@ -282,7 +302,7 @@ pub async fn schedule(pipelines: Vec<Pipeline>, opts: ScheduleOptions) -> Result
                     }
                 }
                 Some(Err(e)) => {
-                    log::error!("scheduler: {e:#}");
+                    log::error!("scheduler: {}", chain(&e));
                     stopped = true;
                 }
             }

@@ -11,19 +11,8 @@ use crate::io::InputFormat;
 use crate::privacy::Budget;
 use crate::sql::catalog::RawBudget;
 
-/// A pipeline error: file, line, key, message.
-#[derive(Debug, Clone, thiserror::Error, PartialEq)]
-#[error("{file}{}: {key}: {message}", line.map(|l| format!(":{l}")).unwrap_or_default())]
-pub struct PipelineError {
-    /// File.
-    pub file: String,
-    /// 1-based line.
-    pub line: Option<u32>,
-    /// Key path.
-    pub key: String,
-    /// Message.
-    pub message: String,
-}
+pub use super::error::PipelineError;
+use super::error::chain;
 
 #[derive(Debug, Deserialize)]
 #[serde(deny_unknown_fields)]
@@ -310,7 +299,7 @@ impl Pipeline {
     pub fn load(path: impl AsRef<Path>) -> Result<Self, PipelineError> {
         let path = path.as_ref();
         let file = path.display().to_string();
-        let err = |line: Option<u32>, key: &str, message: String| PipelineError {
+        let err = |line: Option<u32>, key: &str, message: String| PipelineError::Spec {
             file: file.clone(),
             line,
             key: key.into(),
@@ -377,7 +366,7 @@ impl Pipeline {
         }
         let domain = resolve(base, &d.domain.value);
         let spec = crate::domain::DomainSpec::load(&domain)
-            .map_err(|e| err(line(&d.domain.referenced), "dataset.domain", e.to_string()))?;
+            .map_err(|e| err(line(&d.domain.referenced), "dataset.domain", chain(&e)))?;
         if let Some(u) = &d.privacy_unit
             && u.value != "row"
             && spec.domain.column(&u.value).is_some()
@@ -424,9 +413,9 @@ impl Pipeline {
                     }
                     let missing = match &x.missing {
                         None => crate::missing::Strategy::default(),
-                        Some(m) => {
-                            m.parse().map_err(|e: anyhow::Error| err(l, &key("synthesize.missing"), e.to_string()))?
-                        }
+                        Some(m) => m
+                            .parse::<crate::missing::Strategy>()
+                            .map_err(|e| err(l, &key("synthesize.missing"), e.to_string()))?,
                     };
                     crate::synth::Workload::parse(&x.workload, &spec.domain)
                         .map_err(|e| err(l, &key("synthesize.workload"), e.to_string()))?;
