@@ -4,7 +4,6 @@
 use std::sync::Arc;
 use std::time::Instant;
 
-use anyhow::{Context, Result, bail};
 use datafusion::execution::context::SessionContext;
 use datafusion::physical_plan::ExecutionPlan;
 use dpflow_udfs::domain::{DecodeMode, Domain};
@@ -14,7 +13,9 @@ use dpflow_udfs::synth::{ColumnFill, FillPlan, SamplingPlan, SyntheticExec};
 use serde::{Deserialize, Serialize};
 
 use super::compress::Compression;
-use super::{Answers, FitContext, FitMetadata, Fitted, Observed, SynthOptions, Synthesizer, Workload};
+use super::{
+    Answers, FitContext, FitMetadata, Fitted, Observed, Result, SynthError, SynthOptions, Synthesizer, Workload,
+};
 use crate::dataset::{CodeSource, Dataset};
 use crate::io::write_stream;
 use crate::measure::{Accountant, ReleaseAccountant};
@@ -74,19 +75,19 @@ pub struct SavedModel {
 impl SavedModel {
     /// Loads and validates a saved model.
     pub fn load(path: &str) -> Result<Self> {
-        let bytes = std::fs::read(path).with_context(|| format!("reading model {path}"))?;
-        let mut m: SavedModel =
-            serde_json::from_slice(&bytes).with_context(|| format!("{path}: not a dpflow model"))?;
+        let bytes = std::fs::read(path).map_err(|source| SynthError::ReadModel { path: path.to_string(), source })?;
+        let mut m: SavedModel = serde_json::from_slice(&bytes)
+            .map_err(|source| SynthError::NotAModel { path: path.to_string(), source })?;
         if m.format != "dpflow-model-v1" {
-            bail!("{path}: unsupported model format {:?}", m.format);
+            return Err(SynthError::ModelFormat { path: path.to_string(), format: m.format });
         }
-        m.domain = m.domain.reindex().map_err(|e| anyhow::anyhow!("{path}: {e}"))?;
+        m.domain = m.domain.reindex().map_err(|source| SynthError::ModelDomain { path: path.to_string(), source })?;
         Ok(m)
     }
 
     /// The sampling plan over the domain's codes.
     pub fn sampling_plan(&self, decode: DecodeMode) -> Result<SamplingPlan> {
-        let model: GraphicalModel = self.model.clone().into_model().map_err(anyhow::Error::msg)?;
+        let model: GraphicalModel = self.model.clone().into_model()?;
         plan_for(&model, self.compression.as_ref(), &self.domain, decode)
     }
 
@@ -104,7 +105,7 @@ pub fn plan_for(
     decode: DecodeMode,
 ) -> Result<SamplingPlan> {
     match compression {
-        None => sampling_plan(model, domain, decode).map_err(anyhow::Error::msg),
+        None => Ok(sampling_plan(model, domain, decode)?),
         Some(c) => {
             // Build over a stand-in domain of compressed sizes, then expand.
             let stand_in = Domain::new(
@@ -119,9 +120,8 @@ pub fn plan_for(
                         out_of_domain: dpflow_udfs::domain::OutOfDomain::Error,
                     })
                     .collect(),
-            )
-            .map_err(anyhow::Error::msg)?;
-            let plan = sampling_plan(model, &stand_in, decode).map_err(anyhow::Error::msg)?;
+            )?;
+            let plan = sampling_plan(model, &stand_in, decode)?;
             Ok(c.expand_plan(plan, &domain.cardinalities(), domain.clone()))
         }
     }
@@ -130,7 +130,9 @@ pub fn plan_for(
 /// A streaming synthetic-data plan for `rows` rows.
 pub fn synthetic_exec(plan: SamplingPlan, rows: u64, seed: u64) -> Result<Arc<dyn ExecutionPlan>> {
     let parts = std::thread::available_parallelism().map_or(2, |n| n.get());
-    Ok(Arc::new(SyntheticExec::try_new(Arc::new(plan), rows, parts, 1 << 16, seed)?))
+    let exec = SyntheticExec::try_new(Arc::new(plan), rows, parts, 1 << 16, seed)
+        .map_err(|source| SynthError::Generate { source })?;
+    Ok(Arc::new(exec))
 }
 
 /// The inputs of one synthesis run.
@@ -377,9 +379,7 @@ pub(crate) async fn exact_answers_from(
 }
 
 fn rho_of(budget: &Budget) -> Result<f64> {
-    budget
-        .as_rho()
-        .context("synthesizers account in zCDP: give --epsilon with --delta, or --rho (a pure-ε budget cannot pay for Gaussian noise)")
+    budget.as_rho().ok_or(SynthError::NotZcdp)
 }
 
 /// Charges `budget` for a sensitivity-1 count and returns it noisy.
@@ -490,9 +490,7 @@ async fn prepare(
                         fit_budget = budget.scaled(1.0 - share);
                         notes.push(format!("impute-first:mode: DP modes with {:.0}% of the budget", share * 100.0));
                     } else {
-                        let m = mopts.max_missing_cells.context(
-                            "impute-first:mode-stability needs --max-missing-cells M, a public bound on the number of missing cells (000 Thm 4.3)",
-                        )?;
+                        let m = mopts.max_missing_cells.ok_or(SynthError::MissingCellBound)?;
                         // Over the public bound M the nulls get a public constant instead of the
                         // exact modes, which keeps the fill (1 + 2M)-stable for every pair of
                         // neighbours, with no failure whose outcome would reveal the count
@@ -591,19 +589,16 @@ pub async fn run_synth(ctx: &SessionContext, req: &SynthRequest, progress: &dyn 
     let workload = Workload::parse(&req.workload, &model_domain)?;
 
     if req.unsafe_seed.is_some() && req.ledger.is_some() {
-        bail!(crate::privacy::SEEDED_LEDGER_REFUSAL);
+        return Err(SynthError::UnsafeSeed);
     }
     // A public input: checked before anything is charged or read.
     if req.missing == Strategy::ImputeFirst(ImputeMethod::ModeStability)
         && req.missing_options.max_missing_cells.is_none()
     {
-        bail!(
-            "impute-first:mode-stability needs --max-missing-cells M, a public bound on the number of missing cells \
-             (000 Thm 4.3)"
-        );
+        return Err(SynthError::MissingCellBound);
     }
     if let Some(why) = req.dataset.domain().dp_read_refusal() {
-        bail!("refused: dataset {}: {why}", req.dataset.name);
+        return Err(SynthError::DpReadRefused { dataset: req.dataset.name.clone(), why });
     }
     // Reserve the whole release budget in the ledger before touching data.
     let mut ledger_state = None;
@@ -690,7 +685,7 @@ pub async fn run_synth(ctx: &SessionContext, req: &SynthRequest, progress: &dyn 
             Some(a) => {
                 match crate::missing::strategy::amplification_for(req.missing, accountant.records(), &names, a) {
                     Ok(x) => (Some(x), None),
-                    Err(e) => (None, Some(format!("{e:#}"))),
+                    Err(e) => (None, Some(e.to_string())),
                 }
             }
         };
@@ -707,7 +702,8 @@ pub async fn run_synth(ctx: &SessionContext, req: &SynthRequest, progress: &dyn 
             }
         };
         let exec = synthetic_exec(plan, rows, seed)?;
-        let stream = datafusion::physical_plan::execute_stream(exec, ctx.task_ctx())?;
+        let stream = datafusion::physical_plan::execute_stream(exec, ctx.task_ctx())
+            .map_err(|source| SynthError::Generate { source })?;
         let written = write_stream(ctx, &req.out, stream).await?;
         let mut outputs = vec![req.out.clone()];
         if let Some(mo) = &req.model_out {
@@ -718,13 +714,14 @@ pub async fn run_synth(ctx: &SessionContext, req: &SynthRequest, progress: &dyn 
                 compression: fitted.compression.clone(),
                 mechanism: synth.name().into(),
             };
-            crate::io::write_bytes(ctx, mo, serde_json::to_vec(&saved)?)
+            let json = serde_json::to_vec(&saved).map_err(|source| SynthError::Json { what: "the model", source })?;
+            crate::io::write_bytes(ctx, mo, json)
                 .await
-                .with_context(|| format!("writing model {mo}"))?;
+                .map_err(|e| SynthError::WriteModel { path: mo.clone(), source: Box::new(e) })?;
             outputs.push(mo.clone());
         }
         let t_gen = t2.elapsed().as_secs_f64();
-        Ok::<_, anyhow::Error>((
+        Ok::<_, SynthError>((
             accountant,
             fitted.metadata,
             spent,
@@ -777,11 +774,13 @@ pub async fn run_synth(ctx: &SessionContext, req: &SynthRequest, progress: &dyn 
     };
     let record_path = req.record_out.clone().unwrap_or_else(|| format!("{}.record.json", req.out));
     if !record_path.is_empty() {
-        crate::io::write_bytes(ctx, &record_path, serde_json::to_vec_pretty(&record)?).await?;
+        let json = serde_json::to_vec_pretty(&record)
+            .map_err(|source| SynthError::Json { what: "the release record", source })?;
+        crate::io::write_bytes(ctx, &record_path, json).await?;
     }
     Ok(record)
 }
 
 fn budget_check(b: &Budget) -> Result<()> {
-    b.validate().map_err(anyhow::Error::msg)
+    Ok(b.validate()?)
 }
