@@ -10,13 +10,12 @@
 //! cell of a marginal by 1 (or no cell, in observed-only mode), so each
 //! marginal has L1 and L2 sensitivity 1.
 
-use anyhow::Result;
 use datafusion::execution::context::SessionContext;
 use dpflow_udfs::marginal::NullMode;
 use dpflow_udfs::noise::{DpRng, NoiseDistribution};
 use serde::{Deserialize, Serialize};
 
-use crate::dataset::Dataset;
+use crate::dataset::{Dataset, DatasetError};
 use crate::privacy::{BudgetError, Ledger, LedgerError, MechanismRecord, PrivacyFilter};
 
 /// A marginal to measure.
@@ -74,19 +73,45 @@ impl NoisyMarginal {
 /// Anything that can be charged before a mechanism runs.
 pub trait Accountant {
     /// Charges all records at once, or none (refusal leaves nothing spent).
-    fn charge(&mut self, records: &[MechanismRecord]) -> std::result::Result<(), AccountantError>;
+    fn charge(&mut self, records: &[MechanismRecord]) -> Result<()>;
 }
 
-/// A refused charge.
+/// A refused charge, or a measurement that cannot be made.
 #[derive(Debug, thiserror::Error)]
-pub enum AccountantError {
+pub enum MeasureError {
     /// The in-process filter refused.
     #[error(transparent)]
     Budget(#[from] BudgetError),
     /// The ledger refused or failed.
     #[error(transparent)]
     Ledger(#[from] LedgerError),
+    /// No marginal asked for.
+    #[error("nothing to measure: give at least one marginal")]
+    NothingToMeasure,
+    /// Noise distributions that do not pair with the marginals.
+    #[error("give one noise distribution, or one per marginal ({noises} for {marginals} marginals)")]
+    NoiseCount {
+        /// Distributions given.
+        noises: usize,
+        /// Marginals asked for.
+        marginals: usize,
+    },
+    /// A marginal over a column that is not in the domain.
+    #[error("{dataset}: unknown column {column:?} in marginal ({marginal}); it is not in the domain")]
+    UnknownColumn {
+        /// Dataset.
+        dataset: String,
+        /// The column.
+        column: String,
+        /// The marginal.
+        marginal: String,
+    },
+    /// Reading or counting the data.
+    #[error(transparent)]
+    Dataset(#[from] DatasetError),
 }
+
+type Result<T, E = MeasureError> = std::result::Result<T, E>;
 
 /// An in-process accountant: a privacy filter plus the list of mechanisms
 /// charged (the release record's mechanism list).
@@ -119,7 +144,7 @@ impl ReleaseAccountant {
 }
 
 impl Accountant for ReleaseAccountant {
-    fn charge(&mut self, records: &[MechanismRecord]) -> std::result::Result<(), AccountantError> {
+    fn charge(&mut self, records: &[MechanismRecord]) -> Result<()> {
         let mut trial = self.filter.clone();
         for r in records {
             trial.charge(&r.loss)?;
@@ -146,7 +171,7 @@ impl<'a> LedgerAccountant<'a> {
     }
 
     /// Commits every reservation made.
-    pub fn commit_all(self) -> std::result::Result<(), LedgerError> {
+    pub fn commit_all(self) -> Result<(), LedgerError> {
         for id in self.charges {
             self.ledger.commit(id)?;
         }
@@ -155,7 +180,7 @@ impl<'a> LedgerAccountant<'a> {
 }
 
 impl Accountant for LedgerAccountant<'_> {
-    fn charge(&mut self, records: &[MechanismRecord]) -> std::result::Result<(), AccountantError> {
+    fn charge(&mut self, records: &[MechanismRecord]) -> Result<()> {
         let id = format!("{}#{}", self.release_id, self.charges.len() + 1);
         let r = self.ledger.reserve(&self.dataset, &id, records, None)?;
         self.charges.push(r.charge_id);
@@ -173,21 +198,23 @@ pub async fn measure(
     accountant: &mut dyn Accountant,
     rng: &mut DpRng,
 ) -> Result<Vec<NoisyMarginal>> {
-    anyhow::ensure!(!queries.is_empty(), "nothing to measure");
-    anyhow::ensure!(
-        noise.len() == 1 || noise.len() == queries.len(),
-        "give one noise distribution, or one per marginal"
-    );
+    if queries.is_empty() {
+        return Err(MeasureError::NothingToMeasure);
+    }
+    if noise.len() != 1 && noise.len() != queries.len() {
+        return Err(MeasureError::NoiseCount { noises: noise.len(), marginals: queries.len() });
+    }
     let noise_of = |i: usize| if noise.len() == 1 { noise[0] } else { noise[i] };
     // Validate names before charging anything.
     for q in queries {
         for a in &q.attrs {
-            anyhow::ensure!(
-                dataset.domain().column(a).is_some(),
-                "{}: unknown column {a:?} in marginal ({})",
-                dataset.name,
-                q.label()
-            );
+            if dataset.domain().column(a).is_none() {
+                return Err(MeasureError::UnknownColumn {
+                    dataset: dataset.name.clone(),
+                    column: a.clone(),
+                    marginal: q.label(),
+                });
+            }
         }
     }
     let records: Vec<MechanismRecord> = queries

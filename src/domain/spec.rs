@@ -14,7 +14,7 @@ use std::collections::BTreeMap;
 use std::fmt;
 use std::path::{Path, PathBuf};
 
-use dpflow_udfs::domain::{Column, ColumnKind, Domain, OutOfDomain};
+use dpflow_udfs::domain::{Column, ColumnError, ColumnKind, Domain, OutOfDomain};
 use serde::de::{MapAccess, Visitor};
 use serde::{Deserialize, Deserializer, Serialize};
 use serde_saphyr::Spanned;
@@ -339,7 +339,7 @@ fn compile(raw: RawSpec, file: &str) -> Result<DomainSpec, SpecError> {
             null_tokens: rc.null_tokens.clone().unwrap_or_else(|| raw.null_tokens.clone()),
             out_of_domain: rc.out_of_domain.unwrap_or(default_policy),
         };
-        col.validate().map_err(|m| err("", m.to_string()))?;
+        col.validate().map_err(|m| err(column_key(&m), m.to_string()))?;
         columns.push(col);
     }
     let domain = Domain::new(columns).map_err(|m| SpecError {
@@ -349,6 +349,19 @@ fn compile(raw: RawSpec, file: &str) -> Result<DomainSpec, SpecError> {
         message: m.to_string(),
     })?;
     Ok(DomainSpec { name: raw.name, domain, text: raw.text.unwrap_or_default(), source: file.into() })
+}
+
+/// The key of a column spec that a compiled column's error is about.
+fn column_key(e: &ColumnError) -> &'static str {
+    match e {
+        ColumnError::NoValues | ColumnError::DuplicateValue { .. } => "values",
+        ColumnError::UnknownAliasTarget { .. } => "aliases",
+        ColumnError::ClipNeedsNumeric | ColumnError::NullNeedsNullable => "out_of_domain",
+        ColumnError::NoBins { .. }
+        | ColumnError::NonFiniteEdges
+        | ColumnError::EdgesNotIncreasing
+        | ColumnError::TooLarge { .. } => "bins",
+    }
 }
 
 type KeyErr = (&'static str, String);
@@ -539,5 +552,6 @@ columns:
         let y = "columns:\n  - {name: a, kind: categorical, values: [x], out_of_domain: clip}\n";
         let e = DomainSpec::parse(y, "d.yaml").unwrap_err();
         assert!(e.message.contains("clip"), "{e}");
+        assert_eq!(e.key, "columns[0] (a).out_of_domain");
     }
 }

@@ -1,7 +1,7 @@
 //! Writing a compiled domain back as a spec file (e.g. the nullable domain
 //! `dpflow missing inject` writes next to its output).
 
-use super::{ColumnKind, Domain};
+use super::{ColumnKind, Domain, SpecError};
 
 /// The same domain with every column nullable.
 pub fn with_all_nullable(domain: &Domain) -> Domain {
@@ -27,13 +27,15 @@ fn num(x: f64) -> String {
 
 /// A YAML spec that [`super::DomainSpec::parse`] reads back to `domain`
 /// (aliases and canonical labels kept; integer edges written explicitly).
-pub fn to_yaml(domain: &Domain, name: Option<&str>) -> Result<String, String> {
+/// A column the spec format cannot express is a [`SpecError`] on its key
+/// (file `"(written domain)"`).
+pub fn to_yaml(domain: &Domain, name: Option<&str>) -> Result<String, SpecError> {
     let mut s = String::from("# Public domain written by dpflow.\n");
     if let Some(n) = name {
         s += &format!("name: {}\n", q(n));
     }
     s += "columns:\n";
-    for c in domain.columns() {
+    for (i, c) in domain.columns().iter().enumerate() {
         let mut parts = vec![format!("name: {}", q(&c.name))];
         match &c.kind {
             ColumnKind::Categorical { values, aliases } => {
@@ -67,10 +69,12 @@ pub fn to_yaml(domain: &Domain, name: Option<&str>) -> Result<String, String> {
                         e.iter().map(|x| x.to_string()).collect::<Vec<_>>().join(", ")
                     ));
                 } else {
-                    return Err(format!(
-                        "column {:?}: unequal integer bins ending in a one-value bin cannot be written as a spec",
-                        c.name
-                    ));
+                    return Err(SpecError {
+                        file: "(written domain)".into(),
+                        line: None,
+                        key: format!("columns[{i}] ({}).bins", c.name),
+                        message: "unequal integer bins ending in a one-value bin cannot be written as a spec".into(),
+                    });
                 }
             }
             ColumnKind::Float { edges } => {

@@ -54,7 +54,7 @@ pub enum EvalError {
     },
     /// The workload or the exact answers (synth's error).
     #[error(transparent)]
-    Synth(Box<dyn std::error::Error + Send + Sync>),
+    Synth(#[from] crate::synth::SynthError),
 }
 
 /// The result type of evaluation.

@@ -51,14 +51,10 @@ fn combos(d: usize, k: usize) -> Vec<Vec<usize>> {
     (0..d).combinations(k).collect()
 }
 
-fn synth_error(e: impl Into<Box<dyn std::error::Error + Send + Sync>>) -> EvalError {
-    EvalError::Synth(e.into())
-}
-
 /// Evaluates synthetic against real data on a workload and on all 1/2/3-way marginals.
 pub async fn evaluate(ctx: &SessionContext, real: &Dataset, synth: &Dataset, workload: &str) -> Result<EvalReport> {
     let d = real.domain().len();
-    let w = Workload::parse(workload, real.domain()).map_err(synth_error)?;
+    let w = Workload::parse(workload, real.domain())?;
     let mut sets: Vec<Vec<usize>> = w.queries.iter().map(|q| q.attrs.clone()).collect();
     for k in 1..=3.min(d) {
         for c in combos(d, k) {
@@ -67,12 +63,12 @@ pub async fn evaluate(ctx: &SessionContext, real: &Dataset, synth: &Dataset, wor
             }
         }
     }
-    let a = exact_answers(ctx, real, &sets).await.map_err(synth_error)?;
-    let b = exact_answers(ctx, synth, &sets).await.map_err(synth_error)?;
+    let a = exact_answers(ctx, real, &sets).await?;
+    let b = exact_answers(ctx, synth, &sets).await?;
     let mean = |qs: &[Vec<usize>]| -> Result<f64> {
         let mut s = 0.0;
         for q in qs {
-            s += tvd(a.get(q).map_err(synth_error)?, b.get(q).map_err(synth_error)?);
+            s += tvd(a.get(q)?, b.get(q)?);
         }
         Ok(s / qs.len().max(1) as f64)
     };
@@ -81,7 +77,7 @@ pub async fn evaluate(ctx: &SessionContext, real: &Dataset, synth: &Dataset, wor
     let wsum: f64 = weights.iter().sum::<f64>().max(f64::MIN_POSITIVE);
     let mut werr = 0.0;
     for (q, c) in wq.iter().zip(&weights) {
-        werr += c * tvd(a.get(q).map_err(synth_error)?, b.get(q).map_err(synth_error)?);
+        werr += c * tvd(a.get(q)?, b.get(q)?);
     }
     Ok(EvalReport {
         notice: inspect::CURATOR_NOTICE,
@@ -90,7 +86,7 @@ pub async fn evaluate(ctx: &SessionContext, real: &Dataset, synth: &Dataset, wor
         tvd_1way: mean(&combos(d, 1))?,
         tvd_2way: mean(&combos(d, 2))?,
         tvd_3way: if d >= 3 { Some(mean(&combos(d, 3))?) } else { None },
-        rows_real: a.get(&[0]).map_err(synth_error)?.iter().sum(),
-        rows_synthetic: b.get(&[0]).map_err(synth_error)?.iter().sum(),
+        rows_real: a.get(&[0])?.iter().sum(),
+        rows_synthetic: b.get(&[0])?.iter().sum(),
     })
 }

@@ -36,7 +36,7 @@
 
 use std::collections::BTreeMap;
 
-use anyhow::{Result, bail};
+use super::{MissingError, Result};
 use serde::{Deserialize, Serialize};
 
 use crate::privacy::convert::cdp_eps;
@@ -62,15 +62,8 @@ impl Missingness {
     pub fn require_mcar(&self) -> Result<()> {
         match self {
             Missingness::Mcar => Ok(()),
-            Missingness::Mar | Missingness::Mnar => bail!(
-                "no amplified ground-truth ε̄ is reported for {} data: under MAR/MNAR whether a row is \
-                 missing depends on the data, so the MCAR amplification of 000 §5.2 does not hold \
-                 (the release is still DP for the ground truth at its nominal ε by 000 Thm 5.2)",
-                self.name()
-            ),
-            Missingness::Unknown => {
-                bail!("no amplified ground-truth ε̄: declare the missingness mechanism (mcar) and public missing rates")
-            }
+            Missingness::Mar | Missingness::Mnar => Err(MissingError::NotMcar(self.name())),
+            Missingness::Unknown => Err(MissingError::UndeclaredMissingness),
         }
     }
 
@@ -187,10 +180,10 @@ impl Rates {
     pub fn new(names: &[&str], given: &BTreeMap<String, f64>) -> Result<Self> {
         for (k, &v) in given {
             if !names.contains(&k.as_str()) {
-                bail!("missing rate given for unknown column {k:?}");
+                return Err(MissingError::RateColumn(k.clone()));
             }
             if !(0.0..1.0).contains(&v) {
-                bail!("missing rate of {k:?} must be in [0, 1), got {v}");
+                return Err(MissingError::RateRange { column: k.clone(), rate: v });
             }
         }
         Ok(Self {
@@ -204,9 +197,9 @@ impl Rates {
         let mut given = BTreeMap::new();
         for part in spec.split(',').map(str::trim).filter(|s| !s.is_empty()) {
             let Some((k, v)) = part.split_once('=') else {
-                bail!("missing rates: expected COLUMN=RATE, got {part:?}");
+                return Err(MissingError::RateSyntax(part.to_string()));
             };
-            let v: f64 = v.trim().parse().map_err(|_| anyhow::anyhow!("missing rates: {part:?} is not a number"))?;
+            let v: f64 = v.trim().parse().map_err(|_| MissingError::RateNumber(part.to_string()))?;
             given.insert(k.trim().to_string(), v);
         }
         Self::new(names, &given)
@@ -406,7 +399,7 @@ pub fn disjoint(mechs: &[SubMechanism], rates: &Rates, delta: f64) -> Result<Amp
     for (i, a) in mechs.iter().enumerate() {
         for b in &mechs[i + 1..] {
             if a.attrs.iter().any(|x| b.attrs.contains(x)) {
-                bail!("000 Thm 5.6 needs disjoint marginals, but {} and {} overlap", a.name, b.name);
+                return Err(MissingError::Overlap(a.name.clone(), b.name.clone()));
             }
         }
     }
@@ -560,7 +553,7 @@ impl Search<'_> {
 /// when budgets are equal).
 pub fn column_wise(order: &[usize], costs: &[f64], rates: &Rates) -> Result<Amplification> {
     if order.len() != costs.len() {
-        bail!("column_wise: {} attributes but {} costs", order.len(), costs.len());
+        return Err(MissingError::CostCount { attributes: order.len(), costs: costs.len() });
     }
     let mechs: Vec<SubMechanism> = order
         .iter()

@@ -19,7 +19,6 @@
 
 use std::sync::Arc;
 
-use anyhow::{Context, Result, bail};
 use datafusion::arrow::array::{Array, ArrayRef, BooleanArray, RecordBatch};
 use datafusion::arrow::compute::{concat_batches, nullif};
 use datafusion::execution::context::SessionContext;
@@ -29,6 +28,7 @@ use dpflow_udfs::noise::DpRng;
 use rand::RngExt;
 use serde::Serialize;
 
+use super::{MissingError, Result};
 use crate::dataset::Dataset;
 
 /// Which mechanism to simulate.
@@ -162,14 +162,14 @@ pub(crate) fn masks_for(spec: &InjectSpec, names: &[&str], codes: &[Vec<u32>]) -
     let d = names.len();
     let n = codes.first().map_or(0, Vec::len);
     if !(0.0..1.0).contains(&spec.rate) {
-        bail!("--rate must be in [0, 1), got {}", spec.rate);
+        return Err(MissingError::InjectRate(spec.rate));
     }
     let chosen: Option<Vec<usize>> = spec
         .columns
         .as_ref()
         .map(|cols| {
             cols.iter()
-                .map(|c| names.iter().position(|n| n == c).with_context(|| format!("--columns: unknown column {c:?}")))
+                .map(|c| names.iter().position(|n| n == c).ok_or_else(|| MissingError::InjectColumn(c.clone())))
                 .collect::<Result<Vec<_>>>()
         })
         .transpose()?;
@@ -181,7 +181,7 @@ pub(crate) fn masks_for(spec: &InjectSpec, names: &[&str], codes: &[Vec<u32>]) -
         }
         InjectMechanism::Mar | InjectMechanism::Mnar => {
             if d < 2 {
-                bail!("MAR/MNAR need at least two columns (inputs and masked)");
+                return Err(MissingError::TooFewColumns);
             }
             let masked: Vec<usize> = match chosen {
                 Some(c) => c,
@@ -199,7 +199,7 @@ pub(crate) fn masks_for(spec: &InjectSpec, names: &[&str], codes: &[Vec<u32>]) -
             };
             let inputs: Vec<usize> = (0..d).filter(|c| !masked.contains(c)).collect();
             if inputs.is_empty() {
-                bail!("MAR/MNAR need at least one input column that is not masked");
+                return Err(MissingError::NoInputColumn);
             }
             let x = features(codes, &inputs, n);
             let mut masks: Vec<Option<Vec<bool>>> = vec![None; d];
@@ -231,16 +231,19 @@ pub(crate) fn masks_for(spec: &InjectSpec, names: &[&str], codes: &[Vec<u32>]) -
 pub async fn inject(ctx: &SessionContext, dataset: &Dataset, spec: &InjectSpec, out: &str) -> Result<InjectReport> {
     let domain = Arc::new(dataset.domain().clone());
     let names: Vec<&str> = domain.names();
-    let raw = dataset.raw(ctx).await?.select_columns(&names)?;
-    let plan = raw.create_physical_plan().await?;
-    let typed: Arc<dyn datafusion::physical_plan::ExecutionPlan> = Arc::new(EncodeExec::typed(plan, domain.clone())?);
+    let read_err = |source| MissingError::Read { location: dataset.location.clone(), source };
+    let encode_err = |source| MissingError::Encode { location: dataset.location.clone(), source };
+    let raw = dataset.raw(ctx).await?.select_columns(&names).map_err(read_err)?;
+    let plan = raw.create_physical_plan().await.map_err(read_err)?;
+    let typed: Arc<dyn datafusion::physical_plan::ExecutionPlan> =
+        Arc::new(EncodeExec::typed(plan, domain.clone()).map_err(read_err)?);
     let schema = typed.schema();
-    let batches = collect(typed, ctx.task_ctx()).await.with_context(|| format!("reading {}", dataset.location))?;
+    let batches = collect(typed, ctx.task_ctx()).await.map_err(read_err)?;
     let batch = concat_batches(&schema, &batches)?;
     drop(batches);
     let n = batch.num_rows();
-    let mut encoder = BatchEncoder::new(domain.clone(), &schema)?;
-    let encoded = encoder.encode(&batch)?;
+    let mut encoder = BatchEncoder::new(domain.clone(), &schema).map_err(encode_err)?;
+    let encoded = encoder.encode(&batch).map_err(encode_err)?;
     let codes: Vec<Vec<u32>> = (0..encoded.num_columns())
         .map(|c| {
             let a = encoded.column(c).as_any().downcast_ref::<datafusion::arrow::array::UInt32Array>().expect("codes");

@@ -4,8 +4,12 @@
 //! observation), and MCAR privacy amplification for the complete ground truth.
 
 pub mod amplify;
+mod error;
 pub mod inject;
 pub mod strategy;
 
 pub use amplify::{Amplification, Missingness, Rates};
+pub use error::MissingError;
 pub use strategy::{AmplificationRequest, ImputeMethod, Strategy, StrategyOptions};
+
+type Result<T, E = MissingError> = std::result::Result<T, E>;

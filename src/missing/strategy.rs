@@ -27,7 +27,7 @@
 use std::fmt;
 use std::str::FromStr;
 
-use anyhow::{Result, bail};
+use super::{MissingError, Result};
 use serde::{Deserialize, Serialize};
 
 use super::amplify::{self, Amplification, Missingness, Rates, SubCost, SubMechanism};
@@ -63,7 +63,7 @@ pub enum Strategy {
 }
 
 impl FromStr for Strategy {
-    type Err = anyhow::Error;
+    type Err = MissingError;
     fn from_str(s: &str) -> Result<Self> {
         Ok(match s.trim() {
             "reproduce" | "as-value" => Strategy::Reproduce,
@@ -73,10 +73,7 @@ impl FromStr for Strategy {
             "impute-first:random" => Strategy::ImputeFirst(ImputeMethod::Random),
             "impute-first:mode" => Strategy::ImputeFirst(ImputeMethod::Mode),
             "impute-first:mode-stability" => Strategy::ImputeFirst(ImputeMethod::ModeStability),
-            other => bail!(
-                "unknown missing-data strategy {other:?}: use reproduce, complete-row, adaptive, or \
-                 impute-first:random|mode|model|mode-stability"
-            ),
+            other => return Err(MissingError::UnknownStrategy(other.to_string())),
         })
     }
 }
@@ -227,12 +224,8 @@ pub fn amplification_for(
     match strategy {
         Strategy::CompleteRow => Ok(amplify::complete_row(&mechs, &rates, request.delta)),
         Strategy::Adaptive => Ok(amplify::optimal(&mechs, &rates, request.delta)),
-        Strategy::Reproduce => {
-            bail!("no MCAR amplification: with null as a value every row is read, so missingness subsamples nothing")
-        }
-        Strategy::ImputeFirst(_) => {
-            bail!("no MCAR amplification: imputation-first reads every row (filled), so missingness subsamples nothing")
-        }
+        Strategy::Reproduce => Err(MissingError::NoSubsampling("with null as a value every row is read")),
+        Strategy::ImputeFirst(_) => Err(MissingError::NoSubsampling("imputation-first reads every row (filled)")),
     }
 }
 

@@ -275,20 +275,61 @@ impl From<&GraphicalModel> for ModelFile {
     }
 }
 
+/// A model that does not fit its file or its domain (a damaged or foreign
+/// model file: refit it, or sample with the domain it was fitted on).
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum PgmError {
+    /// Cliques and potentials do not pair up.
+    #[error("model: one potential per clique expected ({cliques} cliques, {potentials} potentials)")]
+    PotentialCount {
+        /// Cliques.
+        cliques: usize,
+        /// Potentials.
+        potentials: usize,
+    },
+    /// A clique that is unsorted or names an attribute out of range.
+    #[error("model: bad clique {0:?}")]
+    BadClique(Vec<usize>),
+    /// A potential of the wrong size.
+    #[error("model: clique {clique:?} has {values} values, expected {expected}")]
+    CliqueSize {
+        /// The clique.
+        clique: Vec<usize>,
+        /// Values in the file.
+        values: usize,
+        /// Cells of the clique.
+        expected: usize,
+    },
+    /// The model's attribute sizes differ from the domain's.
+    #[error(
+        "model sizes {model:?} do not match the domain's cardinalities {domain:?}; sample with the domain the model \
+         was fitted on"
+    )]
+    SizeMismatch {
+        /// The model's sizes.
+        model: Vec<usize>,
+        /// The domain's cardinalities.
+        domain: Vec<usize>,
+    },
+    /// The sampling plan is inconsistent (a bug).
+    #[error(transparent)]
+    Plan(#[from] dpflow_udfs::synth::PlanError),
+}
+
 impl ModelFile {
     /// Rebuilds the model (checks shapes).
-    pub fn into_model(self) -> Result<GraphicalModel, String> {
+    pub fn into_model(self) -> Result<GraphicalModel, PgmError> {
         if self.cliques.len() != self.potentials.len() {
-            return Err("model: one potential per clique expected".into());
+            return Err(PgmError::PotentialCount { cliques: self.cliques.len(), potentials: self.potentials.len() });
         }
         let mut potentials = Vec::new();
         for (c, v) in self.cliques.iter().zip(self.potentials) {
             if c.windows(2).any(|w| w[0] >= w[1]) || c.iter().any(|&a| a >= self.sizes.len()) {
-                return Err(format!("model: bad clique {c:?}"));
+                return Err(PgmError::BadClique(c.clone()));
             }
             let f = Factor::zeros(c, &self.sizes);
             if f.len() != v.len() {
-                return Err(format!("model: clique {c:?} has {} values, expected {}", v.len(), f.len()));
+                return Err(PgmError::CliqueSize { clique: c.clone(), values: v.len(), expected: f.len() });
             }
             potentials.push(Factor { values: v, ..f });
         }

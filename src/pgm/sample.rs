@@ -5,17 +5,13 @@
 use dpflow_udfs::domain::{DecodeMode, Domain};
 use dpflow_udfs::synth::{SamplingPlan, SamplingStep};
 
-use super::model::GraphicalModel;
+use super::model::{GraphicalModel, PgmError};
 
 /// Builds the sampling plan of `model` over `domain` (sizes must match the
 /// domain's cardinalities).
-pub fn sampling_plan(model: &GraphicalModel, domain: &Domain, decode: DecodeMode) -> Result<SamplingPlan, String> {
+pub fn sampling_plan(model: &GraphicalModel, domain: &Domain, decode: DecodeMode) -> Result<SamplingPlan, PgmError> {
     if domain.cardinalities() != model.sizes {
-        return Err(format!(
-            "model sizes {:?} do not match the domain's cardinalities {:?}",
-            model.sizes,
-            domain.cardinalities()
-        ));
+        return Err(PgmError::SizeMismatch { model: model.sizes.clone(), domain: domain.cardinalities() });
     }
     let beliefs = model.beliefs();
     let cliques: Vec<&Vec<usize>> = model.potentials.iter().map(|p| &p.attrs).collect();
@@ -56,6 +52,6 @@ pub fn sampling_plan(model: &GraphicalModel, domain: &Domain, decode: DecodeMode
         used.push(col);
     }
     let plan = SamplingPlan { domain: domain.clone(), steps, decode };
-    plan.validate().map_err(|e| e.to_string())?;
+    plan.validate()?;
     Ok(plan)
 }

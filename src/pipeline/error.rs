@@ -138,7 +138,7 @@ pub enum PipelineError {
         /// Staging prefix.
         staging: String,
         /// Why.
-        source: IoError,
+        source: Box<IoError>,
     },
     /// JSON records (step records, manifest, scheduler state).
     #[error("{action} {what}")]

@@ -517,7 +517,7 @@ impl Pipeline {
                 let b = read_bytes(ctx, &records).await.map_err(|source| PipelineError::StagedMissing {
                     release_id: release_id.to_string(),
                     staging: loc.staging.clone(),
-                    source,
+                    source: Box::new(source),
                 })?;
                 serde_json::from_slice(&b).map_err(|source| PipelineError::Json {
                     action: "decoding",

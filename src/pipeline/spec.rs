@@ -418,7 +418,7 @@ impl Pipeline {
                             .map_err(|e| err(l, &key("synthesize.missing"), e.to_string()))?,
                     };
                     crate::synth::Workload::parse(&x.workload, &spec.domain)
-                        .map_err(|e| err(l, &key("synthesize.workload"), e.to_string()))?;
+                        .map_err(|e| err(l, &key("synthesize.workload"), chain(&e)))?;
                     Step::Synthesize {
                         name: x.name.clone(),
                         mechanism: x.mechanism,

@@ -59,7 +59,7 @@ pub enum FailureError {
         /// The charge left reserved.
         charge: i64,
         /// Why it could not be marked failed.
-        ledger_error: LedgerError,
+        ledger_error: Box<LedgerError>,
     },
 }
 
@@ -72,9 +72,11 @@ pub fn charge_failure<E: From<FailureError>, C>(what: &'static str, ledger: Opti
         Some((l, id)) => match l.fail(id, "failed after reading protected data (cause withheld)") {
             Ok(()) => ProtectedFailure::new(what, Some(id)).into(),
             // The reservation stays `reserved`, which also counts as spent.
-            Err(e) => {
-                FailureError::Unsettled { failure: ProtectedFailure::new(what, Some(id)), charge: id, ledger_error: e }
-            }
+            Err(e) => FailureError::Unsettled {
+                failure: ProtectedFailure::new(what, Some(id)),
+                charge: id,
+                ledger_error: Box::new(e),
+            },
         },
         None => ProtectedFailure::new(what, None).into(),
     };

@@ -9,10 +9,8 @@
 
 use std::collections::HashMap;
 
-use anyhow::Result;
-
 use super::bounds::{MeasuredMarginal, RoundInfo, workload_bounds};
-use super::{FitContext, FitMetadata, Fitted, MeasurementLog, Synthesizer, l1};
+use super::{FitContext, FitMetadata, Fitted, MeasurementLog, Result, Synthesizer, l1};
 use crate::domain::Domain;
 use crate::pgm::{GraphicalModel, JunctionTree, Measurement};
 use crate::synth::workload::Workload;

@@ -1,9 +1,7 @@
 //! Independent: all 1-way marginals with Gaussian noise (ρ split evenly),
 //! and the product of the fitted 1-way marginals.
 
-use anyhow::Result;
-
-use super::{FitContext, FitMetadata, Fitted, MeasurementLog, Synthesizer, one_way};
+use super::{FitContext, FitMetadata, Fitted, MeasurementLog, Result, Synthesizer, one_way};
 use crate::domain::Domain;
 use crate::synth::workload::Workload;
 

@@ -11,6 +11,7 @@
 pub mod aim;
 pub mod bounds;
 pub mod compress;
+mod error;
 pub mod independent;
 pub mod mst;
 pub mod mwem;
@@ -22,7 +23,6 @@ pub mod workload;
 
 use std::collections::HashMap;
 
-use anyhow::{Result, bail};
 use dpflow_udfs::noise::{DpRng, ExponentialMechanism, NoiseDistribution};
 use itertools::Itertools;
 use serde::{Deserialize, Serialize};
@@ -31,7 +31,11 @@ use crate::domain::Domain;
 use crate::measure::{Accountant, ReleaseAccountant};
 use crate::pgm::{EstimateOptions, GraphicalModel, Measurement, estimate};
 use crate::privacy::MechanismRecord;
+
+pub use error::SynthError;
 pub use workload::{Workload, WorkloadQuery};
+
+type Result<T, E = SynthError> = std::result::Result<T, E>;
 
 /// Exact marginal answers (crate-private: never released without noise).
 /// Keys are sorted attribute ids; values in the sorted-attribute layout.
@@ -47,7 +51,7 @@ impl Answers {
     pub(crate) fn get(&self, attrs: &[usize]) -> Result<&[f64]> {
         match self.map.get(attrs) {
             Some(v) => Ok(v),
-            None => bail!("internal: marginal {attrs:?} was not precomputed"),
+            None => Err(SynthError::NotPrecomputed(attrs.to_vec())),
         }
     }
 

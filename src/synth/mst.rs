@@ -7,11 +7,10 @@
 //! marginals with Gaussian noise. Private-PGM estimation, generation, and the
 //! compression is undone at sampling time.
 
-use anyhow::Result;
 use petgraph::unionfind::UnionFind;
 
 use super::compress::Compression;
-use super::{FitContext, FitMetadata, Fitted, MeasurementLog, Synthesizer, l1, one_way, two_way};
+use super::{FitContext, FitMetadata, Fitted, MeasurementLog, Result, Synthesizer, l1, one_way, two_way};
 use crate::domain::Domain;
 use crate::pgm::{Measurement, estimate};
 use crate::synth::workload::Workload;

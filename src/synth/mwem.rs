@@ -5,9 +5,7 @@
 //! ε²/8 + 1/(2σ²) = ρ/T. Like private-pgm's implementation, candidates that
 //! would push JT-SIZE past the model capacity are skipped.
 
-use anyhow::Result;
-
-use super::{FitContext, FitMetadata, Fitted, MeasurementLog, Synthesizer, l1};
+use super::{FitContext, FitMetadata, Fitted, MeasurementLog, Result, SynthError, Synthesizer, l1};
 use crate::domain::Domain;
 use crate::pgm::{GraphicalModel, JunctionTree, Measurement};
 use crate::synth::workload::Workload;
@@ -55,7 +53,9 @@ impl Synthesizer for MwemPgm {
                 scores.push(l1(ctx.answers.get(r)?, &est) - n_r);
                 cand.push(r.clone());
             }
-            anyhow::ensure!(!cand.is_empty(), "mwem: every workload marginal exceeds the model capacity");
+            if cand.is_empty() {
+                return Err(SynthError::NothingFits);
+            }
             let pick = ctx.select(&format!("mwem round {t} selection"), &scores, epsilon, 1.0)?;
             let r = cand[pick].clone();
             measurements.push(ctx.measure(&r, sigma)?);

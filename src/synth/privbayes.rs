@@ -18,10 +18,9 @@
 //! public bound N on the rows. On observed-only answers (PrivBayesE) n is the
 //! number of rows observed on X ∪ Π and the same bound holds.
 
-use anyhow::{Result, bail};
 use itertools::Itertools;
 
-use super::{FitContext, FitMetadata, Fitted, MeasurementLog, Synthesizer};
+use super::{FitContext, FitMetadata, Fitted, MeasurementLog, Result, SynthError, Synthesizer};
 use crate::domain::Domain;
 use crate::pgm::{EstimateOptions, Factor, GraphicalModel, JunctionTree, Measurement, estimate};
 use crate::synth::workload::Workload;
@@ -110,7 +109,7 @@ impl Synthesizer for PrivBayes {
         let d = ctx.sizes.len();
         let eps = ctx.epsilon;
         if eps.is_nan() || eps <= 0.0 {
-            bail!("privbayes needs a pure ε budget");
+            return Err(SynthError::NeedsPureEpsilon);
         }
         let sizes = ctx.sizes.clone();
         let cells = |s: &[usize]| -> usize { s.iter().map(|&a| sizes[a]).product() };

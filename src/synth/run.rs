@@ -4,7 +4,6 @@
 use std::sync::Arc;
 use std::time::Instant;
 
-use anyhow::{Context, Result, bail};
 use datafusion::execution::context::SessionContext;
 use datafusion::physical_plan::ExecutionPlan;
 use dpflow_udfs::domain::{DecodeMode, Domain};
@@ -14,13 +13,15 @@ use dpflow_udfs::synth::{ColumnFill, FillPlan, SamplingPlan, SyntheticExec};
 use serde::{Deserialize, Serialize};
 
 use super::compress::Compression;
-use super::{Answers, FitContext, FitMetadata, Fitted, Observed, SynthOptions, Synthesizer, Workload};
+use super::{
+    Answers, FitContext, FitMetadata, Fitted, Observed, Result, SynthError, SynthOptions, Synthesizer, Workload,
+};
 use crate::dataset::{CodeSource, Dataset};
 use crate::io::write_stream;
 use crate::measure::{Accountant, ReleaseAccountant};
 use crate::missing::{Amplification, AmplificationRequest, ImputeMethod, Strategy, StrategyOptions};
 use crate::pgm::{GraphicalModel, ModelFile, sampling_plan};
-use crate::privacy::{Budget, Ledger, MechanismRecord, PrivacyFilter, PrivacyLoss};
+use crate::privacy::{Budget, Ledger, MechanismRecord, PrivacyFilter, PrivacyLoss, Share};
 
 /// Available synthesizers.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
@@ -75,19 +76,19 @@ pub struct SavedModel {
 impl SavedModel {
     /// Loads and validates a saved model.
     pub fn load(path: &str) -> Result<Self> {
-        let bytes = std::fs::read(path).with_context(|| format!("reading model {path}"))?;
-        let mut m: SavedModel =
-            serde_json::from_slice(&bytes).with_context(|| format!("{path}: not a dpflow model"))?;
+        let bytes = std::fs::read(path).map_err(|source| SynthError::ReadModel { path: path.to_string(), source })?;
+        let mut m: SavedModel = serde_json::from_slice(&bytes)
+            .map_err(|source| SynthError::NotAModel { path: path.to_string(), source })?;
         if m.format != "dpflow-model-v1" {
-            bail!("{path}: unsupported model format {:?}", m.format);
+            return Err(SynthError::ModelFormat { path: path.to_string(), format: m.format });
         }
-        m.domain = m.domain.reindex().map_err(|e| anyhow::anyhow!("{path}: {e}"))?;
+        m.domain = m.domain.reindex().map_err(|source| SynthError::ModelDomain { path: path.to_string(), source })?;
         Ok(m)
     }
 
     /// The sampling plan over the domain's codes.
     pub fn sampling_plan(&self, decode: DecodeMode) -> Result<SamplingPlan> {
-        let model: GraphicalModel = self.model.clone().into_model().map_err(anyhow::Error::msg)?;
+        let model: GraphicalModel = self.model.clone().into_model()?;
         plan_for(&model, self.compression.as_ref(), &self.domain, decode)
     }
 
@@ -105,7 +106,7 @@ pub fn plan_for(
     decode: DecodeMode,
 ) -> Result<SamplingPlan> {
     match compression {
-        None => sampling_plan(model, domain, decode).map_err(anyhow::Error::msg),
+        None => Ok(sampling_plan(model, domain, decode)?),
         Some(c) => {
             // Build over a stand-in domain of compressed sizes, then expand.
             let stand_in = Domain::new(
@@ -120,9 +121,8 @@ pub fn plan_for(
                         out_of_domain: dpflow_udfs::domain::OutOfDomain::Error,
                     })
                     .collect(),
-            )
-            .map_err(anyhow::Error::msg)?;
-            let plan = sampling_plan(model, &stand_in, decode).map_err(anyhow::Error::msg)?;
+            )?;
+            let plan = sampling_plan(model, &stand_in, decode)?;
             Ok(c.expand_plan(plan, &domain.cardinalities(), domain.clone()))
         }
     }
@@ -131,7 +131,9 @@ pub fn plan_for(
 /// A streaming synthetic-data plan for `rows` rows.
 pub fn synthetic_exec(plan: SamplingPlan, rows: u64, seed: u64) -> Result<Arc<dyn ExecutionPlan>> {
     let parts = std::thread::available_parallelism().map_or(2, |n| n.get());
-    Ok(Arc::new(SyntheticExec::try_new(Arc::new(plan), rows, parts, 1 << 16, seed)?))
+    let exec = SyntheticExec::try_new(Arc::new(plan), rows, parts, 1 << 16, seed)
+        .map_err(|source| SynthError::Generate { source })?;
+    Ok(Arc::new(exec))
 }
 
 /// The inputs of one synthesis run.
@@ -233,62 +235,17 @@ pub struct TimingRecord {
     pub generate: f64,
 }
 
-/// A fit's budget in the synthesizer's own unit.
-#[derive(Debug, Clone, Copy, PartialEq)]
-pub(crate) enum FitBudget {
-    /// ρ-zCDP (AIM, MST, MWEM, Independent).
-    Zcdp(f64),
-    /// Pure ε-DP (PrivBayes).
-    Pure(f64),
-}
-
-impl FitBudget {
-    fn of(budget: &Budget, pure: bool) -> Result<Self> {
-        if pure {
-            return Ok(FitBudget::Pure(match *budget {
-                Budget::Pure { epsilon } | Budget::Approx { epsilon, .. } => epsilon,
-                // ε-DP implies ε²/2-zCDP, so ε = √(2ρ) fits a ρ budget.
-                Budget::Zcdp { rho } => (2.0 * rho).sqrt(),
-            }));
-        }
-        Ok(FitBudget::Zcdp(rho_of(budget)?))
+/// A fit's budget as a share in the synthesizer's own unit: pure ε for
+/// PrivBayes, ρ-zCDP for AIM, MST, MWEM and Independent. An ε-DP fit in a ρ
+/// budget takes ε = √(2ρ) (ε-DP implies ε²/2-zCDP).
+fn fit_share(budget: &Budget, pure: bool) -> Result<Share> {
+    if pure {
+        return Ok(Share::Epsilon(match *budget {
+            Budget::Pure { epsilon } | Budget::Approx { epsilon, .. } => epsilon,
+            Budget::Zcdp { rho } => (2.0 * rho).sqrt(),
+        }));
     }
-
-    /// The amount in its unit.
-    pub(crate) fn amount(&self) -> f64 {
-        match *self {
-            FitBudget::Zcdp(x) | FitBudget::Pure(x) => x,
-        }
-    }
-
-    fn scaled(&self, f: f64) -> Self {
-        match *self {
-            FitBudget::Zcdp(x) => FitBudget::Zcdp(x * f),
-            FitBudget::Pure(x) => FitBudget::Pure(x * f),
-        }
-    }
-
-    fn filter_budget(&self) -> Budget {
-        match *self {
-            FitBudget::Zcdp(rho) => Budget::Zcdp { rho },
-            FitBudget::Pure(epsilon) => Budget::Pure { epsilon },
-        }
-    }
-
-    fn loss(&self) -> PrivacyLoss {
-        match *self {
-            FitBudget::Zcdp(rho) => PrivacyLoss::Zcdp { rho },
-            FitBudget::Pure(epsilon) => PrivacyLoss::Pure { epsilon },
-        }
-    }
-
-    /// Noise for a sensitivity-1 count spending this budget.
-    fn count_noise(&self) -> NoiseDistribution {
-        match *self {
-            FitBudget::Zcdp(rho) => NoiseDistribution::Gaussian { sigma: (1.0 / (2.0 * rho)).sqrt() },
-            FitBudget::Pure(eps) => NoiseDistribution::Laplace { scale: 1.0 / eps },
-        }
-    }
+    Ok(Share::Rho(rho_of(budget)?))
 }
 
 /// Runs the synthesizer on exact answers already computed (crate-private data).
@@ -304,8 +261,8 @@ pub(crate) fn fit_with_answers(
     rng: &mut DpRng,
     progress: &dyn Fn(&str),
 ) -> Result<(Fitted, ReleaseAccountant)> {
-    let budget = if synth.pure_dp() { FitBudget::Pure(rho) } else { FitBudget::Zcdp(rho) };
-    let mut accountant = ReleaseAccountant::new(PrivacyFilter::new(budget.filter_budget()));
+    let budget = if synth.pure_dp() { Share::Epsilon(rho) } else { Share::Rho(rho) };
+    let mut accountant = ReleaseAccountant::new(PrivacyFilter::new(budget.as_budget()));
     let fitted = fit_in(synth, domain, answers, workload, budget, options, rng, progress, &mut accountant, None)?;
     Ok((fitted, accountant))
 }
@@ -317,7 +274,7 @@ pub(crate) fn fit_in(
     domain: &Domain,
     answers: &Answers,
     workload: &Workload,
-    budget: FitBudget,
+    budget: Share,
     options: &SynthOptions,
     rng: &mut DpRng,
     progress: &dyn Fn(&str),
@@ -325,8 +282,8 @@ pub(crate) fn fit_in(
     observed: Option<Observed>,
 ) -> Result<Fitted> {
     let (rho, epsilon) = match budget {
-        FitBudget::Zcdp(r) => (r, 0.0),
-        FitBudget::Pure(e) => (0.0, e),
+        Share::Rho(r) => (r, 0.0),
+        Share::Epsilon(e) => (0.0, e),
     };
     let mut ctx = FitContext {
         domain,
@@ -378,16 +335,14 @@ pub(crate) async fn exact_answers_from(
 }
 
 fn rho_of(budget: &Budget) -> Result<f64> {
-    budget
-        .as_rho()
-        .context("synthesizers account in zCDP: give --epsilon with --delta, or --rho (a pure-ε budget cannot pay for Gaussian noise)")
+    budget.as_rho().ok_or(SynthError::NotZcdp)
 }
 
 /// Charges `budget` for a sensitivity-1 count and returns it noisy.
 fn noisy_count(
     accountant: &mut ReleaseAccountant,
     rng: &mut DpRng,
-    budget: FitBudget,
+    budget: Share,
     target: &str,
     exact: u64,
 ) -> Result<f64> {
@@ -404,7 +359,7 @@ fn noisy_count(
 struct Prepared {
     answers: Answers,
     observed: Option<Observed>,
-    fit_budget: FitBudget,
+    fit_budget: Share,
     stability: Option<f64>,
     notes: Vec<String>,
 }
@@ -418,7 +373,7 @@ async fn prepare(
     synth: &dyn Synthesizer,
     model_domain: &Domain,
     workload: &Workload,
-    budget: FitBudget,
+    budget: Share,
     accountant: &mut ReleaseAccountant,
     rng: &mut DpRng,
     progress: &dyn Fn(&str),
@@ -491,9 +446,7 @@ async fn prepare(
                         fit_budget = budget.scaled(1.0 - share);
                         notes.push(format!("impute-first:mode: DP modes with {:.0}% of the budget", share * 100.0));
                     } else {
-                        let m = mopts.max_missing_cells.context(
-                            "impute-first:mode-stability needs --max-missing-cells M, a public bound on the number of missing cells (000 Thm 4.3)",
-                        )?;
+                        let m = mopts.max_missing_cells.ok_or(SynthError::MissingCellBound)?;
                         // Over the public bound M the nulls get a public constant instead of the
                         // exact modes, which keeps the fill (1 + 2M)-stable for every pair of
                         // neighbours, with no failure whose outcome would reveal the count
@@ -511,7 +464,7 @@ async fn prepare(
                         // ε by c and ρ by c² (group privacy).
                         let c = crate::missing::strategy::mode_stability(m);
                         fit_budget = budget
-                            .scaled(crate::missing::strategy::stability_share(c, matches!(budget, FitBudget::Zcdp(_))));
+                            .scaled(crate::missing::strategy::stability_share(c, matches!(budget, Share::Rho(_))));
                         stability = Some(c);
                         notes.push(format!(
                             "impute-first:mode-stability: exact modes (a public constant over the bound M) make the input {c}-stable (000 Lemma 4.2 / Thm 4.3); the synthesizer runs with {:.3e} instead of {:.3e}",
@@ -529,8 +482,8 @@ async fn prepare(
                     // A DP tree model of the observed values (MST under zCDP, PrivBayes k=1 under pure ε),
                     // fitted adaptively on observed-only marginals.
                     let imputer: Box<dyn Synthesizer + Send + Sync> = match budget {
-                        FitBudget::Zcdp(_) => Box::new(super::mst::Mst),
-                        FitBudget::Pure(_) => Box::new(super::privbayes::PrivBayes { degree: 1, ..Default::default() }),
+                        Share::Rho(_) => Box::new(super::mst::Mst),
+                        Share::Epsilon(_) => Box::new(super::privbayes::PrivBayes { degree: 1, ..Default::default() }),
                     };
                     let imp_workload = Workload::parse("all-2way", model_domain)?;
                     let req_sets = imputer.required_marginals(model_domain, &imp_workload);
@@ -585,26 +538,23 @@ fn argmax(v: &[f64]) -> u32 {
 pub async fn run_synth(ctx: &SessionContext, req: &SynthRequest, progress: &dyn Fn(&str)) -> Result<SynthRecord> {
     budget_check(&req.budget)?;
     let synth = req.mechanism.synthesizer(&req.options);
-    let budget = FitBudget::of(&req.budget, synth.pure_dp())?;
+    let budget = fit_share(&req.budget, synth.pure_dp())?;
     let mut rng = DpRng::new(req.unsafe_seed)?;
     let domain = req.dataset.domain().clone();
     let model_domain = if req.missing.models_nulls() { domain.clone() } else { domain.without_nulls() };
     let workload = Workload::parse(&req.workload, &model_domain)?;
 
     if req.unsafe_seed.is_some() && req.ledger.is_some() {
-        bail!(crate::privacy::SEEDED_LEDGER_REFUSAL);
+        return Err(SynthError::UnsafeSeed);
     }
     // A public input: checked before anything is charged or read.
     if req.missing == Strategy::ImputeFirst(ImputeMethod::ModeStability)
         && req.missing_options.max_missing_cells.is_none()
     {
-        bail!(
-            "impute-first:mode-stability needs --max-missing-cells M, a public bound on the number of missing cells \
-             (000 Thm 4.3)"
-        );
+        return Err(SynthError::MissingCellBound);
     }
     if let Some(why) = req.dataset.domain().dp_read_refusal() {
-        bail!("refused: dataset {}: {why}", req.dataset.name);
+        return Err(SynthError::DpReadRefused { dataset: req.dataset.name.clone(), why });
     }
     // Reserve the whole release budget in the ledger before touching data.
     let mut ledger_state = None;
@@ -637,7 +587,7 @@ pub async fn run_synth(ctx: &SessionContext, req: &SynthRequest, progress: &dyn 
     // (docs/PRIVACY.md §1).
     let released = async {
         let t0 = Instant::now();
-        let mut accountant = ReleaseAccountant::new(PrivacyFilter::new(budget.filter_budget()));
+        let mut accountant = ReleaseAccountant::new(PrivacyFilter::new(budget.as_budget()));
         let prepared =
             prepare(ctx, req, synth.as_ref(), &model_domain, &workload, budget, &mut accountant, &mut rng, progress)
                 .await?;
@@ -665,12 +615,12 @@ pub async fn run_synth(ctx: &SessionContext, req: &SynthRequest, progress: &dyn 
             let spent = accountant.filter().spent_amount() - spent_before;
             // Exact c² or c (not 1/stability_share: a reciprocal may round above it).
             let factor = match budget {
-                FitBudget::Zcdp(_) => c * c,
-                FitBudget::Pure(_) => c,
+                Share::Rho(_) => c * c,
+                Share::Epsilon(_) => c,
             };
             let surcharge = match budget {
-                FitBudget::Zcdp(_) => PrivacyLoss::Zcdp { rho: spent * (factor - 1.0) },
-                FitBudget::Pure(_) => PrivacyLoss::Pure { epsilon: spent * (factor - 1.0) },
+                Share::Rho(_) => PrivacyLoss::Zcdp { rho: spent * (factor - 1.0) },
+                Share::Epsilon(_) => PrivacyLoss::Pure { epsilon: spent * (factor - 1.0) },
             };
             accountant.charge(&[MechanismRecord {
                 mechanism: "stability".into(),
@@ -691,7 +641,7 @@ pub async fn run_synth(ctx: &SessionContext, req: &SynthRequest, progress: &dyn 
             Some(a) => {
                 match crate::missing::strategy::amplification_for(req.missing, accountant.records(), &names, a) {
                     Ok(x) => (Some(x), None),
-                    Err(e) => (None, Some(format!("{e:#}"))),
+                    Err(e) => (None, Some(e.to_string())),
                 }
             }
         };
@@ -708,7 +658,8 @@ pub async fn run_synth(ctx: &SessionContext, req: &SynthRequest, progress: &dyn 
             }
         };
         let exec = synthetic_exec(plan, rows, seed)?;
-        let stream = datafusion::physical_plan::execute_stream(exec, ctx.task_ctx())?;
+        let stream = datafusion::physical_plan::execute_stream(exec, ctx.task_ctx())
+            .map_err(|source| SynthError::Generate { source })?;
         let written = write_stream(ctx, &req.out, stream).await?;
         let mut outputs = vec![req.out.clone()];
         if let Some(mo) = &req.model_out {
@@ -719,13 +670,14 @@ pub async fn run_synth(ctx: &SessionContext, req: &SynthRequest, progress: &dyn 
                 compression: fitted.compression.clone(),
                 mechanism: synth.name().into(),
             };
-            crate::io::write_bytes(ctx, mo, serde_json::to_vec(&saved)?)
+            let json = serde_json::to_vec(&saved).map_err(|source| SynthError::Json { what: "the model", source })?;
+            crate::io::write_bytes(ctx, mo, json)
                 .await
-                .with_context(|| format!("writing model {mo}"))?;
+                .map_err(|e| SynthError::WriteModel { path: mo.clone(), source: Box::new(e) })?;
             outputs.push(mo.clone());
         }
         let t_gen = t2.elapsed().as_secs_f64();
-        Ok::<_, anyhow::Error>((
+        Ok::<_, SynthError>((
             accountant,
             fitted.metadata,
             spent,
@@ -752,8 +704,8 @@ pub async fn run_synth(ctx: &SessionContext, req: &SynthRequest, progress: &dyn 
         ledger_charge = Some(id);
     }
     let (rho, rho_spent, epsilon, epsilon_spent) = match budget {
-        FitBudget::Zcdp(r) => (r, spent, None, None),
-        FitBudget::Pure(e) => (e * e / 2.0, e * e / 2.0 * (spent / e).min(1.0), Some(e), Some(spent)),
+        Share::Rho(r) => (r, spent, None, None),
+        Share::Epsilon(e) => (e * e / 2.0, e * e / 2.0 * (spent / e).min(1.0), Some(e), Some(spent)),
     };
     let record = SynthRecord {
         dpflow_version: env!("CARGO_PKG_VERSION").into(),
@@ -778,11 +730,13 @@ pub async fn run_synth(ctx: &SessionContext, req: &SynthRequest, progress: &dyn 
     };
     let record_path = req.record_out.clone().unwrap_or_else(|| format!("{}.record.json", req.out));
     if !record_path.is_empty() {
-        crate::io::write_bytes(ctx, &record_path, serde_json::to_vec_pretty(&record)?).await?;
+        let json = serde_json::to_vec_pretty(&record)
+            .map_err(|source| SynthError::Json { what: "the release record", source })?;
+        crate::io::write_bytes(ctx, &record_path, json).await?;
     }
     Ok(record)
 }
 
 fn budget_check(b: &Budget) -> Result<()> {
-    b.validate().map_err(anyhow::Error::msg)
+    Ok(b.validate()?)
 }

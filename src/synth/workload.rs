@@ -1,12 +1,12 @@
 //! Workloads: weighted marginal queries the synthetic data should preserve
 //! (001 §2.1, Def. 2; §6.1 for the skewed workload).
 
-use anyhow::{Context, Result, bail};
 use itertools::Itertools;
 use rand::rngs::SmallRng;
 use rand::{RngExt, SeedableRng};
 use serde::{Deserialize, Serialize};
 
+use super::{Result, SynthError};
 use crate::domain::Domain;
 
 /// A weighted marginal query (attribute ids sorted).
@@ -62,12 +62,15 @@ impl Workload {
             rest.iter().find_map(|r| r.strip_prefix(name).and_then(|v| v.strip_prefix('=')))
         };
         let queries: Vec<WorkloadQuery> = if let Some(k) = head.strip_prefix("all-") {
-            let k: usize = k.trim_end_matches("way").parse().with_context(|| format!("bad workload {spec:?}"))?;
+            let k: usize = k
+                .trim_end_matches("way")
+                .parse()
+                .map_err(|source| SynthError::WorkloadK { spec: spec.to_string(), source })?;
             if k == 0 || k > d {
-                bail!("workload {spec:?}: k must be between 1 and the number of columns ({d})");
+                return Err(SynthError::WorkloadKRange { spec: spec.to_string(), columns: d });
             }
             let max_cells: f64 = match option("max-cells") {
-                Some(v) => v.parse().with_context(|| format!("bad max-cells in {spec:?}"))?,
+                Some(v) => v.parse().map_err(|source| SynthError::MaxCells { spec: spec.to_string(), source })?,
                 None => f64::INFINITY,
             };
             combinations(d, k)
@@ -76,10 +79,12 @@ impl Workload {
                 .map(|attrs| WorkloadQuery { attrs, weight: 1.0 })
                 .collect()
         } else if head == "target" {
-            let col = rest.first().with_context(|| "target workload needs a column: target:COL")?;
-            let t = domain.position(col).with_context(|| format!("workload {spec:?}: unknown column {col:?}"))?;
+            let col = rest.first().ok_or(SynthError::TargetColumnMissing)?;
+            let t = domain
+                .position(col)
+                .ok_or_else(|| SynthError::WorkloadColumn { spec: spec.to_string(), column: col.to_string() })?;
             if d < 3 {
-                bail!("target workload needs at least 3 columns");
+                return Err(SynthError::TargetTooFewColumns);
             }
             combinations(d, 3)
                 .into_iter()
@@ -87,13 +92,16 @@ impl Workload {
                 .map(|attrs| WorkloadQuery { attrs, weight: 1.0 })
                 .collect()
         } else if head == "skewed" {
-            let seed: u64 =
-                option("seed").map_or(Ok(0), |s| s.parse()).with_context(|| format!("bad seed in {spec:?}"))?;
+            let seed: u64 = option("seed")
+                .map_or(Ok(0), |s| s.parse())
+                .map_err(|source| SynthError::WorkloadSeed { spec: spec.to_string(), source })?;
             skewed(d, seed)
         } else if head == "file" {
             let path = rest.join(":");
-            let text = std::fs::read_to_string(&path).with_context(|| format!("reading workload file {path}"))?;
-            let entries: Vec<FileEntry> = serde_saphyr::from_str(&text).map_err(|e| anyhow::anyhow!("{path}: {e}"))?;
+            let text = std::fs::read_to_string(&path)
+                .map_err(|source| SynthError::ReadWorkload { path: path.clone(), source })?;
+            let entries: Vec<FileEntry> = serde_saphyr::from_str(&text)
+                .map_err(|e| SynthError::ParseWorkload { path: path.clone(), source: Box::new(e) })?;
             entries
                 .into_iter()
                 .enumerate()
@@ -101,21 +109,27 @@ impl Workload {
                     let mut attrs = e
                         .attrs
                         .iter()
-                        .map(|a| domain.position(a).with_context(|| format!("{path}: entry {i}: unknown column {a:?}")))
+                        .map(|a| {
+                            domain.position(a).ok_or_else(|| SynthError::WorkloadEntryColumn {
+                                path: path.clone(),
+                                entry: i,
+                                column: a.clone(),
+                            })
+                        })
                         .collect::<Result<Vec<_>>>()?;
                     attrs.sort_unstable();
                     attrs.dedup();
                     if attrs.is_empty() || !(e.weight >= 0.0 && e.weight.is_finite()) {
-                        bail!("{path}: entry {i}: needs attributes and a non-negative weight");
+                        return Err(SynthError::WorkloadEntry { path: path.clone(), entry: i });
                     }
                     Ok(WorkloadQuery { attrs, weight: e.weight })
                 })
                 .collect::<Result<_>>()?
         } else {
-            bail!("unknown workload {spec:?} (use all-Kway[:max-cells=N], target:COL, skewed[:seed=S] or file:PATH)");
+            return Err(SynthError::UnknownWorkload(spec.to_string()));
         };
         if queries.is_empty() {
-            bail!("workload {spec:?} has no marginals (is max-cells too small?)");
+            return Err(SynthError::EmptyWorkload(spec.to_string()));
         }
         Ok(Self { queries, spec: spec.to_string() })
     }

@@ -1,0 +1,222 @@
+//! Errors of [`crate::synth`]: workloads, saved models, fits and runs.
+
+use std::num::{ParseFloatError, ParseIntError};
+
+use dpflow_udfs::domain::DomainError;
+use dpflow_udfs::noise::ExpMechError;
+use dpflow_udfs::noise::rng::getrandom_error;
+
+use crate::dataset::DatasetError;
+use crate::io::IoError;
+use crate::measure::MeasureError;
+use crate::pgm::PgmError;
+use crate::privacy::{BudgetError, FailureError, LedgerError};
+
+/// A synthesis failure.
+#[derive(Debug, thiserror::Error)]
+pub enum SynthError {
+    /// `all-Kway` with a K that is not a number.
+    #[error("bad workload {spec:?}: K of all-Kway must be a number")]
+    WorkloadK {
+        /// The workload spec.
+        spec: String,
+        /// Why.
+        source: ParseIntError,
+    },
+    /// `all-Kway` with K out of range.
+    #[error("workload {spec:?}: k must be between 1 and the number of columns ({columns})")]
+    WorkloadKRange {
+        /// The workload spec.
+        spec: String,
+        /// Columns of the domain.
+        columns: usize,
+    },
+    /// `max-cells=` that is not a number.
+    #[error("bad max-cells in {spec:?}")]
+    MaxCells {
+        /// The workload spec.
+        spec: String,
+        /// Why.
+        source: ParseFloatError,
+    },
+    /// `seed=` that is not a number.
+    #[error("bad seed in {spec:?}")]
+    WorkloadSeed {
+        /// The workload spec.
+        spec: String,
+        /// Why.
+        source: ParseIntError,
+    },
+    /// `target` without a column.
+    #[error("target workload needs a column: target:COL")]
+    TargetColumnMissing,
+    /// `target` on fewer than 3 columns.
+    #[error("target workload needs at least 3 columns")]
+    TargetTooFewColumns,
+    /// A workload column that is not in the domain.
+    #[error("workload {spec:?}: unknown column {column:?}")]
+    WorkloadColumn {
+        /// The workload spec.
+        spec: String,
+        /// The column.
+        column: String,
+    },
+    /// A workload file that cannot be read.
+    #[error("reading workload file {path}")]
+    ReadWorkload {
+        /// The file.
+        path: String,
+        /// Why.
+        source: std::io::Error,
+    },
+    /// A workload file that is not a list of `{attrs, weight}`.
+    #[error("{path}: not a workload list ([{{attrs: [..], weight: w}}, ...])")]
+    ParseWorkload {
+        /// The file.
+        path: String,
+        /// Why (with line and column).
+        source: Box<serde_saphyr::Error>,
+    },
+    /// A workload file entry over an unknown column.
+    #[error("{path}: entry {entry}: unknown column {column:?}")]
+    WorkloadEntryColumn {
+        /// The file.
+        path: String,
+        /// 0-based entry.
+        entry: usize,
+        /// The column.
+        column: String,
+    },
+    /// A workload file entry without attributes or with a bad weight.
+    #[error("{path}: entry {entry}: needs attributes and a non-negative weight")]
+    WorkloadEntry {
+        /// The file.
+        path: String,
+        /// 0-based entry.
+        entry: usize,
+    },
+    /// An unknown workload spec.
+    #[error("unknown workload {0:?} (use all-Kway[:max-cells=N], target:COL, skewed[:seed=S] or file:PATH)")]
+    UnknownWorkload(String),
+    /// A workload without marginals.
+    #[error("workload {0:?} has no marginals (is max-cells too small?)")]
+    EmptyWorkload(String),
+    /// A saved model that cannot be read.
+    #[error("reading model {path}")]
+    ReadModel {
+        /// The file.
+        path: String,
+        /// Why.
+        source: std::io::Error,
+    },
+    /// A file that is not a dpflow model.
+    #[error("{path}: not a dpflow model")]
+    NotAModel {
+        /// The file.
+        path: String,
+        /// Why.
+        source: serde_json::Error,
+    },
+    /// A model of another format version.
+    #[error("{path}: unsupported model format {format:?} (this dpflow reads dpflow-model-v1)")]
+    ModelFormat {
+        /// The file.
+        path: String,
+        /// Its format tag.
+        format: String,
+    },
+    /// A saved model whose domain is invalid.
+    #[error("{path}: invalid domain in the model")]
+    ModelDomain {
+        /// The file.
+        path: String,
+        /// Why.
+        source: DomainError,
+    },
+    /// A model that does not fit its domain or file.
+    #[error(transparent)]
+    Model(#[from] PgmError),
+    /// An internal domain (compressed codes) that cannot be built.
+    #[error(transparent)]
+    Domain(#[from] DomainError),
+    /// The synthetic-data generator cannot be set up.
+    #[error("setting up synthetic data generation")]
+    Generate {
+        /// Why.
+        source: datafusion::error::DataFusionError,
+    },
+    /// A zCDP synthesizer with a pure-ε budget.
+    #[error(
+        "synthesizers account in zCDP: give --epsilon with --delta, or --rho (a pure-ε budget cannot pay for Gaussian \
+         noise)"
+    )]
+    NotZcdp,
+    /// PrivBayes without a pure ε.
+    #[error("privbayes needs a pure ε budget")]
+    NeedsPureEpsilon,
+    /// MWEM with nothing that fits the model capacity.
+    #[error(
+        "mwem: every workload marginal exceeds the model capacity; raise --max-model-size or use a smaller workload"
+    )]
+    NothingFits,
+    /// A marginal the fit reads that was not computed (a bug).
+    #[error("internal: marginal {0:?} was not precomputed")]
+    NotPrecomputed(Vec<usize>),
+    /// `impute-first:mode-stability` without its public bound.
+    #[error(
+        "impute-first:mode-stability needs --max-missing-cells M, a public bound on the number of missing cells \
+         (000 Thm 4.3)"
+    )]
+    MissingCellBound,
+    /// `--unsafe-seed` with a ledger.
+    #[error("{}", crate::privacy::SEEDED_LEDGER_REFUSAL)]
+    UnsafeSeed,
+    /// A domain that DP reads refuse.
+    #[error("refused: dataset {dataset}: {why}")]
+    DpReadRefused {
+        /// Dataset.
+        dataset: String,
+        /// Why, and what to set in the domain.
+        why: String,
+    },
+    /// An invalid budget.
+    #[error(transparent)]
+    Budget(#[from] BudgetError),
+    /// A refused charge.
+    #[error(transparent)]
+    Charge(#[from] MeasureError),
+    /// The exponential mechanism's inputs.
+    #[error(transparent)]
+    Selection(#[from] ExpMechError),
+    /// Reading or counting the data.
+    #[error(transparent)]
+    Dataset(#[from] DatasetError),
+    /// The ledger.
+    #[error(transparent)]
+    Ledger(#[from] LedgerError),
+    /// Writing outputs.
+    #[error(transparent)]
+    Io(#[from] IoError),
+    /// Writing the model.
+    #[error("writing model {path}")]
+    WriteModel {
+        /// The location.
+        path: String,
+        /// Why.
+        source: Box<IoError>,
+    },
+    /// Encoding a record.
+    #[error("encoding {what}")]
+    Json {
+        /// The model or the release record.
+        what: &'static str,
+        /// Why.
+        source: serde_json::Error,
+    },
+    /// The OS random source.
+    #[error(transparent)]
+    Rng(#[from] getrandom_error::Error),
+    /// A run that failed after reading protected data (charged, cause withheld).
+    #[error(transparent)]
+    Failed(#[from] FailureError),
+}
