@@ -276,7 +276,7 @@ impl SqlEngine {
         hist: &Histograms,
         ci_requests: &[CiRequest],
         n_logical: usize,
-    ) -> Result<(Vec<Vec<ScalarValue>>, Vec<Vec<ScalarValue>>)> {
+    ) -> Result<(Columns, Columns)> {
         let zeros = vec![0i128; n_logical];
         let mut columns: Vec<Vec<ScalarValue>> = vec![Vec::new(); g + planned.len()];
         let mut ci_cols: Vec<Vec<ScalarValue>> = vec![Vec::new(); ci_requests.len()];
@@ -302,6 +302,9 @@ impl SqlEngine {
     }
 }
 
+/// Released columns, one vector of values per column.
+type Columns = Vec<Vec<ScalarValue>>;
+
 /// Exact helper values per group key.
 type Exact = HashMap<Vec<ScalarValue>, Vec<i128>>;
 
@@ -314,8 +317,8 @@ type Histograms = HashMap<usize, HashMap<Vec<ScalarValue>, Vec<f64>>>;
 fn post_process(
     plan: &LogicalPlan,
     agg: &Aggregate,
-    columns: Vec<Vec<ScalarValue>>,
-    ci_cols: Vec<Vec<ScalarValue>>,
+    columns: Columns,
+    ci_cols: Columns,
     ci_requests: &[CiRequest],
 ) -> Result<LogicalPlan> {
     // The released table, shaped like the aggregate's output (+ CI columns).

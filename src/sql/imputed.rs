@@ -309,7 +309,7 @@ fn column_name(e: &Expr) -> Option<String> {
 fn number(v: &ScalarValue) -> Result<f64> {
     match v.cast_to(&datafusion::arrow::datatypes::DataType::Float64)? {
         ScalarValue::Float64(Some(f)) if f.is_finite() => Ok(f),
-        _ => return Err(unsupported(format!("`{v}` is not a finite number"))),
+        _ => Err(unsupported(format!("`{v}` is not a finite number"))),
     }
 }
 
@@ -329,7 +329,7 @@ fn code_of(domain: &Domain, column: &str, v: &ScalarValue) -> Result<f64> {
         ColumnKind::Boolean => match label.as_str() {
             "false" => Ok(0.0),
             "true" => Ok(1.0),
-            _ => return Err(unsupported(format!("{label:?} is not a boolean"))),
+            _ => Err(unsupported(format!("{label:?} is not a boolean"))),
         },
         _ => unreachable!("numeric columns take ranges"),
     }
@@ -341,7 +341,7 @@ fn code_of(domain: &Domain, column: &str, v: &ScalarValue) -> Result<f64> {
 pub(super) fn predicates(e: &Expr, domain: &Domain) -> Result<Vec<Predicate>> {
     let numeric = |c: &str| -> Result<Option<bool>> {
         match domain.column(c).map(|x| &x.kind) {
-            None => return Err(unsupported(format!("{c} is not a domain column"))),
+            None => Err(unsupported(format!("{c} is not a domain column"))),
             Some(ColumnKind::Integer { .. }) => Ok(Some(true)),
             Some(ColumnKind::Float { .. }) => Ok(Some(false)),
             Some(_) => Ok(None),
@@ -356,23 +356,25 @@ pub(super) fn predicates(e: &Expr, domain: &Domain) -> Result<Vec<Predicate>> {
             Ok(p)
         }
         Expr::Between(b) if !b.negated => {
-            let Some(c) = column_name(&b.expr) else { return Err(unsupported(format!("BETWEEN must test a column"))) };
+            let Some(c) = column_name(&b.expr) else {
+                return Err(unsupported("BETWEEN must test a column".to_string()));
+            };
             if numeric(&c)?.is_none() {
                 return Err(unsupported(format!("BETWEEN needs a numeric column ({c} is categorical)")));
             }
             let (Some(lo), Some(hi)) = (literal(&b.low), literal(&b.high)) else {
-                return Err(unsupported(format!("BETWEEN needs literals")));
+                return Err(unsupported("BETWEEN needs literals".to_string()));
             };
             Ok(vec![range(c, Some(number(&lo)?), Some(number(&hi)?))])
         }
         Expr::InList(l) if !l.negated => {
-            let Some(c) = column_name(&l.expr) else { return Err(unsupported(format!("IN must test a column"))) };
+            let Some(c) = column_name(&l.expr) else { return Err(unsupported("IN must test a column".to_string())) };
             let vals = l
                 .list
                 .iter()
                 .map(literal)
                 .collect::<Option<Vec<_>>>()
-                .ok_or_else(|| unsupported(format!("IN needs literals")))?;
+                .ok_or_else(|| unsupported("IN needs literals".to_string()))?;
             match numeric(&c)? {
                 None => Ok(vec![Predicate {
                     column: c.clone(),
@@ -381,9 +383,7 @@ pub(super) fn predicates(e: &Expr, domain: &Domain) -> Result<Vec<Predicate>> {
                     codes: Some(vals.iter().map(|v| code_of(domain, &c, v)).collect::<Result<_>>()?),
                 }]),
                 Some(_) => {
-                    return Err(unsupported(format!(
-                        "IN lists are supported on categorical columns; use BETWEEN on {c}"
-                    )));
+                    Err(unsupported(format!("IN lists are supported on categorical columns; use BETWEEN on {c}")))
                 }
             }
         }
@@ -399,14 +399,14 @@ pub(super) fn predicates(e: &Expr, domain: &Domain) -> Result<Vec<Predicate>> {
                 (_, _, Some(c), Some(v)) => {
                     (c, v, op.swap().ok_or_else(|| unsupported(format!("unsupported operator {op}")))?)
                 }
-                _ => return Err(unsupported(format!("conditions must compare a column with a literal"))),
+                _ => return Err(unsupported("conditions must compare a column with a literal".to_string())),
             };
             match (numeric(&c)?, op) {
                 (None, Operator::Eq) => {
                     let code = code_of(domain, &c, &v)?;
                     Ok(vec![Predicate { column: c, lo: None, hi: None, codes: Some(vec![code]) }])
                 }
-                (None, _) => return Err(unsupported(format!("only = and IN are supported on categorical column {c}"))),
+                (None, _) => Err(unsupported(format!("only = and IN are supported on categorical column {c}"))),
                 (Some(integer), op) => {
                     let x = number(&v)?;
                     let name = c.clone();
@@ -439,11 +439,9 @@ pub(super) fn predicates(e: &Expr, domain: &Domain) -> Result<Vec<Predicate>> {
         Expr::Column(c) if matches!(domain.column(&c.name).map(|x| &x.kind), Some(ColumnKind::Boolean)) => {
             Ok(vec![Predicate { column: c.name.clone(), lo: None, hi: None, codes: Some(vec![1.0]) }])
         }
-        other => {
-            return Err(unsupported(format!(
-                "`{other}` is not supported: use AND-ed comparisons of a column with a literal, BETWEEN, or IN lists"
-            )));
-        }
+        other => Err(unsupported(format!(
+            "`{other}` is not supported: use AND-ed comparisons of a column with a literal, BETWEEN, or IN lists"
+        ))),
     }
 }
 
