@@ -504,3 +504,23 @@ fn a_failed_charge_cannot_be_refunded_by_reusing_its_release_id() {
     assert!(l.fail(r.charge_id, "twice").is_err());
     assert_eq!(l.status("t").unwrap().spent, 1.0);
 }
+
+/// Privacy review of issue 15: GROUP BY merges −0.0 and +0.0, so contribution
+/// bounding must too. Unit p has one row in each zero; with one group and one
+/// row per unit it may add 1 to the merged group, never 2.
+#[tokio::test]
+async fn signed_zero_keys_are_one_group_for_contribution_bounds() {
+    let d = tempfile::tempdir().unwrap();
+    let csv = "pid,age\nq,30\np,30\np,50\n";
+    let dom = "columns:\n  - {name: age, kind: integer, bounds: [0, 99]}\n";
+    let unit = "    privacy_unit: {column: pid}\n    max_rows_per_unit: 1\n    max_groups_per_unit: 1\n";
+    let p = catalog(d.path(), csv, dom, unit, false, "");
+    let mut e = SqlEngine::open(Catalog::load(&p).unwrap(), Some(1)).await.unwrap();
+    let q = "SELECT CASE WHEN age < 40 THEN -0.0 ELSE 0.0 END AS z, dp_count(*) AS n FROM t \
+             GROUP BY CASE WHEN age < 40 THEN -0.0 ELSE 0.0 END";
+    for _ in 0..5 {
+        // Noise ~1e-6 and a threshold of 0 units: the exact bounded count shows through.
+        let r = e.query(q, Some(Budget::Approx { epsilon: 1e7, delta: 0.4 })).await.unwrap();
+        assert_eq!(column_f64(&r.batches, "n"), vec![Some(2.0)], "q's row and one of p's");
+    }
+}

@@ -99,7 +99,9 @@ pub async fn inspect(input: &str, domain_path: &str, format: Option<InputFormat>
 /// private input, NOT differentially private: for the curator and for
 /// benchmarks only, like [`inspect`]; DP code inside the crate uses the
 /// dataset's crate-private marginals, which only ever feed a mechanism.
-pub async fn exact_marginal_counts(
+#[cfg_attr(feature = "bench-internals", visibility::make(pub))]
+#[cfg_attr(not(feature = "bench-internals"), allow(dead_code))] // used by dpflow-bench only
+pub(crate) async fn exact_marginal_counts(
     ds: &crate::dataset::Dataset,
     ctx: &datafusion::execution::context::SessionContext,
     sets: &[(Vec<String>, dpflow_udfs::marginal::NullMode)],

@@ -43,7 +43,8 @@ pub use spec::{Predicate, QueryKind, QuerySpec, SmoothNoise};
 /// The imputed data held in memory: never released (only the DP answers of
 /// [`answer`] leave; its `Debug` prints no values).
 #[derive(Clone)]
-pub struct Imputed {
+#[cfg_attr(feature = "bench-internals", visibility::make(pub))]
+pub(crate) struct Imputed {
     /// Column name → values (numbers, or category codes) after imputation.
     pub columns: HashMap<String, Vec<Option<f64>>>,
     /// Column name → values before imputation (for the ignore-missing baseline).
@@ -59,7 +60,8 @@ pub struct Imputed {
 dpflow_udfs::protected_debug!(Imputed);
 
 /// Reads the columns `needed` of a dataset as numbers (categorical → code).
-pub async fn load_columns(
+#[cfg_attr(feature = "bench-internals", visibility::make(pub))]
+pub(crate) async fn load_columns(
     ctx: &SessionContext,
     ds: &Dataset,
     needed: &[String],
@@ -128,7 +130,9 @@ fn ordered_context(ctx: &SessionContext) -> SessionContext {
 }
 
 /// The donor search and L1(D) of one imputation, each phase timed (for benchmarks).
-pub struct DonorSearch {
+#[cfg_attr(feature = "bench-internals", visibility::make(pub))]
+#[cfg_attr(not(feature = "bench-internals"), allow(dead_code))] // timings read by dpflow-bench
+pub(crate) struct DonorSearch {
     /// Records (rows complete on `a` are donors).
     pub rec: KnnRecords,
     /// Donors of every donee.
@@ -142,7 +146,8 @@ pub struct DonorSearch {
 }
 
 /// Donor search over the rows of `columns` (donors: complete on `a`) and L1(D).
-pub fn donor_search(
+#[cfg_attr(feature = "bench-internals", visibility::make(pub))]
+pub(crate) fn donor_search(
     columns: &HashMap<String, Vec<Option<f64>>>,
     a: &[String],
     match_codes: Vec<Vec<u32>>,
@@ -162,7 +167,8 @@ pub fn donor_search(
 
 /// Imputes `a` in `columns` with kNN on the matching attributes (class codes
 /// from `match_codes`), k = 1 copy by default; returns the imputed data and L1(D).
-pub fn impute_columns(
+#[cfg_attr(feature = "bench-internals", visibility::make(pub))]
+pub(crate) fn impute_columns(
     columns: HashMap<String, Vec<Option<f64>>>,
     a: &[String],
     match_codes: Vec<Vec<u32>>,
@@ -376,7 +382,8 @@ fn release(q: f64, bound: f64, noise: &SmoothNoise, grid: OutputGrid, rng: &mut 
 /// any δ); the baselines use exact discrete Laplace noise on the public grid.
 /// It charges nothing: a caller reserves the budget first (as `dpflow impute`
 /// and DP SQL do), and only [`Estimator::Smooth`] is a release path.
-pub fn answer(
+#[cfg_attr(feature = "bench-internals", visibility::make(pub))]
+pub(crate) fn answer(
     data: &Imputed,
     queries: &[QuerySpec],
     estimator: Estimator,
@@ -510,7 +517,9 @@ pub fn answer(
 }
 
 /// The exact (non-private) value of each query on the given columns (for evaluation).
-pub fn exact(cols: &HashMap<String, Vec<Option<f64>>>, n: usize, queries: &[QuerySpec]) -> Vec<Option<f64>> {
+#[cfg_attr(feature = "bench-internals", visibility::make(pub))]
+#[cfg_attr(not(feature = "bench-internals"), allow(dead_code))] // evaluation only (dpflow-bench)
+pub(crate) fn exact(cols: &HashMap<String, Vec<Option<f64>>>, n: usize, queries: &[QuerySpec]) -> Vec<Option<f64>> {
     queries
         .iter()
         .map(|q| {

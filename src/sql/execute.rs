@@ -16,7 +16,7 @@ use datafusion::datasource::{MemTable, provider_as_source};
 use datafusion::functions_aggregate::expr_fn::{count, count_distinct, sum};
 use datafusion::logical_expr::ExprSchemable;
 use datafusion::logical_expr::expr::ScalarFunction;
-use datafusion::logical_expr::{Aggregate, Expr, LogicalPlan, LogicalPlanBuilder, col, lit, try_cast, when};
+use datafusion::logical_expr::{Aggregate, Expr, LogicalPlan, LogicalPlanBuilder, cast, col, lit, try_cast, when};
 use dpflow_udfs::domain::ColumnKind;
 use dpflow_udfs::noise::NoiseDistribution;
 
@@ -40,13 +40,15 @@ impl SqlEngine {
         selection: Option<&Selection>,
     ) -> Result<Vec<RecordBatch>> {
         let g = agg.group_expr.len();
-        let bounded = bound_contributions(agg, entry, unit)?;
+        // Float keys canonical (one zero, one NaN) for grouping, bounding and ranking alike.
+        let keyed = &canonical_keys(agg)?;
+        let bounded = bound_contributions(keyed, entry, unit)?;
         let n_helpers: usize = planned.iter().map(|p| p.helpers.len()).sum();
         let n_logical = n_helpers + usize::from(selection.is_some());
         let (exact, order) =
-            self.exact_helpers(agg, entry, &bounded, planned, unit, selection.is_some(), n_logical).await?;
+            self.exact_helpers(keyed, entry, &bounded, planned, unit, selection.is_some(), n_logical).await?;
         let keys = self.released_keys(agg, domain_keys, selection, &exact, order, n_helpers)?;
-        let hist = self.quantile_histograms(agg, &bounded, planned).await?;
+        let hist = self.quantile_histograms(keyed, &bounded, planned).await?;
         // Noise, once.
         let ci_requests = ci_requests(plan, planned, self.catalog.confidence);
         let (columns, ci_cols) = self.noise(g, planned, &keys, &exact, &hist, &ci_requests, n_logical)?;
@@ -300,6 +302,38 @@ impl SqlEngine {
         }
         Ok((columns, ci_cols))
     }
+}
+
+/// `agg` with each floating-point GROUP BY key made canonical: −0.0 becomes
+/// +0.0 and every NaN one NaN. GROUP BY treats ±0 as one group, but the
+/// `row_number` partition that caps a unit's rows per group compares bit
+/// patterns, and the keyed hash that ranks a unit's groups (DataFusion's
+/// `create_hashes`) treats ±0 as one value: without one canonical value the
+/// three disagree and a unit could put 2·l∞ rows into one released group, or
+/// two groups into one of its l0 slots (privacy review of issue 15). Only the
+/// keys change (the output schema and post-processing use the original
+/// aggregate); a canonical key cannot fail on a row.
+fn canonical_keys(agg: &Aggregate) -> Result<Aggregate> {
+    let schema = agg.input.schema();
+    let mut out = agg.clone();
+    out.group_expr = agg
+        .group_expr
+        .iter()
+        .enumerate()
+        .map(|(i, e)| {
+            let t = e.get_type(schema)?;
+            if !t.is_floating() {
+                return Ok(e.clone());
+            }
+            let x = e.clone().unalias();
+            let typed = |v: f64| cast(lit(v), t.clone());
+            Ok(when(datafusion::functions::math::expr_fn::isnan(x.clone()), typed(f64::NAN))
+                .when(x.clone().eq(typed(0.0)), typed(0.0))
+                .otherwise(x)?
+                .alias(format!("__dp_key{i}")))
+        })
+        .collect::<Result<Vec<_>>>()?;
+    Ok(out)
 }
 
 /// Released columns, one vector of values per column.
