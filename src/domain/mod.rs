@@ -7,5 +7,6 @@ mod spec;
 mod write;
 
 pub use dpflow_udfs::domain::*;
+pub(crate) use spec::from_yaml_with_path;
 pub use spec::{DomainSpec, SpecError, TextFormat};
 pub use write::{to_yaml, with_all_nullable};

@@ -223,10 +223,10 @@ impl DomainSpec {
         if !looks_like_spec && let Ok(PgmDomain(cols)) = serde_saphyr::from_str::<PgmDomain>(text) {
             return Self::from_pgm(cols, file);
         }
-        let raw: RawSpec = serde_saphyr::from_str(text).map_err(|e| SpecError {
+        let raw: RawSpec = from_yaml_with_path(text).map_err(|(e, path)| SpecError {
             file: file.to_string(),
             line: e.location().map(|l| l.line() as u32),
-            key: "(syntax)".into(),
+            key: path.unwrap_or_else(|| "(syntax)".into()),
             message: first_line(&e.to_string()),
         })?;
         compile(raw, file)
@@ -272,6 +272,46 @@ impl DomainSpec {
     pub fn source_path(&self) -> PathBuf {
         PathBuf::from(&self.source)
     }
+}
+
+/// Deserializes YAML (or JSON) text, and on failure also returns the key
+/// path serde was at (`columns[3].bins`, `steps[1].sql.budget`), exact where
+/// indentation-based guesses are not; `None` at the root.
+#[allow(clippy::result_large_err)] // serde-saphyr's own error; mapped at once by the caller.
+pub(crate) fn from_yaml_with_path<T: serde::de::DeserializeOwned>(
+    text: &str,
+) -> Result<T, (serde_saphyr::Error, Option<String>)> {
+    let mut path = None;
+    serde_saphyr::with_deserializer_from_str(text, |de| {
+        serde_path_to_error::deserialize(de).map_err(|e| {
+            path = Some(key_path(e.path())).filter(|p| !p.is_empty());
+            e.into_inner()
+        })
+    })
+    .map_err(|e| (e, path))
+}
+
+/// `columns[3].bounds`: a serde path without the `value` field through which
+/// serde-saphyr's [`Spanned`] wrappers are read (no spec key is named `value`).
+fn key_path(path: &serde_path_to_error::Path) -> String {
+    use serde_path_to_error::Segment;
+    let mut out = String::new();
+    for segment in path.iter() {
+        let key = match segment {
+            Segment::Seq { index } => {
+                out += &format!("[{index}]");
+                continue;
+            }
+            Segment::Map { key } if key == "value" => continue,
+            Segment::Map { key } | Segment::Enum { variant: key } => key.as_str(),
+            Segment::Unknown => "?",
+        };
+        if !out.is_empty() {
+            out.push('.');
+        }
+        out += key;
+    }
+    out
 }
 
 fn first_line(s: &str) -> String {
@@ -522,6 +562,23 @@ columns:
         let s = DomainSpec::parse(p, "p.json").unwrap();
         assert_eq!(s.domain.names(), vec!["b", "a"]);
         assert_eq!(s.domain.cardinalities(), vec![3, 2]);
+    }
+
+    #[test]
+    fn deserialization_errors_name_the_key_path() {
+        let cases = [
+            ("columns:\n  - name: a\n    kind: integer\n    bounds: [0, x]\n", "columns[0].bounds[1]"),
+            (
+                "columns:\n  - {name: a, kind: boolean}\n  - {name: b, kind: boolean, nulable: true}\n",
+                "columns[1].nulable",
+            ),
+            ("columns:\n  - {name: a, kind: strange}\n", "columns[0].kind"),
+            ("columns: []\ntext: {header: maybe}\n", "text.header"),
+        ];
+        for (y, key) in cases {
+            let e = DomainSpec::parse(y, "d.yaml").unwrap_err();
+            assert_eq!(e.key, key, "{e}");
+        }
     }
 
     #[test]

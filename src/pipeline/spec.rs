@@ -257,7 +257,9 @@ pub struct Pipeline {
     pub steps: Vec<Step>,
 }
 
-/// The dotted key path of the YAML line `line` (1-based), from indentation.
+/// The dotted key path of the YAML line `line` (1-based), from indentation:
+/// the fallback for errors outside any key (YAML syntax errors), where serde
+/// has no path.
 pub fn key_at(text: &str, line: u32) -> String {
     let mut stack: Vec<(usize, String)> = Vec::new();
     for (i, l) in text.lines().enumerate() {
@@ -307,10 +309,14 @@ impl Pipeline {
         };
         let bytes = std::fs::read(path).map_err(|e| err(None, "(file)", format!("cannot read: {e}")))?;
         let text = String::from_utf8(bytes.clone()).map_err(|_| err(None, "(file)", "not UTF-8".into()))?;
-        let raw: RawPipeline = serde_saphyr::from_str(&text).map_err(|e| {
+        let raw: RawPipeline = crate::domain::from_yaml_with_path(&text).map_err(|(e, path)| {
             let msg = e.to_string();
             let line = e.location().map(|l| l.line() as u32);
-            let key = line.map(|l| key_at(&text, l)).filter(|k| !k.is_empty()).unwrap_or_else(|| "(syntax)".into());
+            // The key path serde was at; the line's keys when it was at the root (an unknown top-level key).
+            let key = path
+                .or_else(|| line.map(|l| key_at(&text, l)))
+                .filter(|k| !k.is_empty())
+                .unwrap_or_else(|| "(syntax)".into());
             err(line, &key, msg.lines().next().unwrap_or(&msg).to_string())
         })?;
         let line = |l: &serde_saphyr::Location| Some(l.line() as u32).filter(|x| *x > 0);
