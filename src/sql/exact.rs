@@ -77,9 +77,13 @@ pub(super) fn bound_contributions(agg: &Aggregate, entry: &TableEntry, unit: Opt
             Arc::new(datafusion::logical_expr::ScalarUDF::from(dpflow_udfs::dp::KeyedHash::default())),
             hash_args,
         ));
+        // The keys break hash ties: two groups of one unit whose 64-bit hashes
+        // collide must still take two of its l0 slots.
+        let mut order = vec![hash.sort(true, false)];
+        order.extend(agg.group_expr.iter().cloned().map(|e| e.unalias().sort(true, true)));
         let rank = datafusion::functions_window::expr_fn::dense_rank()
             .partition_by(unit_keys)
-            .order_by(vec![hash.sort(true, false)])
+            .order_by(order)
             .build()?
             .alias("__dp_gr");
         plan = plan.window(vec![rank])?;
