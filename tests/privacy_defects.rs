@@ -523,4 +523,60 @@ async fn signed_zero_keys_are_one_group_for_contribution_bounds() {
         let r = e.query(q, Some(Budget::Approx { epsilon: 1e7, delta: 0.4 })).await.unwrap();
         assert_eq!(column_f64(&r.batches, "n"), vec![Some(2.0)], "q's row and one of p's");
     }
+    // With two groups per unit the group ranking no longer hides it: the row cap
+    // per (unit, group) itself must see one group. The first branch's type (an
+    // integer 0) must not hide that the key is a float either.
+    let unit = "    privacy_unit: {column: pid}\n    max_rows_per_unit: 1\n    max_groups_per_unit: 2\n";
+    let p = catalog(d.path(), csv, dom, unit, false, "");
+    let mut e = SqlEngine::open(Catalog::load(&p).unwrap(), Some(1)).await.unwrap();
+    for q in [
+        q,
+        "SELECT CASE WHEN age < 40 THEN 0 ELSE -0.0 END AS z, dp_count(*) AS n FROM t \
+         GROUP BY CASE WHEN age < 40 THEN 0 ELSE -0.0 END",
+    ] {
+        let r = e.query(q, Some(Budget::Approx { epsilon: 1e7, delta: 0.4 })).await.unwrap();
+        assert_eq!(column_f64(&r.batches, "n"), vec![Some(2.0)], "{q}");
+    }
+}
+
+/// Privacy re-review of issue 15: before type coercion a CASE reports its first
+/// branch's type, so `THEN 1 ELSE 1e300` looked like an integer and took the
+/// exact path's CAST to Int64, which fails on 1e300: whether the query failed
+/// told whether the person aged 37 was in the data. The engine now plans on the
+/// coerced plan (a float, clamped with TRY_CAST): it succeeds either way.
+#[tokio::test]
+async fn a_case_whose_first_branch_is_an_integer_is_planned_with_its_coerced_type() {
+    let d = tempfile::tempdir().unwrap();
+    let dom = "columns:\n  - {name: age, kind: integer, bounds: [0, 99]}\n";
+    let q = "SELECT dp_sum(CASE WHEN age <> 37 THEN 1 ELSE 1e300 END, 0, 10, epsilon => 1000000) AS s FROM t";
+    for csv in ["age\n30\n50\n", "age\n30\n37\n50\n"] {
+        let p = catalog(d.path(), csv, dom, "", false, "");
+        let mut e = SqlEngine::open(Catalog::load(&p).unwrap(), Some(1)).await.unwrap();
+        let r = e.query(q, None).await;
+        assert!(r.is_ok(), "{csv:?}: {:#}", r.err().unwrap());
+    }
+}
+
+/// A floating-point unit id is refused: −0.0 and +0.0 (or two NaNs) would be two units.
+#[tokio::test]
+async fn a_floating_point_unit_column_is_refused() {
+    let d = tempfile::tempdir().unwrap();
+    let dom = "columns:\n  - {name: age, kind: integer, bounds: [0, 99]}\n";
+    // CSV columns outside the domain are read as text; Parquet keeps the float type.
+    let batch = RecordBatch::try_from_iter(vec![
+        ("pid", std::sync::Arc::new(datafusion::arrow::array::Float64Array::from(vec![-0.0, 0.0])) as _),
+        ("age", std::sync::Arc::new(datafusion::arrow::array::Int64Array::from(vec![30, 50])) as _),
+    ])
+    .unwrap();
+    let file = std::fs::File::create(d.path().join("t.parquet")).unwrap();
+    let mut w = datafusion::parquet::arrow::ArrowWriter::try_new(file, batch.schema(), None).unwrap();
+    w.write(&batch).unwrap();
+    w.close().unwrap();
+    std::fs::write(d.path().join("t.yaml"), dom).unwrap();
+    let p = d.path().join("catalog.yaml");
+    std::fs::write(&p, "tables:\n  t:\n    location: t.parquet\n    domain: t.yaml\n    privacy_unit: {column: pid}\n")
+        .unwrap();
+    let mut e = SqlEngine::open(Catalog::load(&p).unwrap(), Some(1)).await.unwrap();
+    let err = e.query("SELECT dp_count(*, epsilon => 1) FROM t", None).await.unwrap_err();
+    assert_eq!(err.refusal_kind(), Some(dpflow::sql::RefusalKind::PrivacyUnit), "{err:#}");
 }

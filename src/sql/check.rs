@@ -186,16 +186,20 @@ pub fn from_scan(plan: &LogicalPlan, c: &datafusion::common::Column, table: &str
 /// Checks the plan again after DataFusion's type coercion, where every
 /// implicit cast is explicit (a text column compared with a number, IN and
 /// BETWEEN operands, CASE branches): each must be unable to fail too.
+/// Returns the coerced plan and its analysis: the engine plans and runs on
+/// it, so every type it sees is the type the rows will have (before coercion
+/// a CASE reports its first branch's type, e.g. Int64 for `THEN 1 ELSE 1e300`).
 pub fn analyze_coerced(
     plan: &LogicalPlan,
     catalog: &Catalog,
     config: &datafusion::common::config::ConfigOptions,
-) -> Result<(), Refusal> {
+) -> Result<(LogicalPlan, Analysis), Refusal> {
     use datafusion::optimizer::analyzer::AnalyzerRule;
     let coerced = datafusion::optimizer::analyzer::type_coercion::TypeCoercion::new()
         .analyze(plan.clone(), config)
         .map_err(|e| Refusal::new(K::MayFail, format!("the query does not type-check: {e}")))?;
-    analyze(&coerced, catalog).map(|_| ())
+    let analysis = analyze(&coerced, catalog)?;
+    Ok((coerced, analysis))
 }
 
 /// Refuses a row expression on protected table `t` that could raise an

@@ -99,6 +99,19 @@ pub(super) type Selection = (MechanismRecord, f64, i128);
 pub(super) fn unit_column(agg: &Aggregate, entry: &TableEntry) -> Result<Option<Column>> {
     let PrivacyUnit::Column(unit) = &entry.unit else { return Ok(None) };
     let named: Vec<Column> = agg.input.schema().columns().into_iter().filter(|c| &c.name == unit).collect();
+    if let [c] = named.as_slice()
+        && agg.input.schema().qualified_field_from_column(c).is_ok_and(|(_, f)| f.data_type().is_floating())
+    {
+        return Err(Refusal::new(
+            K::PrivacyUnit,
+            format!(
+                "the privacy unit column {unit:?} of table {} is floating-point: −0.0 and +0.0, or two NaNs, would \
+                 be two units. Store unit ids as integers or text",
+                entry.name
+            ),
+        )
+        .into());
+    }
     match named.as_slice() {
         [c] if super::check::from_scan(&agg.input, c, &entry.name, unit) => Ok(Some(c.clone())),
         [] => Err(Refusal::new(

@@ -171,9 +171,10 @@ impl SqlEngine {
         if super::imputed::uses_imputed(&prepared.sites) {
             return self.imputed_query(&plan, &prepared, budget, force_explain).await;
         }
-        let analysis = analyze(&plan, &self.catalog)?;
+        analyze(&plan, &self.catalog)?;
         // Again after type coercion: implicit casts must not be able to fail either.
-        super::check::analyze_coerced(&plan, &self.catalog, self.ctx.state().config_options())?;
+        // From here on the coerced plan is the plan (its types are the rows' types).
+        let (plan, analysis) = super::check::analyze_coerced(&plan, &self.catalog, self.ctx.state().config_options())?;
         let entry = self.table(&analysis.table)?.clone();
         if let Some(why) = entry.dataset.domain().dp_read_refusal() {
             return Err(Refusal::new(K::TablePolicy, format!("table {}: {why}", entry.name)).into());
