@@ -205,48 +205,37 @@ fn spec_error(path: &str, key: &str, problem: impl Into<String>) -> ImputeError 
     ImputeError::Spec { path: path.to_string(), key: key.to_string(), problem: problem.into() }
 }
 
-/// A `where:` error (no file yet): the caller names the file with [`in_file`].
-fn bad(key: &str, problem: impl Into<String>) -> ImputeError {
-    spec_error("", key, problem)
-}
-
-fn in_file(e: ImputeError, path: &str) -> ImputeError {
-    match e {
-        ImputeError::Spec { path: p, key, problem } if p.is_empty() => spec_error(path, &key, problem),
-        other => other,
-    }
-}
-
-/// Parses a `where:` mapping into predicates.
+/// Parses a `where:` mapping of spec file `path` into predicates.
 pub fn predicates(
+    path: &str,
     domain: &Domain,
     m: &std::collections::BTreeMap<String, serde_json::Value>,
 ) -> Result<Vec<Predicate>> {
     let mut out = Vec::new();
     for (col, v) in m {
-        let c = domain.column(col).ok_or_else(|| bad("where", format!("unknown column {col:?}")))?;
-        let arr = v.as_array().ok_or_else(|| bad(&format!("where.{col}"), "give [lo, hi] or a list of labels"))?;
+        let c = domain.column(col).ok_or_else(|| spec_error(path, "where", format!("unknown column {col:?}")))?;
+        let arr = v
+            .as_array()
+            .ok_or_else(|| spec_error(path, &format!("where.{col}"), "give [lo, hi] or a list of labels"))?;
         match &c.kind {
             ColumnKind::Categorical { values, .. } => {
-                let codes = arr
-                    .iter()
-                    .map(|x| {
-                        let s = match x {
-                            serde_json::Value::String(s) => s.clone(),
-                            other => other.to_string(),
-                        };
-                        values
-                            .iter()
-                            .position(|v| *v == s)
-                            .map(|p| p as f64)
-                            .ok_or_else(|| bad(&format!("where.{col}"), format!("unknown label {s:?}")))
-                    })
-                    .collect::<Result<Vec<_>>>()?;
+                let codes =
+                    arr.iter()
+                        .map(|x| {
+                            let s = match x {
+                                serde_json::Value::String(s) => s.clone(),
+                                other => other.to_string(),
+                            };
+                            values.iter().position(|v| *v == s).map(|p| p as f64).ok_or_else(|| {
+                                spec_error(path, &format!("where.{col}"), format!("unknown label {s:?}"))
+                            })
+                        })
+                        .collect::<Result<Vec<_>>>()?;
                 out.push(Predicate { column: col.clone(), lo: None, hi: None, codes: Some(codes) });
             }
             _ => {
                 if arr.len() != 2 {
-                    return Err(bad(&format!("where.{col}"), "give [lo, hi] (null for open)"));
+                    return Err(spec_error(path, &format!("where.{col}"), "give [lo, hi] (null for open)"));
                 }
                 out.push(Predicate { column: col.clone(), lo: arr[0].as_f64(), hi: arr[1].as_f64(), codes: None });
             }
@@ -337,7 +326,7 @@ impl ImputeSpec {
             } else if let Some(m) = &q.variance {
                 QueryKind::Variance { value: m.value.clone(), lo: m.lo, hi: m.hi }
             } else if let Some(p) = &q.proportion {
-                QueryKind::Proportion { numerator: predicates(&domain, &p.numerator).map_err(|e| in_file(e, path))? }
+                QueryKind::Proportion { numerator: predicates(path, &domain, &p.numerator)? }
             } else {
                 QueryKind::Count
             };
@@ -346,11 +335,7 @@ impl ImputeSpec {
             {
                 return Err(spec_error(path, &format!("query {}", q.name), "lo must be below hi"));
             }
-            queries.push(QuerySpec {
-                name: q.name.clone(),
-                kind,
-                predicate: predicates(&domain, &q.filter).map_err(|e| in_file(e, path))?,
-            });
+            queries.push(QuerySpec { name: q.name.clone(), kind, predicate: predicates(path, &domain, &q.filter)? });
         }
         Ok(Self {
             input: rel(&raw.input),

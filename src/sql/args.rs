@@ -10,35 +10,18 @@ use super::refusal::{Refusal, RefusalKind as K};
 
 /// A number literal argument (a public constant), or an error naming `what` and `func`.
 pub fn parse_f64(e: &Expr, what: &str, func: &str) -> Result<f64> {
-    let v = match e.clone().unalias() {
-        Expr::Literal(v, _) => v,
+    let refused = |problem: &str| Refusal::new(K::Arguments, format!("{func}: {what} must be {problem}, got `{e}`"));
+    let (v, sign) = match e.clone().unalias() {
+        Expr::Literal(v, _) => (v, 1.0),
         Expr::Negative(inner) => match *inner {
-            Expr::Literal(v, _) => ScalarValue::Float64(Some(
-                -ScalarValue::cast_to(&v, &DataType::Float64)?.to_string().parse::<f64>().map_err(|_| {
-                    Refusal::new(K::Arguments, format!("{func}: {what} must be a number literal, got `{e}`"))
-                })?,
-            )),
-            _ => {
-                return Err(
-                    Refusal::new(K::Arguments, format!("{func}: {what} must be a number literal, got `{e}`")).into()
-                );
-            }
+            Expr::Literal(v, _) => (v, -1.0),
+            _ => return Err(refused("a number literal (a public constant)").into()),
         },
-        _ => {
-            return Err(Refusal::new(
-                K::Arguments,
-                format!("{func}: {what} must be a number literal (a public constant), got `{e}`"),
-            )
-            .into());
-        }
+        _ => return Err(refused("a number literal (a public constant)").into()),
     };
-    let f = v.cast_to(&DataType::Float64).ok().and_then(|v| match v {
-        ScalarValue::Float64(Some(f)) => Some(f),
-        _ => None,
-    });
-    match f {
-        Some(f) if f.is_finite() => Ok(f),
-        _ => Err(Refusal::new(K::Arguments, format!("{func}: {what} must be a finite number, got `{e}`")).into()),
+    match v.cast_to(&DataType::Float64) {
+        Ok(ScalarValue::Float64(Some(f))) if f.is_finite() => Ok(sign * f),
+        _ => Err(refused("a finite number").into()),
     }
 }
 
