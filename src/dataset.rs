@@ -38,8 +38,8 @@ pub enum DatasetError {
         location: String,
         /// The domain's columns.
         columns: Vec<String>,
-        /// DataFusion's error.
-        source: DataFusionError,
+        // DataFusion's error is not kept: it lists the input's column names,
+        // which in a headerless file are its first data row.
     },
     /// A column name that is not in the domain.
     #[error("unknown column {0:?}: it is not in the domain")]
@@ -146,10 +146,9 @@ impl Dataset {
         // Encode every domain column (so drop-row/error policies select the same
         // rows whatever is counted), then keep the requested ones.
         let all = self.domain().names();
-        let df = self.raw(ctx).await?.select_columns(&all).map_err(|source| DatasetError::MissingColumns {
+        let df = self.raw(ctx).await?.select_columns(&all).map_err(|_| DatasetError::MissingColumns {
             location: self.location.clone(),
             columns: all.iter().map(|c| c.to_string()).collect(),
-            source,
         })?;
         let plan = df.create_physical_plan().await.map_err(self.plan_err())?;
         let encoded: Arc<dyn ExecutionPlan> =

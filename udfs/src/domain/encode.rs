@@ -58,8 +58,6 @@ pub enum EncodeError {
     MissingColumn {
         /// Domain column.
         column: String,
-        /// Comma-separated input columns.
-        available: String,
     },
     /// A value outside the domain under the `error` policy (or not fixable by the policy).
     #[error("column {column:?}, row {row}: {value} {reason}")]
@@ -296,10 +294,8 @@ impl BatchEncoder {
     pub fn new(domain: Arc<Domain>, input_schema: &Schema) -> Result<Self, EncodeError> {
         let mut input_index = Vec::with_capacity(domain.len());
         for c in domain.columns() {
-            let idx = input_schema.index_of(&c.name).map_err(|_| EncodeError::MissingColumn {
-                column: c.name.clone(),
-                available: input_schema.fields().iter().map(|f| f.name().as_str()).collect::<Vec<_>>().join(", "),
-            })?;
+            let idx =
+                input_schema.index_of(&c.name).map_err(|_| EncodeError::MissingColumn { column: c.name.clone() })?;
             // Decided by the schema alone, before any row: a type the kind cannot read
             // fails here for every input, never on the first non-null value.
             let dt = input_schema.field(idx).data_type();
@@ -344,12 +340,7 @@ impl BatchEncoder {
     pub fn with_passthrough(mut self, input_schema: &Schema, names: &[String]) -> Result<Self, EncodeError> {
         self.passthrough = names
             .iter()
-            .map(|n| {
-                input_schema.index_of(n).map_err(|_| EncodeError::MissingColumn {
-                    column: n.clone(),
-                    available: input_schema.fields().iter().map(|f| f.name().as_str()).collect::<Vec<_>>().join(", "),
-                })
-            })
+            .map(|n| input_schema.index_of(n).map_err(|_| EncodeError::MissingColumn { column: n.clone() }))
             .collect::<Result<_, _>>()?;
         Ok(self)
     }
