@@ -127,7 +127,7 @@ pub struct L1Report {
     pub add_new_class: u64,
     /// Whether (d) is exact (enumerated) or an upper bound.
     pub new_class_exact: bool,
-    /// L1(D) = max(1, (a), (b), (c), (d)).
+    /// L1(D) = max(1, (a), (b), (c), (d)) (restricted: the 1 only when an incomplete relevant tuple is possible).
     pub value: u64,
 }
 
@@ -272,23 +272,54 @@ impl Assignment {
     /// m one-hot classes with one donor and one donee each go from bound 1 to
     /// m — see the knn tests.)
     pub fn l1(&self, cfg: &KnnConfig, rec: &KnnRecords, enumerate_limit: u64) -> Result<L1Report, KnnError> {
+        self.l1_restricted(cfg, rec, enumerate_limit, None, true)
+    }
+
+    /// L1(D) restricted to the donees a statistic can read (issue 24; proof in
+    /// docs/PRIVACY.md §6): L1_R(D) = max over one added or removed record t
+    /// of |c(D, D ± t) ∩ R|, where R is a set of tuples fixed by each tuple's
+    /// own attributes (`relevant[i]` says whether row i's tuple is in R; rows
+    /// that are not donees are ignored). `possible` says (from public
+    /// information only) whether a tuple of R that is incomplete could be
+    /// added at all; then adding one changes c by that tuple, so the value is
+    /// at least 1, as 004's L1(D) is. With `relevant = None` and `possible`
+    /// this is L1(D).
+    ///
+    /// Because membership in R depends on the tuple alone, never on the rest
+    /// of the dataset, every step of 004 Thm 4.6 holds for c(·,·) ∩ R (each is
+    /// an inclusion or a count of one tuple), and so does the N₀ argument for
+    /// case (d) below restricted to R: S_R = 1 + L1_R stays ln 2-smooth.
+    pub fn l1_restricted(
+        &self,
+        cfg: &KnnConfig,
+        rec: &KnnRecords,
+        enumerate_limit: u64,
+        relevant: Option<&[bool]>,
+        possible: bool,
+    ) -> Result<L1Report, KnnError> {
         if cfg.k != 1 {
             return Err(KnnError::UnsupportedK(cfg.k));
         }
+        let counts = |i: usize| relevant.is_none_or(|r| r[i]);
         let nclass = self.classes.len();
         let mut donees: Vec<Vec<(f64, f64)>> = vec![Vec::new(); nclass]; // (rid_x, rid of donor) per class
         let mut has_donor = vec![false; nclass];
+        let mut relevant_donees = vec![0u64; rec.rid.len()];
         for i in 0..rec.rid.len() {
             let c = self.class_of[i] as usize;
             if rec.complete[i] {
                 has_donor[c] = true;
-            } else {
+            } else if counts(i) {
                 let d = self.donors[i].first().map_or(f64::NAN, |&r| rec.rid[r]);
                 donees[c].push((rec.rid[i], d));
+                if let Some(&r) = self.donors[i].first() {
+                    relevant_donees[r] += 1;
+                }
             }
         }
         let donee_classes: Vec<usize> = (0..nclass).filter(|&c| !donees[c].is_empty()).collect();
-        let remove_donor = self.donee_count.iter().copied().max().unwrap_or(0) as u64;
+        // (a) Removing a donor changes the donor of each of its donees.
+        let remove_donor = relevant_donees.iter().copied().max().unwrap_or(0);
         // Donees changed by a new donor in class key `k` with the best identifier.
         let changed_by = |key: &[u32]| -> u64 {
             let mut full = 0u64;
@@ -327,7 +358,7 @@ impl Assignment {
                 let mut i = key.len();
                 loop {
                     if i == 0 {
-                        return Ok(finish(remove_donor, add_to_donor_class, add_to_donee_class, best, true));
+                        return Ok(finish(possible, remove_donor, add_to_donor_class, add_to_donee_class, best, true));
                     }
                     i -= 1;
                     key[i] += 1;
@@ -347,18 +378,18 @@ impl Assignment {
                 .sum();
             (bound, false)
         };
-        Ok(finish(remove_donor, add_to_donor_class, add_to_donee_class, add_new_class, exact))
+        Ok(finish(possible, remove_donor, add_to_donor_class, add_to_donee_class, add_new_class, exact))
     }
 }
 
-fn finish(a: u64, b: u64, c: u64, d: u64, exact: bool) -> L1Report {
+fn finish(possible: bool, a: u64, b: u64, c: u64, d: u64, exact: bool) -> L1Report {
     L1Report {
         remove_donor: a,
         add_to_donor_class: b,
         add_to_donee_class: c,
         add_new_class: d,
         new_class_exact: exact,
-        value: 1.max(a).max(b).max(c).max(d),
+        value: u64::from(possible).max(a).max(b).max(c).max(d),
     }
 }
 

@@ -290,3 +290,97 @@ fn case_d_fallback_is_an_upper_bound_and_2_smooth_on_random_neighbours() {
         }
     }
 }
+
+/// Membership in R as a property of the tuple alone (here: of its identifier).
+fn in_r(rid: f64) -> bool {
+    (rid.floor() as i64).rem_euclid(3) != 0
+}
+
+/// Brute force of L1_R(D): every removal and every addition of one record
+/// (complete at every key and identifier gap, or a relevant incomplete one),
+/// counting the relevant donees whose donor changes plus an added or removed
+/// relevant donee itself.
+fn brute_restricted(cfg: &KnnConfig, rec: &KnnRecords) -> u64 {
+    let base = donor_map(cfg, rec);
+    let changed_r = |after: &std::collections::HashMap<u64, Option<u64>>| -> u64 {
+        base.iter().filter(|(k, v)| in_r(f64::from_bits(**k)) && after.get(k).is_some_and(|w| w != *v)).count() as u64
+    };
+    let mut best = 0u64;
+    for y in 0..rec.rid.len() {
+        if !rec.complete[y] {
+            // Removing a donee changes no other donor: c = {y}.
+            best = best.max(u64::from(in_r(rec.rid[y])));
+            continue;
+        }
+        let mut r = rec.clone();
+        r.keys.remove(y);
+        r.rid.remove(y);
+        r.complete.remove(y);
+        best = best.max(changed_r(&donor_map(cfg, &r)));
+    }
+    let mut rids: Vec<f64> = rec.rid.clone();
+    rids.sort_by(f64::total_cmp);
+    let mut cands = vec![rids[0] - 1.0, rids[rids.len() - 1] + 1.0];
+    cands.extend(rids.windows(2).map(|w| (w[0] + w[1]) / 2.0));
+    for key in all_keys() {
+        for &r in &cands {
+            let mut x = rec.clone();
+            x.keys.push(key.clone());
+            x.rid.push(r);
+            x.complete.push(true);
+            best = best.max(changed_r(&donor_map(cfg, &x)));
+        }
+    }
+    // Adding a relevant incomplete tuple (identifiers are free: one always exists).
+    best.max(1)
+}
+
+#[test]
+fn restricted_l1_matches_brute_force_on_every_addition_and_removal() {
+    let mut rng = SmallRng::seed_from_u64(24);
+    for trial in 0..60 {
+        let metric = if trial % 2 == 0 { Metric::Euclidean } else { Metric::Hamming };
+        let w = [rng.random_range(0.5..2.0), rng.random_range(0.2..1.5), rng.random_range(0.5..3.0)];
+        let cfg = config(metric, w);
+        let keys: Vec<Vec<u32>> = all_keys().into_iter().filter(|_| rng.random::<f64>() < 0.5).collect();
+        if keys.is_empty() {
+            continue;
+        }
+        let n = rng.random_range(4..30);
+        let rec = random_records(&mut rng, n, &keys);
+        let relevant: Vec<bool> = rec.rid.iter().map(|&r| in_r(r)).collect();
+        let asg = Assignment::build(&cfg, &rec);
+        let exact = asg.l1_restricted(&cfg, &rec, u64::MAX, Some(&relevant), true).unwrap();
+        assert_eq!(exact.value, brute_restricted(&cfg, &rec), "trial {trial}");
+        // Never above the unrestricted L1, and the (d) fallback stays an upper bound.
+        assert!(exact.value <= asg.l1(&cfg, &rec, u64::MAX).unwrap().value);
+        let bound = asg.l1_restricted(&cfg, &rec, 0, Some(&relevant), true).unwrap();
+        assert!(bound.value >= exact.value, "trial {trial}");
+        // Nothing relevant and nothing possible: 0 (the statistic reads no imputed value).
+        let none = vec![false; n];
+        assert_eq!(asg.l1_restricted(&cfg, &rec, u64::MAX, Some(&none), false).unwrap().value, 0);
+    }
+}
+
+#[test]
+fn restricted_smooth_bound_is_ln2_smooth_on_sampled_neighbours() {
+    // S_R(D) = 1 + L1_R(D) ≤ 2·S_R(D′), exact (d) and the N₀ fallback alike.
+    let mut rng = SmallRng::seed_from_u64(240);
+    for trial in 0..40 {
+        let cfg = config(Metric::Euclidean, [1.0, 1.0, 1.0]);
+        let keys = all_keys();
+        let n = rng.random_range(5..25);
+        let rec = random_records(&mut rng, n, &keys);
+        let limit = if trial % 2 == 0 { u64::MAX } else { 0 };
+        let s = |r: &KnnRecords| {
+            let rel: Vec<bool> = r.rid.iter().map(|&x| in_r(x)).collect();
+            1 + Assignment::build(&cfg, r).l1_restricted(&cfg, r, limit, Some(&rel), true).unwrap().value
+        };
+        let sd = s(&rec);
+        for _ in 0..8 {
+            let nb = random_neighbour(&mut rng, &rec, &keys);
+            let sn = s(&nb);
+            assert!(sd <= 2 * sn && sn <= 2 * sd, "trial {trial}: S(D) = {sd}, S(D') = {sn}");
+        }
+    }
+}
