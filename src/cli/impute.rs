@@ -13,6 +13,10 @@ pub struct ImputeArgs {
     /// Spec file (input, domain, attributes to impute, matching attributes, queries, budget).
     #[arg(long)]
     pub spec: String,
+    /// Read this input instead of the spec's `input:` (same domain), e.g. a copy with injected
+    /// missingness.
+    #[arg(long)]
+    pub input: Option<String>,
     /// Estimator.
     #[arg(long, value_enum, default_value = "smooth")]
     pub estimator: Estimator,
@@ -28,10 +32,18 @@ pub struct ImputeArgs {
     /// UNSAFE: seeded noise (tests only).
     #[arg(long)]
     pub unsafe_seed: Option<u64>,
+    /// Curator diagnostics, NOT private (never publish them): per released number, the donees
+    /// whose imputed values can enter it, L1_R(D), the bound and the noise scale. Releases and
+    /// charges nothing.
+    #[arg(long, conflicts_with_all = ["ledger", "dataset", "unsafe_seed"])]
+    pub diagnose: bool,
 }
 
 pub(super) async fn run(a: ImputeArgs) -> Result<i32> {
-    let spec = ImputeSpec::load(&a.spec)?;
+    let mut spec = ImputeSpec::load(&a.spec)?;
+    if let Some(i) = &a.input {
+        spec.input = i.clone();
+    }
     if a.estimator == Estimator::GlobalSensitivity {
         anyhow::bail!(
             "the global-sensitivity estimator is an evaluation baseline (its bound uses the private number of donees); use it through `dpflow bench knn-experiment`"
@@ -39,6 +51,9 @@ pub(super) async fn run(a: ImputeArgs) -> Result<i32> {
     }
     if a.unsafe_seed.is_some() && a.ledger.is_some() {
         anyhow::bail!(dpflow::privacy::SEEDED_LEDGER_REFUSAL);
+    }
+    if a.diagnose {
+        return diagnose(&spec, a.format).await;
     }
     let records = planned_records(&spec, a.estimator)?;
     let mut ledger_charge = None;
@@ -76,6 +91,36 @@ pub(super) async fn run(a: ImputeArgs) -> Result<i32> {
                     r.name,
                     r.value.map_or("NULL".into(), |v| format!("{v:.4}")),
                     r.count.map_or("-".into(), |v| format!("{v:.1}"))
+                );
+            }
+        }
+    }
+    Ok(0)
+}
+
+/// `--diagnose`: curator-only numbers (exact, data-dependent), labelled as such.
+async fn diagnose(spec: &ImputeSpec, format: OutputFormat) -> Result<i32> {
+    let ctx = dpflow::io::session_context();
+    let rows = dpflow::impute::diagnose(&ctx, spec).await?;
+    eprintln!("NOT PRIVATE: curator diagnostics of exact data; never publish them. Nothing was charged.");
+    match format {
+        OutputFormat::Json => println!("{}", serde_json::to_string_pretty(&rows)?),
+        OutputFormat::Table => {
+            println!(
+                "{:<44} {:>7} {:>8} {:>8} {:>14} {:>14} {:>16}",
+                "number", "noise", "donees", "L1_R", "bound", "noise scale", "exact value"
+            );
+            let f = |x: Option<f64>| x.map_or("-".to_string(), |v| format!("{v:.4}"));
+            for r in &rows {
+                println!(
+                    "{:<44} {:>7} {:>8} {:>8} {:>14} {:>14} {:>16}",
+                    r.target,
+                    r.noise,
+                    r.donees_inside,
+                    r.l1.map_or("-".to_string(), |l| l.to_string()),
+                    f(r.bound),
+                    f(r.scale),
+                    f(r.exact)
                 );
             }
         }

@@ -123,6 +123,18 @@ struct RawColumn {
     null_tokens: Option<Vec<String>>,
     #[serde(default)]
     out_of_domain: Option<OutOfDomain>,
+    /// Public rule under which a null means "not applicable" (docs/domain.md).
+    #[serde(default)]
+    not_applicable_when: Option<RawRule>,
+}
+
+/// `not_applicable_when:` an SQL boolean expression, or `true` (every null of
+/// the column is not applicable).
+#[derive(Debug, Deserialize)]
+#[serde(untagged)]
+enum RawRule {
+    Always(bool),
+    Sql(String),
 }
 
 #[derive(Debug, Deserialize, Clone, Copy, PartialEq)]
@@ -257,6 +269,7 @@ impl DomainSpec {
                 nullable: false,
                 null_tokens: vec![],
                 out_of_domain: OutOfDomain::DropRowIfRead,
+                not_applicable_when: None,
             });
         }
         let domain = Domain::new(columns).map_err(|m| SpecError {
@@ -322,6 +335,7 @@ fn compile(raw: RawSpec, file: &str) -> Result<DomainSpec, SpecError> {
     let _ = raw.description;
     let default_policy = raw.out_of_domain.unwrap_or_default();
     let mut columns = Vec::with_capacity(raw.columns.len());
+    let lines: Vec<u32> = raw.columns.iter().map(|c| c.referenced.line() as u32).collect();
     if raw.columns.is_empty() {
         return Err(SpecError {
             file: file.into(),
@@ -378,7 +392,18 @@ fn compile(raw: RawSpec, file: &str) -> Result<DomainSpec, SpecError> {
             nullable: rc.nullable,
             null_tokens: rc.null_tokens.clone().unwrap_or_else(|| raw.null_tokens.clone()),
             out_of_domain: rc.out_of_domain.unwrap_or(default_policy),
+            not_applicable_when: match &rc.not_applicable_when {
+                None | Some(RawRule::Always(false)) => None,
+                Some(RawRule::Always(true)) => Some("TRUE".to_string()),
+                Some(RawRule::Sql(s)) => Some(s.trim().to_string()),
+            },
         };
+        if col.not_applicable_when.is_some() && !col.nullable {
+            return Err(err(
+                "not_applicable_when",
+                "only a nullable column has nulls to call not applicable: add `nullable: true`".into(),
+            ));
+        }
         col.validate().map_err(|m| err(column_key(&m), m.to_string()))?;
         columns.push(col);
     }
@@ -388,6 +413,15 @@ fn compile(raw: RawSpec, file: &str) -> Result<DomainSpec, SpecError> {
         key: "columns".into(),
         message: m.to_string(),
     })?;
+    if let Err(e) = super::not_applicable::NotApplicable::check_all(&domain) {
+        let i = domain.position(&e.column).unwrap_or(0);
+        return Err(SpecError {
+            file: file.into(),
+            line: lines.get(i).copied().filter(|l| *l > 0),
+            key: format!("columns[{i}] ({}).not_applicable_when", e.column),
+            message: e.to_string(),
+        });
+    }
     Ok(DomainSpec { name: raw.name, domain, text: raw.text.unwrap_or_default(), source: file.into() })
 }
 

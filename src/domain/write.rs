@@ -90,6 +90,9 @@ pub fn to_yaml(domain: &Domain, name: Option<&str>) -> Result<String, SpecError>
         if !c.null_tokens.is_empty() {
             parts.push(format!("null_tokens: [{}]", c.null_tokens.iter().map(|t| q(t)).collect::<Vec<_>>().join(", ")));
         }
+        if let Some(rule) = &c.not_applicable_when {
+            parts.push(format!("not_applicable_when: {}", q(rule)));
+        }
         let ood = serde_json::to_value(c.out_of_domain).expect("policy");
         parts.push(format!("out_of_domain: {}", ood.as_str().unwrap_or("error")));
         s += &format!("  - {{{}}}\n", parts.join(", "));

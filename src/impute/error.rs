@@ -73,6 +73,9 @@ pub enum ImputeError {
     /// L1(D) over too many donee cells.
     #[error(transparent)]
     Knn(#[from] dpflow_udfs::knn::KnnError),
+    /// A domain's `not_applicable_when` rule (checked when the domain loads; kept for domains built in code).
+    #[error(transparent)]
+    Rule(#[from] crate::domain::RuleError),
     /// A bug: the two aligned reads of the input disagree.
     #[error("internal: {0}; please report it")]
     Internal(&'static str),

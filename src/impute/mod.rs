@@ -20,6 +20,7 @@
 //! The smooth bound S(D) = f(L1(D)) is data-dependent and is *not* reported.
 
 mod error;
+mod relevance;
 pub mod spec;
 
 use std::collections::HashMap;
@@ -34,10 +35,12 @@ use dpflow_udfs::noise::real::{from_grid_units, to_grid_units};
 use dpflow_udfs::noise::{DpRng, GeneralizedCauchy, NoiseDistribution};
 pub use error::{ImputeError, Result};
 use futures::StreamExt;
+use relevance::parts;
 use serde::Serialize;
 
 use crate::dataset::Dataset;
 use crate::privacy::{MechanismRecord, PrivacyLoss};
+pub use relevance::{PartNoise, part_noises};
 pub use spec::{Predicate, QueryKind, QuerySpec, SmoothNoise};
 
 /// The imputed data held in memory: never released (only the DP answers of
@@ -49,15 +52,32 @@ pub(crate) struct Imputed {
     pub columns: HashMap<String, Vec<Option<f64>>>,
     /// Column name → values before imputation (for the ignore-missing baseline).
     pub observed: HashMap<String, Vec<Option<f64>>>,
-    /// Which rows were imputed.
+    /// Which rows were imputed (donees: an unknown cell in an imputed column).
     pub imputed: Vec<bool>,
-    /// L1(D).
+    /// The imputed columns.
+    pub imputed_columns: Vec<String>,
+    /// Imputed column → rows whose cell is unknown (imputed).
+    pub missing: HashMap<String, Vec<bool>>,
+    /// The donor search, for the per-statistic L1_R(D) (None when no row takes part).
+    pub(crate) search: Option<Search>,
+    /// L1(D) of the whole table (every donee).
     pub l1: L1Report,
     /// Rows.
     pub n: usize,
 }
 
-dpflow_udfs::protected_debug!(Imputed);
+/// The donor search over the rows that take part in it (donors and donees).
+#[derive(Clone)]
+pub(crate) struct Search {
+    pub cfg: KnnConfig,
+    pub rec: KnnRecords,
+    pub asg: Assignment,
+    pub enumerate_limit: u64,
+    /// Record → row.
+    pub rows: Vec<usize>,
+}
+
+dpflow_udfs::protected_debug!(Imputed, Search);
 
 /// Reads the columns `needed` of a dataset as numbers (categorical → code).
 #[cfg_attr(feature = "bench-internals", visibility::make(pub))]
@@ -67,6 +87,17 @@ pub(crate) async fn load_columns(
     needed: &[String],
     as_codes: &[String],
 ) -> Result<HashMap<String, Vec<Option<f64>>>> {
+    Ok(load_columns_with_na(ctx, ds, needed, as_codes).await?.0)
+}
+
+/// Column values (as [`load_columns`]) and, for each needed column with a
+/// `not_applicable_when` rule, which rows hold a not-applicable null.
+pub(crate) async fn load_columns_with_na(
+    ctx: &SessionContext,
+    ds: &Dataset,
+    needed: &[String],
+    as_codes: &[String],
+) -> Result<(HashMap<String, Vec<Option<f64>>>, HashMap<String, Vec<bool>>)> {
     use datafusion::physical_plan::ExecutionPlan;
     // Rows are paired across reads (typed values with codes, and across calls), so
     // every read must see them in the same order: one partition per input in file
@@ -83,6 +114,13 @@ pub(crate) async fn load_columns(
         return Err(ImputeError::Internal("the two reads of an imputation input are partitioned differently"));
     }
     let mut out: HashMap<String, Vec<Option<f64>>> = needed.iter().map(|n| (n.clone(), Vec::new())).collect();
+    let mut rules = Vec::new();
+    for name in needed {
+        if let Some(rule) = crate::domain::NotApplicable::compile(&domain, name)? {
+            rules.push((name.clone(), rule));
+        }
+    }
+    let mut na: HashMap<String, Vec<bool>> = rules.iter().map(|(n, _)| (n.clone(), Vec::new())).collect();
     for p in 0..parts {
         let mut s_typed = typed.execute(p, ctx.task_ctx())?;
         let mut s_codes = codes_plan.execute(p, ctx.task_ctx())?;
@@ -90,6 +128,9 @@ pub(crate) async fn load_columns(
             let (t, c) = (t?, c?);
             if t.num_rows() != c.num_rows() {
                 return Err(ImputeError::Internal("the two reads of an imputation input are not aligned"));
+            }
+            for (name, rule) in &rules {
+                na.get_mut(name).expect("inserted").extend(rule.mask(&t)?);
             }
             for name in needed {
                 let col =
@@ -118,7 +159,7 @@ pub(crate) async fn load_columns(
             }
         }
     }
-    Ok(out)
+    Ok((out, na))
 }
 
 /// `ctx` with one partition per input and no repartitioning of file scans, so
@@ -145,8 +186,12 @@ pub(crate) struct DonorSearch {
     pub seconds_l1: f64,
 }
 
-/// Donor search over the rows of `columns` (donors: complete on `a`) and L1(D).
+/// Donor search and L1(D) over the rows that take part: donors (every
+/// imputed column observed) and donees (an unknown cell in an imputed
+/// column); rows whose imputed cells are only observed or not applicable
+/// take no part. `not_applicable` marks not-applicable nulls per column.
 #[cfg_attr(feature = "bench-internals", visibility::make(pub))]
+#[cfg_attr(not(feature = "bench-internals"), allow(dead_code))] // benchmarks only (dpflow-bench)
 pub(crate) fn donor_search(
     columns: &HashMap<String, Vec<Option<f64>>>,
     a: &[String],
@@ -154,20 +199,50 @@ pub(crate) fn donor_search(
     cfg: &KnnConfig,
     enumerate_limit: u64,
 ) -> Result<DonorSearch> {
+    donor_search_na(columns, &HashMap::new(), a, match_codes, cfg, enumerate_limit).map(|(d, _)| d)
+}
+
+fn is_na(na: &HashMap<String, Vec<bool>>, c: &str, r: usize) -> bool {
+    na.get(c).is_some_and(|m| m[r])
+}
+
+/// [`donor_search`] with not-applicable nulls; also returns record → row.
+fn donor_search_na(
+    columns: &HashMap<String, Vec<Option<f64>>>,
+    na: &HashMap<String, Vec<bool>>,
+    a: &[String],
+    match_codes: Vec<Vec<u32>>,
+    cfg: &KnnConfig,
+    enumerate_limit: u64,
+) -> Result<(DonorSearch, Vec<usize>)> {
     let n = match_codes.len();
-    let complete: Vec<bool> = (0..n).map(|r| a.iter().all(|x| columns[x][r].is_some())).collect();
-    let rec = KnnRecords { keys: match_codes, rid: (0..n).map(|i| i as f64).collect(), complete };
+    let unknown = |r: usize| a.iter().any(|x| columns[x][r].is_none() && !is_na(na, x, r));
+    let complete = |r: usize| a.iter().all(|x| columns[x][r].is_some());
+    let rows: Vec<usize> = (0..n).filter(|&r| complete(r) || unknown(r)).collect();
+    let mut keys = Vec::with_capacity(rows.len());
+    let mut codes = match_codes.into_iter().map(Some).collect::<Vec<_>>();
+    for &r in &rows {
+        keys.push(codes[r].take().expect("each row once"));
+    }
+    // Identifiers are row numbers: unique, and the cyclic tie-break is by position in the file.
+    let rec = KnnRecords {
+        keys,
+        rid: rows.iter().map(|&r| r as f64).collect(),
+        complete: rows.iter().map(|&r| complete(r)).collect(),
+    };
     let t = std::time::Instant::now();
     let asg = Assignment::build(cfg, &rec);
     let seconds_search = t.elapsed().as_secs_f64();
     let t = std::time::Instant::now();
     let l1 = asg.l1(cfg, &rec, enumerate_limit)?;
-    Ok(DonorSearch { rec, asg, l1, seconds_search, seconds_l1: t.elapsed().as_secs_f64() })
+    Ok((DonorSearch { rec, asg, l1, seconds_search, seconds_l1: t.elapsed().as_secs_f64() }, rows))
 }
 
 /// Imputes `a` in `columns` with kNN on the matching attributes (class codes
 /// from `match_codes`), k = 1 copy by default; returns the imputed data and L1(D).
+/// Every null is unknown (see [`impute_columns_na`]).
 #[cfg_attr(feature = "bench-internals", visibility::make(pub))]
+#[cfg_attr(not(feature = "bench-internals"), allow(dead_code))] // benchmarks and tests
 pub(crate) fn impute_columns(
     columns: HashMap<String, Vec<Option<f64>>>,
     a: &[String],
@@ -175,24 +250,48 @@ pub(crate) fn impute_columns(
     cfg: &KnnConfig,
     enumerate_limit: u64,
 ) -> Result<Imputed> {
+    impute_columns_na(columns, HashMap::new(), a, match_codes, cfg, enumerate_limit)
+}
+
+/// Imputes the unknown cells of `a` (nulls not marked in `not_applicable`)
+/// from each donee's donor; observed and not-applicable cells are kept.
+#[cfg_attr(feature = "bench-internals", visibility::make(pub))]
+pub(crate) fn impute_columns_na(
+    columns: HashMap<String, Vec<Option<f64>>>,
+    not_applicable: HashMap<String, Vec<bool>>,
+    a: &[String],
+    match_codes: Vec<Vec<u32>>,
+    cfg: &KnnConfig,
+    enumerate_limit: u64,
+) -> Result<Imputed> {
     let n = match_codes.len();
-    let DonorSearch { rec, asg, l1, .. } = donor_search(&columns, a, match_codes, cfg, enumerate_limit)?;
+    let (DonorSearch { rec, asg, l1, .. }, rows) =
+        donor_search_na(&columns, &not_applicable, a, match_codes, cfg, enumerate_limit)?;
+    let missing: HashMap<String, Vec<bool>> = a
+        .iter()
+        .map(|x| (x.clone(), (0..n).map(|r| columns[x][r].is_none() && !is_na(&not_applicable, x, r)).collect()))
+        .collect();
     let observed = columns.clone();
     let mut cols = columns;
-    let imputed: Vec<bool> = (0..n).map(|r| !rec.complete[r]).collect();
-    for x in a {
-        let src = &observed[x];
-        let dst = cols.get_mut(x).expect("present");
-        for r in 0..n {
-            if imputed[r] {
-                // Mean of the donors' values (the value itself for k = 1); no donor stays null.
-                let (sum, k) =
-                    asg.donors[r].iter().filter_map(|&d| src[d]).fold((0.0, 0usize), |(s, k), v| (s + v, k + 1));
-                dst[r] = (k > 0).then(|| sum / k as f64);
+    let mut imputed = vec![false; n];
+    for (i, &r) in rows.iter().enumerate() {
+        if rec.complete[i] {
+            continue;
+        }
+        imputed[r] = true;
+        for x in a {
+            if !missing[x][r] {
+                continue;
             }
+            // Mean of the donors' values (the value itself for k = 1); no donor stays null.
+            let src = &observed[x];
+            let (sum, k) =
+                asg.donors[i].iter().filter_map(|&d| src[rows[d]]).fold((0.0, 0usize), |(s, k), v| (s + v, k + 1));
+            cols.get_mut(x).expect("present")[r] = (k > 0).then(|| sum / k as f64);
         }
     }
-    Ok(Imputed { columns: cols, observed, imputed, l1, n })
+    let search = Some(Search { cfg: cfg.clone(), rec, asg, enumerate_limit, rows });
+    Ok(Imputed { columns: cols, observed, imputed, imputed_columns: a.to_vec(), missing, search, l1, n })
 }
 
 /// One released statistic.
@@ -377,11 +476,19 @@ fn release(q: f64, bound: f64, noise: &SmoothNoise, grid: OutputGrid, rng: &mut 
 }
 
 /// Answers the queries with one estimator; every query spends `epsilon` per
-/// released number (counts first, then means/variances). The smooth
-/// estimator is calibrated by [`smooth_calibration`] (refuses ε ≤ ln 2 and
-/// any δ); the baselines use exact discrete Laplace noise on the public grid.
-/// It charges nothing: a caller reserves the budget first (as `dpflow impute`
-/// and DP SQL do), and only [`Estimator::Smooth`] is a release path.
+/// released number (counts first, then means/variances).
+///
+/// The smooth estimator noises each number by what it reads
+/// ([`part_noises`], issue 24): a number that reads an imputed column gets a
+/// smooth bound from L1_R(D), the donees that can enter it, and generalized
+/// Cauchy noise calibrated by [`smooth_calibration`] (refuses ε ≤ ln 2 and
+/// any δ); a number that reads none gets its global sensitivity and exact
+/// discrete Laplace noise. The baselines use discrete Laplace throughout.
+/// Means and variances are over the rows the value applies to: a
+/// not-applicable null (and an unknown value that is not imputed) is outside
+/// the population, its count included. It charges nothing: a caller reserves
+/// the budget first (as `dpflow impute` and DP SQL do), and only
+/// [`Estimator::Smooth`] is a release path.
 #[cfg_attr(feature = "bench-internals", visibility::make(pub))]
 pub(crate) fn answer(
     data: &Imputed,
@@ -391,34 +498,49 @@ pub(crate) fn answer(
     delta: Option<f64>,
     rng: &mut DpRng,
 ) -> Result<Vec<Released>> {
-    let noise = match estimator {
-        Estimator::Smooth => smooth_calibration(epsilon, delta)?.noise(),
-        _ => {
-            if !(epsilon.is_finite() && epsilon > 0.0) {
-                return Err(ImputeError::Epsilon(epsilon));
-            }
-            SmoothNoise::Laplace { epsilon }
-        }
-    };
-    let l1 = data.l1.value as f64;
+    if !(epsilon.is_finite() && epsilon > 0.0) {
+        return Err(ImputeError::Epsilon(epsilon));
+    }
+    let laplace = SmoothNoise::Laplace { epsilon };
+    let any_smooth = estimator == Estimator::Smooth
+        && queries.iter().any(|q| part_noises(q, &data.imputed_columns).contains(&PartNoise::Smooth));
+    // Calibrated (or refused) before anything is computed.
+    let cauchy = if any_smooth { Some(smooth_calibration(epsilon, delta)?.noise()) } else { None };
     let donees = data.imputed.iter().filter(|x| **x).count() as f64;
     let mut out = Vec::new();
     for q in queries {
         let ignore = estimator == Estimator::IgnoreMissing;
         let cols = if ignore { &data.observed } else { &data.columns };
-        // Ignoring missing data keeps only complete rows.
+        // The population: the subpopulation, and for a mean or variance the rows its value applies to.
+        let value = match &q.kind {
+            QueryKind::Mean { value, .. } | QueryKind::Variance { value, .. } => Some(value.as_str()),
+            _ => None,
+        };
         let mut sel = rows_where(cols, &q.predicate, data.n);
-        if ignore {
-            for (r, s) in sel.iter_mut().enumerate() {
-                if data.imputed[r] {
+        for (r, s) in sel.iter_mut().enumerate() {
+            // Ignoring missing data keeps only complete rows.
+            if ignore && data.imputed[r] {
+                *s = false;
+            }
+            if let Some(v) = value {
+                let unknown_imputed = !ignore && data.missing.get(v).is_some_and(|m| m[r]);
+                if cols[v][r].is_none() && !unknown_imputed {
                     *s = false;
                 }
             }
         }
+        let parts = parts(q);
+        let mut noises = Vec::new();
+        let mut l1s = Vec::new();
+        for p in &parts {
+            let smooth = estimator == Estimator::Smooth && p.noise(&data.imputed_columns) == PartNoise::Smooth;
+            noises.push(if smooth { cauchy.expect("calibrated above") } else { laplace });
+            l1s.push(if smooth { data.l1_of(p)?.map_or(0.0, |l| l.value as f64) } else { 0.0 });
+        }
         let mut mechs = Vec::new();
         // Every released number is pure ε-DP (the smooth estimator refuses any δ above).
         let loss = PrivacyLoss::Pure { epsilon };
-        let mut record = |what: &str, sens: Option<f64>, grid: OutputGrid| {
+        let mut record = |what: &str, noise: SmoothNoise, sens: Option<f64>, grid: OutputGrid| {
             let mut params = serde_json::json!({
                 "estimator": estimator,
                 "grid": 2f64.powi(grid.exponent()),
@@ -429,36 +551,33 @@ pub(crate) fn answer(
                 params["alpha"] = alpha.into();
             }
             mechs.push(MechanismRecord {
-                mechanism: match estimator {
-                    Estimator::Smooth => "smooth_sensitivity_generalized_cauchy".into(),
-                    _ => "discrete_laplace".into(),
-                },
+                mechanism: mechanism_name(noise).into(),
                 target: format!("{} ({what})", q.name),
-                sensitivity: sens,
+                // A smooth bound is data-dependent: never shown.
+                sensitivity: matches!(noise, SmoothNoise::Laplace { .. }).then_some(sens).flatten(),
                 noise: None,
                 loss: loss.clone(),
                 params,
             });
         };
-        // The released sensitivity: only for the baselines (a smooth bound is data-dependent).
-        let shown = |sens: f64| (estimator != Estimator::Smooth).then_some(sens);
-        // Count of the subpopulation (the denominator).
-        let count = sel.iter().filter(|x| **x).count() as f64;
-        let count_sens = match estimator {
-            Estimator::Smooth => 1.0 + l1,
-            Estimator::IgnoreMissing => 1.0,
-            Estimator::GlobalSensitivity => 1.0 + donees,
+        // The bound of a count: 1 (global), 1 + L1_R (smooth), 1 + donees (the optimistic baseline).
+        let count_bound = |i: usize| match (estimator, noises[i]) {
+            (Estimator::GlobalSensitivity, _) => 1.0 + donees,
+            (_, SmoothNoise::Cauchy { .. }) => 1.0 + l1s[i],
+            _ => 1.0,
         };
-        let noisy_count = release(count, count_sens, &noise, OutputGrid::Count, rng);
-        record("count", shown(count_sens), OutputGrid::Count);
+        // Count of the population (the denominator).
+        let count = sel.iter().filter(|x| **x).count() as f64;
+        let noisy_count = release(count, count_bound(0), &noises[0], OutputGrid::Count, rng);
+        record("count", noises[0], Some(count_bound(0)), OutputGrid::Count);
         let value = match &q.kind {
             QueryKind::Count => Some(noisy_count),
             QueryKind::Proportion { numerator } => {
                 let num_sel: Vec<bool> =
                     rows_where(cols, numerator, data.n).iter().zip(&sel).map(|(a, b)| *a && *b).collect();
                 let num = num_sel.iter().filter(|x| **x).count() as f64;
-                let noisy_num = release(num, count_sens, &noise, OutputGrid::Count, rng);
-                record("numerator count", shown(count_sens), OutputGrid::Count);
+                let noisy_num = release(num, count_bound(1), &noises[1], OutputGrid::Count, rng);
+                record("numerator count", noises[1], Some(count_bound(1)), OutputGrid::Count);
                 (noisy_count >= 1.0).then(|| (noisy_num / noisy_count).clamp(0.0, 1.0))
             }
             QueryKind::Mean { value, lo, hi } | QueryKind::Variance { value, lo, hi } => {
@@ -470,41 +589,43 @@ pub(crate) fn answer(
                     None
                 } else {
                     let mean = vals.iter().sum::<f64>() / s;
-                    let mean_sens = match estimator {
-                        Estimator::Smooth => {
-                            // 004 Thm 5.4: the added/removed row moves the sum by ≤ max(|a|, |b|),
-                            // each of the L1 changed donees by ≤ w. The paper's w is b − a (the
-                            // subpopulation reads no imputed attribute) or b (it does, a ≥ 0).
-                            // Here w = max(b − a, |a|, |b|) for every case: a donee with no donor
-                            // stays NULL and is left out of the sum, so gaining a donor moves the
-                            // sum by up to max(|a|, |b|) (which exceeds b − a when 0 ∉ [a, b]),
-                            // and a donee entering or leaving a predicate on imputed data moves
-                            // it by up to max(|a|, |b|) too, for any sign of a (a privacy review
-                            // found both). For the paper's [0, b] this is its bound.
+                    let big = b.abs().max(a.abs());
+                    let mean_sens = match (estimator, noises[1]) {
+                        // 004 Thm 5.4 with L1_R: the added/removed row moves the sum by ≤ max(|a|, |b|),
+                        // each of the L1_R changed donees by ≤ w. The paper's w is b − a (the
+                        // subpopulation reads no imputed attribute) or b (it does, a ≥ 0).
+                        // Here w = max(b − a, |a|, |b|) for every case: a donee with no donor
+                        // stays NULL and is left out of the sum, so gaining a donor moves the
+                        // sum by up to max(|a|, |b|) (which exceeds b − a when 0 ∉ [a, b]),
+                        // and a donee entering or leaving a predicate on imputed data moves
+                        // it by up to max(|a|, |b|) too, for any sign of a (a privacy review
+                        // found both). For the paper's [0, b] this is its bound.
+                        (Estimator::Smooth, SmoothNoise::Cauchy { .. }) => {
                             let w = (b - a).max(a.abs()).max(b.abs());
-                            (b.abs().max(a.abs()) + l1 * w) / s
+                            (big + l1s[1] * w) / s
                         }
-                        Estimator::IgnoreMissing => b.abs().max(a.abs()) / s,
-                        Estimator::GlobalSensitivity => (b.abs().max(a.abs()) + donees * (b - a)) / s,
+                        (Estimator::GlobalSensitivity, _) => (big + donees * (b - a)) / s,
+                        // Reads no imputed value (or ignores them): the global sensitivity.
+                        _ => big / s,
                     };
                     let mgrid = OutputGrid::Mean { lo: a, hi: b };
                     // q clamped to its public range first (1-Lipschitz, so S still bounds it): keeps
                     // q + scale·x within the float range the public grid was chosen for.
-                    let noisy_mean = release(mean.clamp(a, b), mean_sens, &noise, mgrid, rng).clamp(a, b);
-                    record("mean", shown(mean_sens), mgrid);
+                    let noisy_mean = release(mean.clamp(a, b), mean_sens, &noises[1], mgrid, rng).clamp(a, b);
+                    record("mean", noises[1], Some(mean_sens), mgrid);
                     if let QueryKind::Variance { .. } = q.kind {
                         let m = (a - noisy_mean).powi(2).max((b - noisy_mean).powi(2));
                         let var = vals.iter().map(|v| (v - noisy_mean).powi(2)).sum::<f64>() / (s - 1.0);
-                        let l = match estimator {
-                            Estimator::Smooth => l1,
-                            Estimator::IgnoreMissing => 0.0,
-                            Estimator::GlobalSensitivity => donees,
+                        let l = match (estimator, noises[2]) {
+                            (Estimator::GlobalSensitivity, _) => donees,
+                            (Estimator::Smooth, SmoothNoise::Cauchy { .. }) => l1s[2],
+                            _ => 0.0,
                         };
                         let vsens = m * (1.0 + l) / (s - 1.0);
                         let vgrid = OutputGrid::Variance { lo: a, hi: b };
-                        record("variance", shown(vsens), vgrid);
+                        record("variance", noises[2], Some(vsens), vgrid);
                         let cap = (b - a).powi(2) / 4.0 * s / (s - 1.0);
-                        Some(release(var.clamp(0.0, cap), vsens, &noise, vgrid, rng).clamp(0.0, cap))
+                        Some(release(var.clamp(0.0, cap), vsens, &noises[2], vgrid, rng).clamp(0.0, cap))
                     } else {
                         Some(noisy_mean)
                     }
@@ -514,6 +635,14 @@ pub(crate) fn answer(
         out.push(Released { name: q.name.clone(), value, count: Some(noisy_count), mechanisms: mechs });
     }
     Ok(out)
+}
+
+/// The ledger name of a noise.
+fn mechanism_name(noise: SmoothNoise) -> &'static str {
+    match noise {
+        SmoothNoise::Cauchy { .. } => "smooth_sensitivity_generalized_cauchy",
+        SmoothNoise::Laplace { .. } => "discrete_laplace",
+    }
 }
 
 /// The exact (non-private) value of each query on the given columns (for evaluation).
@@ -595,14 +724,18 @@ pub(crate) async fn prepare_on(
     needed.sort();
     needed.dedup();
     let match_cols: Vec<String> = imp.grouping.iter().map(|(c, _)| c.clone()).collect();
-    let mut cols = load_columns(ctx, ds, &needed, &[]).await?;
+    let (mut cols, na) = load_columns_with_na(ctx, ds, &needed, &[]).await?;
     let codes = load_columns(ctx, ds, &match_cols, &match_cols).await?;
     let n = cols.values().next().map_or(0, |v| v.len());
     let match_codes: Vec<Vec<u32>> =
         (0..n).map(|r| imp.grouping.iter().map(|(c, g)| (codes[c][r].unwrap_or(0.0) as u32) / g).collect()).collect();
     cols.retain(|k, _| needed.contains(k));
-    impute_columns(cols, &imp.columns, match_codes, &imp.knn, 2_000_000)
+    impute_columns_na(cols, na, &imp.columns, match_codes, &imp.knn, ENUMERATE_LIMIT)
 }
+
+/// Case (d) of L1(D) is enumerated exactly up to this many class keys (a
+/// public switch: the size of the public class space, never the data).
+const ENUMERATE_LIMIT: u64 = 2_000_000;
 
 /// Runs a spec: imputes, then releases every query with `estimator`.
 pub async fn run(
@@ -626,7 +759,8 @@ pub async fn run(
 }
 
 /// The mechanisms a spec will charge (known before reading data): one per
-/// released number.
+/// released number, each with the noise [`part_noises`] decides from the
+/// spec alone.
 pub fn planned_records(spec: &spec::ImputeSpec, estimator: Estimator) -> Result<Vec<MechanismRecord>> {
     if let Some(why) = crate::domain::DomainSpec::load(&spec.domain)?.domain.dp_read_refusal() {
         return Err(ImputeError::TablePolicy { domain: spec.domain.clone(), why: why.to_string() });
@@ -640,19 +774,32 @@ pub fn planned_records(spec: &spec::ImputeSpec, estimator: Estimator) -> Result<
             return Err(ImputeError::Calibration("smooth-sensitivity releases need an ε (or ε, δ) budget".into()));
         }
     };
-    if estimator == Estimator::Smooth {
+    let imputed = &spec.imputation.columns;
+    if !(epsilon.is_finite() && epsilon > 0.0) {
+        return Err(ImputeError::Epsilon(epsilon));
+    }
+    let smooth = spec.queries.iter().any(|q| part_noises(q, imputed).contains(&PartNoise::Smooth));
+    if estimator == Estimator::Smooth && smooth {
         // Refused here, before any ledger charge or data read (issue 14 §2).
         smooth_calibration(epsilon, delta)?;
     }
-    Ok(spec.queries.iter().flat_map(|q| query_records(q, estimator, &loss)).collect())
+    Ok(spec.queries.iter().flat_map(|q| query_records(q, imputed, estimator, &loss)).collect())
 }
 
-/// The mechanisms one query charges, each released number at `loss`.
-pub fn query_records(q: &QuerySpec, estimator: Estimator, loss: &PrivacyLoss) -> Vec<MechanismRecord> {
-    (0..q.kind.released_numbers())
-        .map(|i| MechanismRecord {
-            mechanism: match estimator {
-                Estimator::Smooth => "smooth_sensitivity_generalized_cauchy".into(),
+/// The mechanisms one query charges, each released number at `loss`
+/// (`imputed`: the imputed columns, which decide each number's noise).
+pub fn query_records(
+    q: &QuerySpec,
+    imputed: &[String],
+    estimator: Estimator,
+    loss: &PrivacyLoss,
+) -> Vec<MechanismRecord> {
+    part_noises(q, imputed)
+        .into_iter()
+        .enumerate()
+        .map(|(i, noise)| MechanismRecord {
+            mechanism: match (estimator, noise) {
+                (Estimator::Smooth, PartNoise::Smooth) => "smooth_sensitivity_generalized_cauchy".into(),
                 _ => "discrete_laplace".into(),
             },
             target: format!("{} ({})", q.name, q.kind.part_names()[i]),
@@ -662,6 +809,113 @@ pub fn query_records(q: &QuerySpec, estimator: Estimator, loss: &PrivacyLoss) ->
             params: serde_json::json!({ "estimator": estimator }),
         })
         .collect()
+}
+
+/// What the curator sees of one released number before spending anything
+/// (`dpflow impute --diagnose`): **not private**, never published.
+#[derive(Debug, Clone, Serialize)]
+pub struct PartDiagnosis {
+    /// Query and part, e.g. `mean_income (mean)`.
+    pub target: String,
+    /// `smooth` (reads an imputed column) or `global` (discrete Laplace).
+    pub noise: &'static str,
+    /// Donees whose imputed value can enter this number (|R|).
+    pub donees_inside: usize,
+    /// L1_R(D) (smooth numbers only).
+    pub l1: Option<u64>,
+    /// The smooth bound S(D) or global sensitivity, on the exact counts.
+    pub bound: Option<f64>,
+    /// The noise scale: S(D)/α (smooth) or Δ/ε (Laplace).
+    pub scale: Option<f64>,
+    /// The exact value (curator only).
+    pub exact: Option<f64>,
+}
+
+/// Curator diagnostics of a spec (reads the data, charges and releases
+/// nothing): per released number, the donees inside it, L1_R(D), the bound
+/// and the noise scale at the spec's ε. Its output is NOT differentially
+/// private: never publish it.
+pub async fn diagnose(ctx: &SessionContext, spec: &spec::ImputeSpec) -> Result<Vec<PartDiagnosis>> {
+    let data = prepare(ctx, spec).await?;
+    let epsilon = match spec.budget {
+        crate::privacy::Budget::Pure { epsilon } | crate::privacy::Budget::Approx { epsilon, .. } => epsilon,
+        crate::privacy::Budget::Zcdp { .. } => {
+            return Err(ImputeError::Calibration("smooth-sensitivity releases need an ε (or ε, δ) budget".into()));
+        }
+    };
+    let alpha = smooth_calibration(epsilon, None).map(|c| c.alpha).ok();
+    let mut out = Vec::new();
+    for q in &spec.queries {
+        let ex = exact_parts(&data, q);
+        for (i, p) in parts(q).iter().enumerate() {
+            let noise = p.noise(&data.imputed_columns);
+            let l1 = data.l1_of(p)?.map(|l| l.value);
+            let s = ex[0].unwrap_or(0.0);
+            let (lo, hi) = match &q.kind {
+                QueryKind::Mean { lo, hi, .. } | QueryKind::Variance { lo, hi, .. } => (*lo, *hi),
+                _ => (0.0, 0.0),
+            };
+            let (big, w) = (lo.abs().max(hi.abs()), (hi - lo).max(lo.abs()).max(hi.abs()));
+            let l = l1.unwrap_or(0) as f64;
+            let bound = match (i, &q.kind) {
+                (0, _) | (1, QueryKind::Proportion { .. }) => Some(1.0 + l),
+                (1, _) if s > 0.0 => Some((big + l * w) / s),
+                (2, _) if s > 1.0 => {
+                    let m = ex[1].map_or((hi - lo).powi(2), |y| (lo - y).powi(2).max((hi - y).powi(2)));
+                    Some(m * (1.0 + l) / (s - 1.0))
+                }
+                _ => None,
+            };
+            let scale = match noise {
+                PartNoise::Smooth => bound.zip(alpha).map(|(b, a)| b / a),
+                PartNoise::Global => bound.map(|b| b / epsilon),
+            };
+            out.push(PartDiagnosis {
+                target: format!("{} ({})", q.name, q.kind.part_names()[i]),
+                noise: match noise {
+                    PartNoise::Smooth => "smooth",
+                    PartNoise::Global => "global",
+                },
+                donees_inside: data.donees_in(p),
+                l1,
+                bound,
+                scale,
+                exact: ex[i],
+            });
+        }
+    }
+    Ok(out)
+}
+
+/// The exact value of each released number of `q` on the imputed data,
+/// with the populations of [`answer`] (curator diagnostics only).
+fn exact_parts(data: &Imputed, q: &QuerySpec) -> Vec<Option<f64>> {
+    let cols = &data.columns;
+    let value = match &q.kind {
+        QueryKind::Mean { value, .. } | QueryKind::Variance { value, .. } => Some(value.as_str()),
+        _ => None,
+    };
+    let sel: Vec<bool> = rows_where(cols, &q.predicate, data.n)
+        .into_iter()
+        .enumerate()
+        .map(|(r, s)| s && value.is_none_or(|v| cols[v][r].is_some() || data.missing.get(v).is_some_and(|m| m[r])))
+        .collect();
+    let count = sel.iter().filter(|x| **x).count() as f64;
+    match &q.kind {
+        QueryKind::Count => vec![Some(count)],
+        QueryKind::Proportion { numerator } => {
+            let num = rows_where(cols, numerator, data.n).iter().zip(&sel).filter(|(a, b)| **a && **b).count();
+            vec![Some(count), Some(num as f64)]
+        }
+        QueryKind::Mean { value, lo, hi } | QueryKind::Variance { value, lo, hi } => {
+            let v: Vec<f64> =
+                (0..data.n).filter(|&r| sel[r]).filter_map(|r| cols[value][r]).map(|x| x.clamp(*lo, *hi)).collect();
+            let mean = (count > 0.0).then(|| v.iter().sum::<f64>() / count);
+            let var =
+                mean.filter(|_| count > 1.0).map(|m| v.iter().map(|x| (x - m).powi(2)).sum::<f64>() / (count - 1.0));
+            vec![Some(count), mean, var]
+        }
+    }
 }
 
 #[cfg(test)]
@@ -730,10 +984,14 @@ mod tests {
     use dpflow_udfs::noise::testing::ks_test;
 
     fn tiny() -> Imputed {
+        tiny_with(|i| i % 5 == 0)
+    }
+
+    fn tiny_with(missing: impl Fn(usize) -> bool) -> Imputed {
         // 40 rows, class by x in 0..4; y missing for some rows.
         let n = 40;
         let x: Vec<Option<f64>> = (0..n).map(|i| Some((i % 4) as f64)).collect();
-        let y: Vec<Option<f64>> = (0..n).map(|i| if i % 5 == 0 { None } else { Some((i * 37 % 100) as f64) }).collect();
+        let y: Vec<Option<f64>> = (0..n).map(|i| if missing(i) { None } else { Some((i * 37 % 100) as f64) }).collect();
         let mut cols = HashMap::new();
         cols.insert("x".to_string(), x.clone());
         cols.insert("y".to_string(), y);
@@ -754,9 +1012,13 @@ mod tests {
             data.imputed.iter().zip(&data.columns["y"]).all(|(i, v)| !*i || v.is_some()),
             "every donee got a value"
         );
-        let q = vec![QuerySpec { name: "n".into(), kind: QueryKind::Count, predicate: vec![] }];
+        // A count that reads the imputed y (every value passes): every donee is in R, L1_R = L1.
+        let all_y = Predicate { column: "y".into(), lo: Some(0.0), hi: Some(100.0), codes: None };
+        let q = vec![QuerySpec { name: "n".into(), kind: QueryKind::Count, predicate: vec![all_y] }];
+        let l1 = data.l1_of(&parts(&q[0])[0]).unwrap().unwrap().value;
+        assert_eq!(l1, data.l1.value);
         let eps = 6.0 * std::f64::consts::LN_2; // γ = 4
-        let scale = (1.0 + data.l1.value as f64) / std::f64::consts::LN_2;
+        let scale = (1.0 + l1 as f64) / std::f64::consts::LN_2;
         let mut rng = DpRng::unsafe_seeded(3);
         let mut z: Vec<f64> = (0..4000)
             .map(|_| {
@@ -879,7 +1141,7 @@ mod tests {
             std::fs::write(
                 &path,
                 format!(
-                    "input: missing.csv\ndomain: d.yaml\nimpute: [y]\nmatch: [{{column: x}}]\nbudget: {budget}\nqueries:\n  - {{name: n, count: {{}}}}\n"
+                    "input: missing.csv\ndomain: d.yaml\nimpute: [y]\nmatch: [{{column: x}}]\nbudget: {budget}\nqueries:\n  - {{name: n, count: {{}}, where: {{y: [0, 50]}}}}\n"
                 ),
             )
             .unwrap();
@@ -893,17 +1155,25 @@ mod tests {
         assert_eq!(planned_records(&spec("{epsilon: 1.0}"), Estimator::Smooth).unwrap().len(), 1);
         let approx = spec("{epsilon: 60.0, delta: 1.0e-6}");
         assert!(planned_records(&approx, Estimator::Smooth).is_err());
+        // A count that reads no imputed column is plain discrete Laplace: no ln 2 limit.
+        let path = dir.path().join("spec2.yaml");
+        std::fs::write(
+            &path,
+            "input: missing.csv\ndomain: d.yaml\nimpute: [y]\nmatch: [{column: x}]\nbudget: {epsilon: 0.6}\nqueries:\n  - {name: n, count: {}, where: {x: [0, 1]}}\n",
+        )
+        .unwrap();
+        let r = planned_records(&spec::ImputeSpec::load(path.to_str().unwrap()).unwrap(), Estimator::Smooth).unwrap();
+        assert_eq!(r[0].mechanism, "discrete_laplace");
     }
 
     #[test]
     fn smooth_outputs_lie_on_a_grid_fixed_by_public_ranges_only() {
         // Two datasets with different L1(D) (hence different smooth bounds).
         let a = tiny();
-        let mut b = tiny();
-        b.l1.value = 37;
-        assert_ne!(a.l1.value, b.l1.value);
+        let b = tiny_with(|i| i % 3 == 0 || i % 7 == 1);
+        let all_y = Predicate { column: "y".into(), lo: None, hi: None, codes: None };
         let q = vec![
-            QuerySpec { name: "n".into(), kind: QueryKind::Count, predicate: vec![] },
+            QuerySpec { name: "n".into(), kind: QueryKind::Count, predicate: vec![all_y] },
             QuerySpec {
                 name: "v".into(),
                 kind: QueryKind::Variance { value: "y".into(), lo: 0.0, hi: 100.0 },
@@ -912,6 +1182,8 @@ mod tests {
         ];
         let mut rng = DpRng::unsafe_seeded(12);
         let on = |v: f64, k: i32| (v / 2f64.powi(k)).fract() == 0.0;
+        let l1 = |d: &Imputed| d.l1_of(&parts(&q[0])[0]).unwrap().unwrap().value;
+        assert_ne!(l1(&a), l1(&b), "the two datasets must have different smooth bounds");
         let (km, kv) = (
             OutputGrid::Mean { lo: 0.0, hi: 100.0 }.exponent(),
             OutputGrid::Variance { lo: 0.0, hi: 100.0 }.exponent(),

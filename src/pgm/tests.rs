@@ -260,6 +260,7 @@ fn synthetic_rows_match_model_marginals() {
                 nullable: false,
                 null_tokens: vec![],
                 out_of_domain: OutOfDomain::Error,
+                not_applicable_when: None,
             })
             .collect(),
     )

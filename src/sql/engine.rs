@@ -271,10 +271,11 @@ impl SqlEngine {
         if let Some(why) = ip.table.dataset.domain().dp_read_refusal() {
             return Err(Refusal::new(K::TablePolicy, format!("table {}: {why}", ip.table.name)).into());
         }
+        let imputed = &ip.table.impute.as_ref().expect("checked by plan_imputed").columns;
         let records: Vec<MechanismRecord> = ip
             .calls
             .iter()
-            .flat_map(|(q, eps)| query_records(q, Estimator::Smooth, &PrivacyLoss::Pure { epsilon: *eps }))
+            .flat_map(|(q, eps)| query_records(q, imputed, Estimator::Smooth, &PrivacyLoss::Pure { epsilon: *eps }))
             .collect();
         if prepared.explain || force_explain {
             // The smooth bound (hence the noise scale) is data-dependent: not shown.

@@ -138,12 +138,12 @@ pub(super) fn plan_imputed(
     if table.public {
         return refuse(K::TablePolicy, format!("{name} is public: use ordinary SQL aggregates on it"));
     }
-    if table.impute.is_none() {
+    let Some(imputation) = table.impute.as_ref() else {
         return refuse(
             K::TablePolicy,
             format!("table {name} has no `impute:` block in the catalog (what to impute and how to match donors)"),
         );
-    }
+    };
     let domain = table.dataset.domain();
     let mut subpopulation = Vec::new();
     for c in &conditions {
@@ -251,10 +251,14 @@ pub(super) fn plan_imputed(
     for ((kind, _, field), eps) in parsed.into_iter().zip(shares) {
         let per_number = eps / kind.released_numbers() as f64;
         let name = super::sites::clean_dp_name(&field);
-        // ε ≤ ln 2 per number cannot be calibrated (issue 14 §2): refused before any charge.
-        crate::impute::smooth_calibration(per_number, None)
-            .map_err(|e| Refusal::new(K::Budget, format!("{name}: {e}")))?;
-        calls.push((QuerySpec { name, kind, predicate: subpopulation.clone() }, per_number));
+        let q = QuerySpec { name, kind, predicate: subpopulation.clone() };
+        // ε ≤ ln 2 per number cannot be calibrated (issue 14 §2): refused before any charge,
+        // when a number reads an imputed column (the others take discrete Laplace noise).
+        if crate::impute::part_noises(&q, &imputation.columns).contains(&crate::impute::PartNoise::Smooth) {
+            crate::impute::smooth_calibration(per_number, None)
+                .map_err(|e| Refusal::new(K::Budget, format!("{}: {e}", q.name)))?;
+        }
+        calls.push((q, per_number));
         fields.push(field);
     }
     // The SELECT list: the released values themselves, renamed at most.

@@ -119,6 +119,7 @@ pub fn plan_for(
                         nullable: false,
                         null_tokens: vec![],
                         out_of_domain: dpflow_udfs::domain::OutOfDomain::Error,
+                        not_applicable_when: None,
                     })
                     .collect(),
             )?;

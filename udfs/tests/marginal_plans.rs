@@ -52,6 +52,7 @@ fn domain() -> Arc<Domain> {
         nullable,
         null_tokens: vec![],
         out_of_domain: OutOfDomain::Error,
+        not_applicable_when: None,
     };
     Arc::new(
         Domain::new(vec![
@@ -62,6 +63,7 @@ fn domain() -> Arc<Domain> {
                 nullable: false,
                 null_tokens: vec![],
                 out_of_domain: OutOfDomain::Error,
+                not_applicable_when: None,
             },
             cat("z", &["p", "q"], true),
         ])

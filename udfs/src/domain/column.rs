@@ -164,6 +164,13 @@ pub struct Column {
     /// Out-of-domain policy.
     #[serde(default)]
     pub out_of_domain: OutOfDomain,
+    /// A public rule (an SQL boolean expression over the row's other columns)
+    /// under which this column's null means *not applicable* (structural:
+    /// never imputed, never counted missing) rather than *unknown*; a null
+    /// where the rule is false or null is unknown. `None`: every null is
+    /// unknown (docs/domain.md).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub not_applicable_when: Option<String>,
 }
 
 impl Column {

@@ -282,6 +282,7 @@ mod tests {
             nullable: true,
             null_tokens: vec![],
             out_of_domain: super::super::OutOfDomain::Error,
+            not_applicable_when: None,
         };
         let t = DataType::Utf8;
         let ok: ArrayRef = Arc::new(Int32Array::from(vec![0, 99, 42]));
@@ -313,6 +314,7 @@ mod tests {
             nullable: true,
             null_tokens: vec![],
             out_of_domain: super::super::OutOfDomain::Error,
+            not_applicable_when: None,
         };
         let set = LabelSet::new(labels);
         let ok: ArrayRef = Arc::new(StringViewArray::from(vec![

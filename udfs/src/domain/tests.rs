@@ -19,6 +19,7 @@ fn cat_col(nullable: bool, policy: OutOfDomain) -> Column {
         nullable,
         null_tokens: vec!["?".into(), "".into()],
         out_of_domain: policy,
+        not_applicable_when: None,
     }
 }
 
@@ -29,11 +30,19 @@ fn int_col(edges: Vec<i64>, nullable: bool, policy: OutOfDomain) -> Column {
         nullable,
         null_tokens: vec!["NA".into()],
         out_of_domain: policy,
+        not_applicable_when: None,
     }
 }
 
 fn float_col(edges: Vec<f64>, nullable: bool, policy: OutOfDomain) -> Column {
-    Column { name: "f".into(), kind: ColumnKind::Float { edges }, nullable, null_tokens: vec![], out_of_domain: policy }
+    Column {
+        name: "f".into(),
+        kind: ColumnKind::Float { edges },
+        nullable,
+        null_tokens: vec![],
+        out_of_domain: policy,
+        not_applicable_when: None,
+    }
 }
 
 fn bool_col(nullable: bool) -> Column {
@@ -43,6 +52,7 @@ fn bool_col(nullable: bool) -> Column {
         nullable,
         null_tokens: vec![],
         out_of_domain: OutOfDomain::Error,
+        not_applicable_when: None,
     }
 }
 

@@ -252,6 +252,7 @@ mod tests {
             nullable,
             null_tokens: vec![],
             out_of_domain: OutOfDomain::Error,
+            not_applicable_when: None,
         }
     }
 

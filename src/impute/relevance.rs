@@ -1,0 +1,306 @@
+//! Sensitivity that follows the query (issue 24; 004 §5, NOTES §9; proofs in
+//! docs/PRIVACY.md §6): each released number is charged for the donees whose
+//! imputed values can enter *it*, not for every donee of the table.
+//!
+//! A released number (a part of a query: a count, a numerator count, a mean,
+//! a variance) *reads* the columns of its predicates and its value. Let A be
+//! the imputed columns.
+//! - It reads no column of A: no imputed value can enter it, so its global
+//!   sensitivity holds (1 for a count, max(|a|, |b|)/s for a mean, m/(s − 1)
+//!   for a variance) and it is released with discrete Laplace noise, decided
+//!   from the spec alone (public) before any data is read.
+//! - Otherwise its smooth bound uses L1_R(D) (`Assignment::l1_restricted`):
+//!   R holds the donees with an unknown cell in the columns it reads and
+//!   whose *other* cells (observed or not applicable, hence fixed by the
+//!   tuple itself) pass its predicates. Whether a tuple is in R depends on
+//!   that tuple alone, which is what keeps 1 + L1_R ln 2-smooth.
+
+use dpflow_udfs::knn::L1Report;
+
+use super::spec::{Predicate, QueryKind, QuerySpec};
+use super::{Imputed, Result};
+
+/// How one released number is noised (a public decision: from the spec and
+/// the imputed columns only).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum PartNoise {
+    /// Reads an imputed column: smooth sensitivity, generalized Cauchy.
+    Smooth,
+    /// Reads no imputed column: global sensitivity, discrete Laplace.
+    Global,
+}
+
+/// One released number of a query: the predicates that decide membership
+/// and the value it reads.
+pub(crate) struct Part<'a> {
+    /// Conjunctions of predicates a row must pass to count (or be averaged).
+    pub predicates: Vec<&'a Predicate>,
+    /// The column averaged (means and variances).
+    pub value: Option<&'a str>,
+}
+
+impl Part<'_> {
+    /// The columns this number reads.
+    fn reads(&self) -> impl Iterator<Item = &str> {
+        self.predicates.iter().map(|p| p.column.as_str()).chain(self.value)
+    }
+
+    /// Smooth when it reads an imputed column.
+    pub fn noise(&self, imputed: &[String]) -> PartNoise {
+        if self.reads().any(|c| imputed.iter().any(|a| a == c)) { PartNoise::Smooth } else { PartNoise::Global }
+    }
+}
+
+/// The released numbers of a query, in release order (`QueryKind::part_names`).
+pub(crate) fn parts(q: &QuerySpec) -> Vec<Part<'_>> {
+    let base: Vec<&Predicate> = q.predicate.iter().collect();
+    match &q.kind {
+        QueryKind::Count => vec![Part { predicates: base, value: None }],
+        QueryKind::Proportion { numerator } => {
+            let num = base.iter().copied().chain(numerator).collect();
+            vec![Part { predicates: base, value: None }, Part { predicates: num, value: None }]
+        }
+        QueryKind::Mean { value, .. } => {
+            vec![Part { predicates: base.clone(), value: None }, Part { predicates: base, value: Some(value) }]
+        }
+        QueryKind::Variance { value, .. } => vec![
+            Part { predicates: base.clone(), value: None },
+            Part { predicates: base.clone(), value: Some(value) },
+            Part { predicates: base, value: Some(value) },
+        ],
+    }
+}
+
+/// The noise of each released number of `q` (public: spec and imputed columns).
+pub fn part_noises(q: &QuerySpec, imputed: &[String]) -> Vec<PartNoise> {
+    parts(q).iter().map(|p| p.noise(imputed)).collect()
+}
+
+impl Imputed {
+    /// Whether row `r`'s cell of `column` is unknown and imputed.
+    fn unknown(&self, column: &str, r: usize) -> bool {
+        self.missing.get(column).is_some_and(|m| m[r])
+    }
+
+    /// R of one released number, per donor-search record (see module docs):
+    /// a donee with an unknown cell among the imputed columns the number
+    /// reads, whose other cells pass its predicates. `None` when the number
+    /// reads no imputed column.
+    pub(crate) fn relevant(&self, part: &Part<'_>) -> Option<Vec<bool>> {
+        if part.noise(&self.imputed_columns) == PartNoise::Global {
+            return None;
+        }
+        let search = self.search.as_ref()?;
+        Some(
+            search
+                .rows
+                .iter()
+                .map(|&r| {
+                    self.imputed[r]
+                        && part.reads().any(|c| self.unknown(c, r))
+                        && part
+                            .predicates
+                            .iter()
+                            .all(|p| self.unknown(&p.column, r) || p.matches(self.observed[&p.column][r]))
+                })
+                .collect(),
+        )
+    }
+
+    /// L1_R(D) of one released number (None: it reads no imputed column).
+    pub(crate) fn l1_of(&self, part: &Part<'_>) -> Result<Option<L1Report>> {
+        let Some(relevant) = self.relevant(part) else { return Ok(None) };
+        let s = self.search.as_ref().expect("relevant() needs the search");
+        // A relevant incomplete tuple can always be added: the number reads an imputed column.
+        Ok(Some(s.asg.l1_restricted(&s.cfg, &s.rec, s.enumerate_limit, Some(&relevant), true)?))
+    }
+
+    /// How many donees can enter one released number (curator diagnostics only).
+    pub(crate) fn donees_in(&self, part: &Part<'_>) -> usize {
+        self.relevant(part).map_or(0, |r| r.iter().filter(|x| **x).count())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    //! Brute force over every single addition and removal on random small
+    //! tables with both kinds of null: L1_R(D) is exactly the largest number of
+    //! donees of R whose donor changes (or that come or go), and each released
+    //! number moves by no more than its bound.
+    use std::collections::HashMap;
+
+    use dpflow_udfs::knn::{AttrKind, KnnConfig, MatchAttr, Metric};
+    use rand::rngs::SmallRng;
+    use rand::{RngExt, SeedableRng};
+
+    use super::*;
+    use crate::impute::{exact_parts, impute_columns_na};
+
+    #[derive(Clone, Copy, PartialEq, Debug)]
+    enum Y {
+        Value(f64),
+        Unknown,
+        NotApplicable,
+    }
+
+    #[derive(Clone, Copy, Debug)]
+    struct Tuple {
+        id: u32,
+        x: u32,
+        z: u32,
+        y: Y,
+    }
+
+    fn impute(t: &[Tuple]) -> Imputed {
+        let mut cols = HashMap::new();
+        cols.insert("id".to_string(), t.iter().map(|r| Some(r.id as f64)).collect());
+        cols.insert("z".to_string(), t.iter().map(|r| Some(r.z as f64)).collect());
+        let y = t.iter().map(|r| if let Y::Value(v) = r.y { Some(v) } else { None }).collect();
+        cols.insert("y".to_string(), y);
+        let na = HashMap::from([("y".to_string(), t.iter().map(|r| r.y == Y::NotApplicable).collect())]);
+        let cfg = KnnConfig {
+            attrs: vec![MatchAttr { name: "x".into(), kind: AttrKind::Ordinal, weight: 1.0, size: 3 }],
+            metric: Metric::Euclidean,
+            k: 1,
+        };
+        let codes = t.iter().map(|r| vec![r.x]).collect();
+        impute_columns_na(cols, na, &["y".to_string()], codes, &cfg, u64::MAX).unwrap()
+    }
+
+    /// Donor id of every donee, keyed by the donee's id.
+    fn donors(d: &Imputed, t: &[Tuple]) -> HashMap<u32, Option<u32>> {
+        let s = d.search.as_ref().unwrap();
+        (0..s.rows.len())
+            .filter(|&i| !s.rec.complete[i])
+            .map(|i| (t[s.rows[i]].id, s.asg.donors[i].first().map(|&j| t[s.rows[j]].id)))
+            .collect()
+    }
+
+    fn pred(column: &str, lo: Option<f64>, hi: Option<f64>) -> Predicate {
+        Predicate { column: column.into(), lo, hi, codes: None }
+    }
+
+    fn queries() -> Vec<QuerySpec> {
+        vec![
+            // Reads no imputed column: global sensitivity 1.
+            QuerySpec { name: "n_z1".into(), kind: QueryKind::Count, predicate: vec![pred("z", Some(1.0), None)] },
+            // Reads y in its predicate (numerator) only.
+            QuerySpec {
+                name: "share".into(),
+                kind: QueryKind::Proportion { numerator: vec![pred("y", Some(50.0), None)] },
+                predicate: vec![pred("z", Some(1.0), None)],
+            },
+            // Averages y over z = 0.
+            QuerySpec {
+                name: "mean".into(),
+                kind: QueryKind::Mean { value: "y".into(), lo: 0.0, hi: 100.0 },
+                predicate: vec![pred("z", None, Some(0.0))],
+            },
+        ]
+    }
+
+    /// Whether a tuple is in R of a part: an unknown y (a donee) read by the
+    /// part, its other cells passing the part's predicates (z here).
+    fn in_r(t: &Tuple, part: &Part<'_>) -> bool {
+        t.y == Y::Unknown
+            && part.reads().any(|c| c == "y")
+            && part.predicates.iter().all(|p| p.column == "y" || p.matches(Some(t.z as f64)))
+    }
+
+    fn random_table(rng: &mut SmallRng, n: usize) -> Vec<Tuple> {
+        (0..n)
+            .map(|i| Tuple {
+                id: i as u32,
+                x: rng.random_range(0..3),
+                z: rng.random_range(0..2),
+                y: match rng.random_range(0..10) {
+                    0..=2 => Y::Unknown,
+                    3 => Y::NotApplicable,
+                    _ => Y::Value(rng.random_range(0..=10) as f64 * 10.0),
+                },
+            })
+            .collect()
+    }
+
+    /// Every neighbour: each row removed, and each kind of tuple added at each position.
+    fn neighbours(t: &[Tuple]) -> Vec<(Vec<Tuple>, Tuple)> {
+        let mut out = Vec::new();
+        for i in 0..t.len() {
+            let mut d = t.to_vec();
+            let gone = d.remove(i);
+            out.push((d, gone));
+        }
+        let ys = [Y::Value(0.0), Y::Value(60.0), Y::Value(100.0), Y::Unknown, Y::NotApplicable];
+        for p in 0..=t.len() {
+            for x in 0..3 {
+                for z in 0..2 {
+                    for y in ys {
+                        let mut d = t.to_vec();
+                        let new = Tuple { id: 1000, x, z, y };
+                        d.insert(p, new);
+                        out.push((d, new));
+                    }
+                }
+            }
+        }
+        out
+    }
+
+    #[test]
+    fn per_query_bound_equals_brute_force_and_bounds_every_neighbour() {
+        let mut rng = SmallRng::seed_from_u64(2024);
+        let qs = queries();
+        for trial in 0..25 {
+            let n = rng.random_range(3..11);
+            let t = random_table(&mut rng, n);
+            let d = impute(&t);
+            // Not-applicable nulls are never imputed and never donees.
+            for (r, tu) in t.iter().enumerate() {
+                if tu.y == Y::NotApplicable {
+                    assert!(!d.imputed[r] && d.columns["y"][r].is_none() && !d.missing["y"][r]);
+                }
+            }
+            let base = donors(&d, &t);
+            let nbs: Vec<(Vec<Tuple>, Tuple, Imputed)> =
+                neighbours(&t).into_iter().map(|(n, c)| (n.clone(), c, impute(&n))).collect();
+            for q in &qs {
+                let ex = exact_parts(&d, q);
+                for (pi, part) in parts(q).iter().enumerate() {
+                    let l1 = d.l1_of(part).unwrap();
+                    let mut brute = u64::from(part.noise(&d.imputed_columns) == PartNoise::Smooth);
+                    for (nt, changed, nd) in &nbs {
+                        let after = donors(nd, nt);
+                        let mut c = u64::from(in_r(changed, part));
+                        c += t
+                            .iter()
+                            .filter(|u| in_r(u, part) && after.contains_key(&u.id) && after[&u.id] != base[&u.id])
+                            .count() as u64;
+                        brute = brute.max(c);
+                        // The released number moves by no more than its bound (count/numerator
+                        // by 1 + L1_R, the mean's sum by max(|a|, |b|) + L1_R·w).
+                        let nex = exact_parts(nd, q);
+                        let l = l1.map_or(0.0, |r| r.value as f64);
+                        let moved = match (&q.kind, pi) {
+                            (QueryKind::Mean { .. }, 1) => {
+                                let sum = |e: &[Option<f64>]| e[1].unwrap_or(0.0) * e[0].unwrap_or(0.0);
+                                ((sum(&nex) - sum(&ex)).abs(), 100.0 + l * 100.0)
+                            }
+                            _ => ((nex[pi].unwrap_or(0.0) - ex[pi].unwrap_or(0.0)).abs(), 1.0 + l),
+                        };
+                        assert!(
+                            moved.0 <= moved.1 + 1e-9,
+                            "trial {trial} {} part {pi}: moved {} > bound {}",
+                            q.name,
+                            moved.0,
+                            moved.1
+                        );
+                    }
+                    match l1 {
+                        None => assert_eq!(brute, 0, "trial {trial} {}: a global part reads no donee", q.name),
+                        Some(r) => assert_eq!(r.value, brute, "trial {trial} {} part {pi}", q.name),
+                    }
+                }
+            }
+        }
+    }
+}
