@@ -105,6 +105,12 @@ pub async fn run(
         predicate: vec![range("AGEP", a, b)],
     };
     let queries = vec![
+        // The overall mean (every sampled person is 15 or over: all have an applicable income).
+        QuerySpec {
+            name: "mean_income_all".into(),
+            kind: QueryKind::Mean { value: "PINCP".into(), lo, hi },
+            predicate: vec![],
+        },
         mean("mean_income_20_59", 20.0, 59.0),
         mean("mean_income_20_29", 20.0, 29.0),
         mean("mean_income_40_49", 40.0, 49.0),

@@ -14,8 +14,8 @@ pub struct ImputeArgs {
     #[arg(long)]
     pub spec: String,
     /// Read this input instead of the spec's `input:` (same domain), e.g. a copy with injected
-    /// missingness.
-    #[arg(long)]
+    /// missingness. Not with --ledger: a charged release reads what its spec names.
+    #[arg(long, conflicts_with = "ledger")]
     pub input: Option<String>,
     /// Estimator.
     #[arg(long, value_enum, default_value = "smooth")]

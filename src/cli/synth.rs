@@ -203,6 +203,7 @@ pub(super) async fn sample(a: SampleArgs) -> Result<i32> {
     let pb = ProgressBar::new(rows);
     pb.set_style(ProgressStyle::with_template("{bar:40} {pos}/{len} rows [{elapsed}]").expect("template"));
     let stream = datafusion::physical_plan::execute_stream(exec, ctx.task_ctx())?;
+    let stream = dpflow::synth::structure::enforce_stream(&m.domain, stream);
     let pb2 = pb.clone();
     let stream = Box::pin(datafusion::physical_plan::stream::RecordBatchStreamAdapter::new(
         stream.schema(),

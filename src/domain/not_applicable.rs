@@ -20,6 +20,8 @@ use std::sync::Arc;
 use datafusion::arrow::array::{Array, AsArray, RecordBatch};
 use datafusion::arrow::datatypes::DataType;
 use datafusion::common::DFSchema;
+use datafusion::logical_expr::simplify::SimplifyContext;
+use datafusion::optimizer::simplify_expressions::ExprSimplifier;
 use datafusion::physical_expr::PhysicalExpr;
 use datafusion::prelude::{SessionConfig, SessionContext};
 
@@ -32,6 +34,8 @@ pub struct NotApplicable {
     position: usize,
     /// The rule, over the domain's typed schema.
     rule: Arc<dyn PhysicalExpr>,
+    /// That schema (the domain's decoded schema).
+    schema: datafusion::arrow::datatypes::SchemaRef,
 }
 
 /// Why a rule cannot be used; the message says what to write instead.
@@ -64,11 +68,26 @@ impl NotApplicable {
         if expr.column_refs().iter().any(|c| c.name == column) {
             return Err(err("a rule reads the row's other columns, not the column it classifies".into()));
         }
+        // It runs on every protected row: whether it fails must not depend on a row
+        // (docs/PRIVACY.md §1.3). The same whitelist as DP SQL, before and after the
+        // implicit casts of type coercion.
+        let simplifier =
+            ExprSimplifier::new(SimplifyContext::builder().with_schema(Arc::new(df_schema.clone())).build());
+        let coerced = simplifier.coerce(expr.clone(), &df_schema).map_err(|e| err(e.to_string()))?;
+        for e in [&expr, &coerced] {
+            if let Some(why) = dpflow_udfs::rowsafe::may_fail(e, &df_schema) {
+                return Err(err(format!("could fail on some row, which would reveal that row: {why}")));
+            }
+        }
+        if coerced.is_volatile() {
+            return Err(err("a rule must be a fixed function of the row (no random() or now())".into()));
+        }
+        let expr = coerced;
         let physical = ctx
             .create_physical_expr(expr, &df_schema)
             .map_err(|e| err(format!("cannot be evaluated ({e}); name columns of this domain")))?;
         match physical.data_type(&schema) {
-            Ok(DataType::Boolean) => Ok(Some(NotApplicable { position, rule: physical })),
+            Ok(DataType::Boolean) => Ok(Some(NotApplicable { position, rule: physical, schema })),
             Ok(t) => Err(err(format!("is of type {t}, not boolean; write a condition such as `AGEP < 15`"))),
             Err(e) => Err(err(e.to_string())),
         }
@@ -85,18 +104,39 @@ impl NotApplicable {
     /// Per row of a typed batch (the domain's decoded schema): whether the
     /// column is null *and* the rule holds (a not-applicable null).
     pub fn mask(&self, typed: &RecordBatch) -> datafusion::common::Result<Vec<bool>> {
-        let holds = self.rule.evaluate(typed)?.into_array(typed.num_rows())?;
-        let holds = holds.as_boolean();
+        let holds = self.holds(typed)?;
         let col = typed.column(self.position);
-        Ok((0..typed.num_rows()).map(|r| col.is_null(r) && holds.is_valid(r) && holds.value(r)).collect())
+        Ok((0..typed.num_rows()).map(|r| col.is_null(r) && holds[r]).collect())
     }
 
-    /// Per row of a typed batch: whether the rule holds (synthetic output
-    /// sets the column to null there).
+    /// Per row of a typed batch: whether the rule holds (a rule that is null does not).
     pub fn holds(&self, typed: &RecordBatch) -> datafusion::common::Result<Vec<bool>> {
-        let holds = self.rule.evaluate(typed)?.into_array(typed.num_rows())?;
+        let typed = self.conform(typed)?;
+        let holds = self.rule.evaluate(&typed)?.into_array(typed.num_rows())?;
         let holds = holds.as_boolean();
         Ok((0..typed.num_rows()).map(|r| holds.is_valid(r) && holds.value(r)).collect())
+    }
+
+    /// The batch with the exact types the rule was compiled for: typed reads of
+    /// Parquet hold text as `Utf8View`, the domain's decoded schema as `Utf8`
+    /// (a cast between the two cannot fail).
+    fn conform(&self, typed: &RecordBatch) -> datafusion::common::Result<RecordBatch> {
+        if typed.schema().fields() == self.schema.fields() {
+            return Ok(typed.clone());
+        }
+        let columns = typed
+            .columns()
+            .iter()
+            .zip(self.schema.fields())
+            .map(|(c, f)| {
+                if c.data_type() == f.data_type() {
+                    Ok(c.clone())
+                } else {
+                    datafusion::arrow::compute::cast(c, f.data_type())
+                }
+            })
+            .collect::<Result<Vec<_>, _>>()?;
+        Ok(RecordBatch::try_new(self.schema.clone(), columns)?)
     }
 
     /// The column's position in the domain.
@@ -109,11 +149,12 @@ impl NotApplicable {
 mod tests {
     use super::*;
     use crate::domain::DomainSpec;
-    use datafusion::arrow::array::{Float64Array, Int64Array};
+    use datafusion::arrow::array::{Float64Array, Int64Array, StringArray, StringViewArray};
+    use datafusion::arrow::datatypes::{Field, Schema};
 
     fn domain(rule: &str) -> Result<Domain, String> {
         let y = format!(
-            "columns:\n  - {{name: AGEP, kind: integer, bounds: [0, 99], nullable: true}}\n  - {{name: PINCP, kind: float, bins: {{edges: [0, 10, 100]}}, nullable: true, not_applicable_when: {rule}}}\n"
+            "columns:\n  - {{name: AGEP, kind: integer, bounds: [0, 99], nullable: true}}\n  - {{name: SEX, kind: categorical, values: [m, f]}}\n  - {{name: PINCP, kind: float, bins: {{edges: [0, 10, 100]}}, nullable: true, not_applicable_when: {rule}}}\n"
         );
         DomainSpec::parse(&y, "d.yaml").map(|s| s.domain).map_err(|e| e.to_string())
     }
@@ -126,6 +167,7 @@ mod tests {
             decoded_schema(&d),
             vec![
                 Arc::new(Int64Array::from(vec![Some(3), Some(40), Some(10), None, Some(70)])),
+                Arc::new(StringArray::from(vec!["m", "f", "m", "f", "f"])),
                 Arc::new(Float64Array::from(vec![None, None, Some(5.0), None, Some(50.0)])),
             ],
         )
@@ -138,6 +180,24 @@ mod tests {
         let always = domain("true").unwrap();
         let na = NotApplicable::compile(&always, "PINCP").unwrap().unwrap();
         assert_eq!(na.mask(&batch).unwrap(), vec![true, true, false, true, false]);
+        // A rule on a categorical column, on a Parquet read whose text is Utf8View.
+        let d = domain("\"SEX = 'f' AND AGEP > 5\"").unwrap();
+        let na = NotApplicable::compile(&d, "PINCP").unwrap().unwrap();
+        let view = RecordBatch::try_new(
+            Arc::new(Schema::new(vec![
+                Field::new("AGEP", DataType::Int64, true),
+                Field::new("SEX", DataType::Utf8View, false),
+                Field::new("PINCP", DataType::Float64, true),
+            ])),
+            vec![
+                batch.column(0).clone(),
+                Arc::new(StringViewArray::from(vec!["m", "f", "m", "f", "f"])),
+                batch.column(2).clone(),
+            ],
+        )
+        .unwrap();
+        assert_eq!(na.holds(&view).unwrap(), vec![false, true, false, false, true]);
+        assert_eq!(na.mask(&view).unwrap(), vec![false, true, false, false, false]);
     }
 
     #[test]
@@ -147,6 +207,10 @@ mod tests {
             ("'AGEP +'", "SQL"),
             ("'AGEP + 1'", "boolean"),
             ("'PINCP IS NULL'", "other columns"),
+            // Could fail on one row (division by zero, a failing cast): a membership oracle.
+            ("'100 / (AGEP - 37) < 0'", "could fail"),
+            ("'CAST(SEX AS INT) = 1'", "could fail"),
+            ("'random() < 0.5'", "random"),
         ] {
             let e = domain(rule).unwrap_err();
             assert!(e.contains(says) && e.contains("not_applicable_when"), "{rule}: {e}");

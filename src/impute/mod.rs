@@ -19,6 +19,8 @@
 //! The imputed microdata never leaves this module: only noisy statistics do.
 //! The smooth bound S(D) = f(L1(D)) is data-dependent and is *not* reported.
 
+#[cfg(test)]
+mod acs_tests;
 mod error;
 mod relevance;
 pub mod spec;
@@ -484,9 +486,11 @@ fn release(q: f64, bound: f64, noise: &SmoothNoise, grid: OutputGrid, rng: &mut 
 /// Cauchy noise calibrated by [`smooth_calibration`] (refuses ε ≤ ln 2 and
 /// any δ); a number that reads none gets its global sensitivity and exact
 /// discrete Laplace noise. The baselines use discrete Laplace throughout.
-/// Means and variances are over the rows the value applies to: a
-/// not-applicable null (and an unknown value that is not imputed) is outside
-/// the population, its count included. It charges nothing: a caller reserves
+/// Means and variances are over the rows whose value is observed, or
+/// unknown in an imputed column *with or without a donor* (never "has a
+/// value after imputation": whether a donee finds a donor depends on other
+/// rows); a not-applicable null, or an unknown value that is not imputed, is
+/// outside the population, its count included. It charges nothing: a caller reserves
 /// the budget first (as `dpflow impute` and DP SQL do), and only
 /// [`Estimator::Smooth`] is a release path.
 #[cfg_attr(feature = "bench-internals", visibility::make(pub))]

@@ -149,22 +149,28 @@ mod tests {
         x: u32,
         z: u32,
         y: Y,
+        /// A second imputed column.
+        v: Y,
     }
 
     fn impute(t: &[Tuple]) -> Imputed {
         let mut cols = HashMap::new();
         cols.insert("id".to_string(), t.iter().map(|r| Some(r.id as f64)).collect());
         cols.insert("z".to_string(), t.iter().map(|r| Some(r.z as f64)).collect());
-        let y = t.iter().map(|r| if let Y::Value(v) = r.y { Some(v) } else { None }).collect();
-        cols.insert("y".to_string(), y);
-        let na = HashMap::from([("y".to_string(), t.iter().map(|r| r.y == Y::NotApplicable).collect())]);
+        let val = |y: Y| if let Y::Value(v) = y { Some(v) } else { None };
+        cols.insert("y".to_string(), t.iter().map(|r| val(r.y)).collect());
+        cols.insert("v".to_string(), t.iter().map(|r| val(r.v)).collect());
+        let na = HashMap::from([
+            ("y".to_string(), t.iter().map(|r| r.y == Y::NotApplicable).collect()),
+            ("v".to_string(), t.iter().map(|r| r.v == Y::NotApplicable).collect()),
+        ]);
         let cfg = KnnConfig {
             attrs: vec![MatchAttr { name: "x".into(), kind: AttrKind::Ordinal, weight: 1.0, size: 3 }],
             metric: Metric::Euclidean,
             k: 1,
         };
         let codes = t.iter().map(|r| vec![r.x]).collect();
-        impute_columns_na(cols, na, &["y".to_string()], codes, &cfg, u64::MAX).unwrap()
+        impute_columns_na(cols, na, &["y".to_string(), "v".to_string()], codes, &cfg, u64::MAX).unwrap()
     }
 
     /// Donor id of every donee, keyed by the donee's id.
@@ -196,28 +202,42 @@ mod tests {
                 kind: QueryKind::Mean { value: "y".into(), lo: 0.0, hi: 100.0 },
                 predicate: vec![pred("z", None, Some(0.0))],
             },
+            // Averages v over y ≥ 50: a donee with only v unknown enters by its observed y; one
+            // with only y unknown is in R through the predicate.
+            QuerySpec {
+                name: "mean_v".into(),
+                kind: QueryKind::Mean { value: "v".into(), lo: 0.0, hi: 100.0 },
+                predicate: vec![pred("y", Some(50.0), None)],
+            },
         ]
     }
 
     /// Whether a tuple is in R of a part: an unknown y (a donee) read by the
     /// part, its other cells passing the part's predicates (z here).
     fn in_r(t: &Tuple, part: &Part<'_>) -> bool {
-        t.y == Y::Unknown
-            && part.reads().any(|c| c == "y")
-            && part.predicates.iter().all(|p| p.column == "y" || p.matches(Some(t.z as f64)))
+        let cell = |c: &str| match c {
+            "y" => t.y,
+            "v" => t.v,
+            _ => Y::Value(t.z as f64),
+        };
+        let val = |y: Y| if let Y::Value(v) = y { Some(v) } else { None };
+        part.reads().any(|c| cell(c) == Y::Unknown)
+            && part.predicates.iter().all(|p| cell(&p.column) == Y::Unknown || p.matches(val(cell(&p.column))))
     }
 
     fn random_table(rng: &mut SmallRng, n: usize) -> Vec<Tuple> {
+        let cell = |rng: &mut SmallRng| match rng.random_range(0..10) {
+            0..=2 => Y::Unknown,
+            3 => Y::NotApplicable,
+            _ => Y::Value(rng.random_range(0..=10) as f64 * 10.0),
+        };
         (0..n)
             .map(|i| Tuple {
                 id: i as u32,
                 x: rng.random_range(0..3),
                 z: rng.random_range(0..2),
-                y: match rng.random_range(0..10) {
-                    0..=2 => Y::Unknown,
-                    3 => Y::NotApplicable,
-                    _ => Y::Value(rng.random_range(0..=10) as f64 * 10.0),
-                },
+                y: cell(rng),
+                v: cell(rng),
             })
             .collect()
     }
@@ -231,14 +251,17 @@ mod tests {
             out.push((d, gone));
         }
         let ys = [Y::Value(0.0), Y::Value(60.0), Y::Value(100.0), Y::Unknown, Y::NotApplicable];
+        let vs = [Y::Value(40.0), Y::Unknown, Y::NotApplicable];
         for p in 0..=t.len() {
             for x in 0..3 {
                 for z in 0..2 {
                     for y in ys {
-                        let mut d = t.to_vec();
-                        let new = Tuple { id: 1000, x, z, y };
-                        d.insert(p, new);
-                        out.push((d, new));
+                        for v in vs {
+                            let mut d = t.to_vec();
+                            let new = Tuple { id: 1000, x, z, y, v };
+                            d.insert(p, new);
+                            out.push((d, new));
+                        }
                     }
                 }
             }
@@ -254,11 +277,15 @@ mod tests {
             let n = rng.random_range(3..11);
             let t = random_table(&mut rng, n);
             let d = impute(&t);
-            // Not-applicable nulls are never imputed and never donees.
+            // Not-applicable nulls are never imputed nor counted missing; a donee is a row
+            // with an unknown cell.
             for (r, tu) in t.iter().enumerate() {
-                if tu.y == Y::NotApplicable {
-                    assert!(!d.imputed[r] && d.columns["y"][r].is_none() && !d.missing["y"][r]);
+                for (c, cell) in [("y", tu.y), ("v", tu.v)] {
+                    if cell == Y::NotApplicable {
+                        assert!(d.columns[c][r].is_none() && !d.missing[c][r]);
+                    }
                 }
+                assert_eq!(d.imputed[r], tu.y == Y::Unknown || tu.v == Y::Unknown);
             }
             let base = donors(&d, &t);
             let nbs: Vec<(Vec<Tuple>, Tuple, Imputed)> =

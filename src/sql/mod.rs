@@ -13,7 +13,7 @@ mod execute;
 pub mod imputed;
 pub mod refusal;
 mod release;
-pub mod rowsafe;
+pub use dpflow_udfs::rowsafe;
 pub mod sites;
 
 pub use catalog::{Catalog, PrivacyUnit, TableEntry};

@@ -17,6 +17,7 @@ pub mod mst;
 pub mod mwem;
 pub mod privbayes;
 pub mod run;
+pub mod structure;
 #[cfg(test)]
 mod tests;
 pub mod workload;

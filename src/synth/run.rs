@@ -661,6 +661,7 @@ pub async fn run_synth(ctx: &SessionContext, req: &SynthRequest, progress: &dyn 
         let exec = synthetic_exec(plan, rows, seed)?;
         let stream = datafusion::physical_plan::execute_stream(exec, ctx.task_ctx())
             .map_err(|source| SynthError::Generate { source })?;
+        let stream = super::structure::enforce_stream(&model_domain, stream);
         let written = write_stream(ctx, &req.out, stream).await?;
         let mut outputs = vec![req.out.clone()];
         if let Some(mo) = &req.model_out {

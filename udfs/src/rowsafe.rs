@@ -42,7 +42,7 @@
 //! compared with a number is cast to the number), so the engine runs the
 //! check twice: on the planned query, for messages in the user's terms, and
 //! on the type-coerced plan, where every implicit cast is explicit
-//! ([`super::check::analyze_coerced`]). Everything else is refused with a
+//! (dpflow's `sql::check::analyze_coerced`). Everything else is refused with a
 //! message naming the expression. The check needs types, so it runs with the
 //! schema of the node's input.
 
@@ -84,7 +84,7 @@ pub const MAX_LIKE_PATTERN: usize = 256;
 
 /// An integer or floating-point type (the numbers row arithmetic and DP
 /// arguments accept; decimals are not, their arithmetic can overflow).
-pub(crate) fn is_number(t: &DataType) -> bool {
+pub fn is_number(t: &DataType) -> bool {
     t.is_integer() || t.is_floating()
 }
 
