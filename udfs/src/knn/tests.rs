@@ -94,20 +94,24 @@ fn brute(cfg: &KnnConfig, rec: &KnnRecords) -> [u64; 4] {
     out
 }
 
+/// A random metric, weights and table over a random subset of the keys (each
+/// kept with probability `keep`, so that absent classes exist); None if no key is kept.
+fn random_trial(rng: &mut SmallRng, trial: usize, keep: f64) -> Option<(KnnConfig, KnnRecords)> {
+    let metric = if trial % 2 == 0 { Metric::Euclidean } else { Metric::Hamming };
+    let w = [rng.random_range(0.5..2.0), rng.random_range(0.2..1.5), rng.random_range(0.5..3.0)];
+    let keys: Vec<Vec<u32>> = all_keys().into_iter().filter(|_| rng.random::<f64>() < keep).collect();
+    if keys.is_empty() {
+        return None;
+    }
+    let n = rng.random_range(4..30);
+    Some((config(metric, w), random_records(rng, n, &keys)))
+}
+
 #[test]
 fn l1_matches_brute_force_and_never_underestimates() {
     let mut rng = SmallRng::seed_from_u64(17);
     for trial in 0..60 {
-        let metric = if trial % 2 == 0 { Metric::Euclidean } else { Metric::Hamming };
-        let w = [rng.random_range(0.5..2.0), rng.random_range(0.2..1.5), rng.random_range(0.5..3.0)];
-        let cfg = config(metric, w);
-        // Use a random subset of classes so that absent classes exist.
-        let keys: Vec<Vec<u32>> = all_keys().into_iter().filter(|_| rng.random::<f64>() < 0.4).collect();
-        if keys.is_empty() {
-            continue;
-        }
-        let n = rng.random_range(4..30);
-        let rec = random_records(&mut rng, n, &keys);
+        let Some((cfg, rec)) = random_trial(&mut rng, trial, 0.4) else { continue };
         let asg = Assignment::build(&cfg, &rec);
         let exact = asg.l1(&cfg, &rec, u64::MAX).unwrap();
         let b = brute(&cfg, &rec);
@@ -339,15 +343,8 @@ fn brute_restricted(cfg: &KnnConfig, rec: &KnnRecords) -> u64 {
 fn restricted_l1_matches_brute_force_on_every_addition_and_removal() {
     let mut rng = SmallRng::seed_from_u64(24);
     for trial in 0..60 {
-        let metric = if trial % 2 == 0 { Metric::Euclidean } else { Metric::Hamming };
-        let w = [rng.random_range(0.5..2.0), rng.random_range(0.2..1.5), rng.random_range(0.5..3.0)];
-        let cfg = config(metric, w);
-        let keys: Vec<Vec<u32>> = all_keys().into_iter().filter(|_| rng.random::<f64>() < 0.5).collect();
-        if keys.is_empty() {
-            continue;
-        }
-        let n = rng.random_range(4..30);
-        let rec = random_records(&mut rng, n, &keys);
+        let Some((cfg, rec)) = random_trial(&mut rng, trial, 0.5) else { continue };
+        let n = rec.rid.len();
         let relevant: Vec<bool> = rec.rid.iter().map(|&r| in_r(r)).collect();
         let asg = Assignment::build(&cfg, &rec);
         let exact = asg.l1_restricted(&cfg, &rec, u64::MAX, Some(&relevant), true).unwrap();
