@@ -97,7 +97,7 @@ fn brute(cfg: &KnnConfig, rec: &KnnRecords) -> [u64; 4] {
 /// A random metric, weights and table over a random subset of the keys (each
 /// kept with probability `keep`, so that absent classes exist); None if no key is kept.
 fn random_trial(rng: &mut SmallRng, trial: usize, keep: f64) -> Option<(KnnConfig, KnnRecords)> {
-    let metric = if trial % 2 == 0 { Metric::Euclidean } else { Metric::Hamming };
+    let metric = if trial.is_multiple_of(2) { Metric::Euclidean } else { Metric::Hamming };
     let w = [rng.random_range(0.5..2.0), rng.random_range(0.2..1.5), rng.random_range(0.5..3.0)];
     let keys: Vec<Vec<u32>> = all_keys().into_iter().filter(|_| rng.random::<f64>() < keep).collect();
     if keys.is_empty() {
