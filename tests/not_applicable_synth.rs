@@ -34,6 +34,36 @@ fn world(dir: &std::path::Path) -> Dataset {
 }
 
 #[tokio::test]
+async fn strategies_without_nulls_still_synthesize() {
+    // complete-row models no nulls: the output column is not nullable and its rule is not
+    // enforced there (no failure after the charge).
+    let dir = tempfile::tempdir().unwrap();
+    let out = dir.path().join("syn.parquet").display().to_string();
+    let req = SynthRequest {
+        dataset: world(dir.path()),
+        mechanism: Mechanism::Mst,
+        budget: Budget::Zcdp { rho: 1.0 },
+        workload: "all-2way".into(),
+        rows: Some(500),
+        out: out.clone(),
+        model_out: None,
+        record_out: Some(dir.path().join("rec.json").display().to_string()),
+        ledger: None,
+        release_id: None,
+        unsafe_seed: Some(5),
+        options: SynthOptions { iters: 100, ..Default::default() },
+        decode: DecodeMode::Uniform,
+        missing: Strategy::CompleteRow,
+        missing_options: StrategyOptions::default(),
+        amplification: None,
+    };
+    let ctx = dpflow::io::session_context();
+    run_synth(&ctx, &req, &|_| {}).await.unwrap();
+    let n: usize = ctx.read_parquet(&out, Default::default()).await.unwrap().count().await.unwrap();
+    assert_eq!(n, 500);
+}
+
+#[tokio::test]
 async fn mst_and_aim_output_keeps_not_applicable_structure() {
     for mechanism in [Mechanism::Mst, Mechanism::Aim] {
         let dir = tempfile::tempdir().unwrap();

@@ -192,6 +192,7 @@ pub struct SampleArgs {
 
 pub(super) async fn sample(a: SampleArgs) -> Result<i32> {
     let m = SavedModel::load(&a.model)?;
+    let na_rules = dpflow::synth::structure::rules(&m.domain)?;
     let plan = m.sampling_plan(if a.midpoints { DecodeMode::Midpoint } else { DecodeMode::Uniform })?;
     let rows = a.rows.unwrap_or(m.total().round().max(1.0) as u64);
     let seed = match a.seed {
@@ -203,7 +204,7 @@ pub(super) async fn sample(a: SampleArgs) -> Result<i32> {
     let pb = ProgressBar::new(rows);
     pb.set_style(ProgressStyle::with_template("{bar:40} {pos}/{len} rows [{elapsed}]").expect("template"));
     let stream = datafusion::physical_plan::execute_stream(exec, ctx.task_ctx())?;
-    let stream = dpflow::synth::structure::enforce_stream(&m.domain, stream);
+    let stream = dpflow::synth::structure::enforce_stream(na_rules, stream);
     let pb2 = pb.clone();
     let stream = Box::pin(datafusion::physical_plan::stream::RecordBatchStreamAdapter::new(
         stream.schema(),

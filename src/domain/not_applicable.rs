@@ -5,8 +5,8 @@
 //!
 //! A not-applicable null is never imputed, never a donor or donee, never
 //! counted missing, and never enters a statistic of the column (a mean of
-//! income is over the people it applies to). Synthetic output enforces the
-//! rule: the column is null wherever its rule holds.
+//! income is over the people it applies to). Synthetic output of the default
+//! `reproduce` strategy enforces the rule (`crate::synth::structure`).
 //!
 //! The rule is public input (like bounds): an SQL boolean expression over
 //! the row's *other* columns, typed as the domain types them (e.g.
@@ -210,6 +210,11 @@ mod tests {
             // Could fail on one row (division by zero, a failing cast): a membership oracle.
             ("'100 / (AGEP - 37) < 0'", "could fail"),
             ("'CAST(SEX AS INT) = 1'", "could fail"),
+            // A date out of chrono's range fails to format as text on exactly one row.
+            (
+                "\"CAST(TRY_CAST(CASE WHEN SEX = 'f' AND AGEP = 37 THEN 200000000 ELSE 0 END AS DATE) AS VARCHAR) <> ''\"",
+                "could fail",
+            ),
             ("'random() < 0.5'", "random"),
         ] {
             let e = domain(rule).unwrap_err();

@@ -15,6 +15,9 @@ use crate::privacy::{BudgetError, FailureError, LedgerError};
 /// A synthesis failure.
 #[derive(Debug, thiserror::Error)]
 pub enum SynthError {
+    /// A domain's `not_applicable_when` rule (checked before anything is charged).
+    #[error(transparent)]
+    Rule(#[from] crate::domain::RuleError),
     /// `all-Kway` with a K that is not a number.
     #[error("bad workload {spec:?}: K of all-Kway must be a number")]
     WorkloadK {

@@ -543,6 +543,8 @@ pub async fn run_synth(ctx: &SessionContext, req: &SynthRequest, progress: &dyn 
     let mut rng = DpRng::new(req.unsafe_seed)?;
     let domain = req.dataset.domain().clone();
     let model_domain = if req.missing.models_nulls() { domain.clone() } else { domain.without_nulls() };
+    // Not-applicable rules enforced on the output: compiled before anything is charged.
+    let na_rules = super::structure::rules(&model_domain)?;
     let workload = Workload::parse(&req.workload, &model_domain)?;
 
     if req.unsafe_seed.is_some() && req.ledger.is_some() {
@@ -661,7 +663,7 @@ pub async fn run_synth(ctx: &SessionContext, req: &SynthRequest, progress: &dyn 
         let exec = synthetic_exec(plan, rows, seed)?;
         let stream = datafusion::physical_plan::execute_stream(exec, ctx.task_ctx())
             .map_err(|source| SynthError::Generate { source })?;
-        let stream = super::structure::enforce_stream(&model_domain, stream);
+        let stream = super::structure::enforce_stream(na_rules, stream);
         let written = write_stream(ctx, &req.out, stream).await?;
         let mut outputs = vec![req.out.clone()];
         if let Some(mo) = &req.model_out {

@@ -13,12 +13,19 @@ use datafusion::execution::SendableRecordBatchStream;
 use datafusion::physical_plan::stream::RecordBatchStreamAdapter;
 use futures::StreamExt;
 
-use crate::domain::{Domain, NotApplicable};
+use crate::domain::{Domain, NotApplicable, RuleError};
 
-/// The compiled rules of a domain's columns. A rule that cannot be compiled
-/// on this domain (it reads a column the output does not have) is left out.
-pub fn rules(domain: &Domain) -> Vec<NotApplicable> {
-    domain.columns().iter().filter_map(|c| NotApplicable::compile(domain, &c.name).ok().flatten()).collect()
+/// The compiled rules of the output domain's nullable columns; compile them
+/// before anything is charged (a rule that does not compile is an error,
+/// never silently dropped). A column the missing-data strategy made
+/// non-nullable (`complete-row`, `impute-first:*`, `adaptive` model no nulls)
+/// has no null to set: its rule is not enforced there.
+pub fn rules(domain: &Domain) -> Result<Vec<NotApplicable>, RuleError> {
+    let mut out = Vec::new();
+    for c in domain.columns().iter().filter(|c| c.nullable) {
+        out.extend(NotApplicable::compile(domain, &c.name)?);
+    }
+    Ok(out)
 }
 
 /// Sets each ruled column to null where its rule holds.
@@ -35,9 +42,9 @@ pub fn enforce(rules: &[NotApplicable], batch: RecordBatch) -> datafusion::commo
     Ok(RecordBatch::try_new(batch.schema(), columns)?)
 }
 
-/// [`enforce`] on every batch of a synthetic stream over `domain`.
-pub fn enforce_stream(domain: &Domain, stream: SendableRecordBatchStream) -> SendableRecordBatchStream {
-    let rules = Arc::new(rules(domain));
+/// [`enforce`] on every batch of a synthetic stream (`rules` from [`rules`]).
+pub fn enforce_stream(rules: Vec<NotApplicable>, stream: SendableRecordBatchStream) -> SendableRecordBatchStream {
+    let rules = Arc::new(rules);
     if rules.is_empty() {
         return stream;
     }

@@ -20,7 +20,7 @@
 //!   gives ±inf or NaN, never an error); integer division can fail (by zero,
 //!   or `MIN / -1`), so it is refused with the fix: `CAST(a AS DOUBLE) / b`;
 //! - `TRY_CAST` (null on failure) and the casts that cannot fail (integer
-//!   widening, integer → float, float → double, anything → text, boolean →
+//!   widening, integer → float, float → double, number/boolean/decimal/text → text, boolean →
 //!   number); every other `CAST` is refused with the fix: `TRY_CAST`;
 //! - the scalar functions in [`SAFE_FUNCTIONS`], and the one-argument math
 //!   functions in [`FLOAT_FUNCTIONS`] when the argument is a float (on
@@ -99,9 +99,17 @@ pub fn infallible_cast(from: &DataType, to: &DataType) -> bool {
     if from == to || matches!(from, D::Null) {
         return true;
     }
-    // Anything but bytes has a text form (bytes may not be valid UTF-8).
+    // Numbers, booleans, decimals and text always have a text form. Temporal values do not:
+    // arrow formats a date or time outside chrono's range with an error whatever the cast
+    // options say (a privacy review: `CAST(TRY_CAST(<huge int> AS DATE) AS VARCHAR)` failed on
+    // exactly one row); bytes may not be valid UTF-8.
     if is_text(to) {
-        return !matches!(from, D::Binary | D::LargeBinary | D::BinaryView | D::FixedSizeBinary(_));
+        return is_number(from)
+            || is_text(from)
+            || matches!(
+                from,
+                D::Boolean | D::Decimal32(..) | D::Decimal64(..) | D::Decimal128(..) | D::Decimal256(..)
+            );
     }
     match (from, to) {
         (D::Boolean, t) if is_number(t) => true,
@@ -308,6 +316,10 @@ mod tests {
         // A literal text compared with a number is cast at run time too.
         assert!(may_fail(&col("age").eq(lit("37")), &s).is_some());
         assert!(!infallible_cast(&DataType::Binary, &DataType::Utf8));
+        // A date out of chrono's range fails to format: TRY_CAST to DATE, then to text.
+        let date = Expr::TryCast(datafusion::logical_expr::TryCast::new(Box::new(col("age")), DataType::Date32));
+        let text = Expr::Cast(datafusion::logical_expr::Cast::new(Box::new(date), DataType::Utf8));
+        assert!(may_fail(&text.not_eq(lit("")), &s).is_some());
     }
 
     #[test]
@@ -319,6 +331,9 @@ mod tests {
         assert!(!infallible_cast(&D::UInt64, &D::Int64));
         assert!(!infallible_cast(&D::Float64, &D::Int64));
         assert!(!infallible_cast(&D::Utf8, &D::Date32));
-        assert!(infallible_cast(&D::Date32, &D::Utf8));
+        // A date or time outside chrono's range fails to format (review finding).
+        assert!(!infallible_cast(&D::Date32, &D::Utf8));
+        assert!(!infallible_cast(&D::Time64(datafusion::arrow::datatypes::TimeUnit::Nanosecond), &D::Utf8View));
+        assert!(infallible_cast(&D::Int64, &D::Utf8) && infallible_cast(&D::Boolean, &D::Utf8));
     }
 }
