@@ -33,33 +33,37 @@ fn world(dir: &std::path::Path) -> Dataset {
     Dataset::open("people", dir.join("d.csv").to_str().unwrap(), None, dir.join("d.yaml").to_str().unwrap()).unwrap()
 }
 
+/// One synthesis of `world` to `syn.parquet` in `dir`.
+fn request(dir: &std::path::Path, mechanism: Mechanism, missing: Strategy, rows: u64, seed: u64) -> SynthRequest {
+    SynthRequest {
+        dataset: world(dir),
+        mechanism,
+        budget: Budget::Zcdp { rho: 1.0 },
+        workload: "all-2way".into(),
+        rows: Some(rows),
+        out: dir.join("syn.parquet").display().to_string(),
+        model_out: None,
+        record_out: Some(dir.join("rec.json").display().to_string()),
+        ledger: None,
+        release_id: None,
+        unsafe_seed: Some(seed),
+        options: SynthOptions { iters: 200, ..Default::default() },
+        decode: DecodeMode::Uniform,
+        missing,
+        missing_options: StrategyOptions::default(),
+        amplification: None,
+    }
+}
+
 #[tokio::test]
 async fn strategies_without_nulls_still_synthesize() {
     // complete-row models no nulls: the output column is not nullable and its rule is not
     // enforced there (no failure after the charge).
     let dir = tempfile::tempdir().unwrap();
-    let out = dir.path().join("syn.parquet").display().to_string();
-    let req = SynthRequest {
-        dataset: world(dir.path()),
-        mechanism: Mechanism::Mst,
-        budget: Budget::Zcdp { rho: 1.0 },
-        workload: "all-2way".into(),
-        rows: Some(500),
-        out: out.clone(),
-        model_out: None,
-        record_out: Some(dir.path().join("rec.json").display().to_string()),
-        ledger: None,
-        release_id: None,
-        unsafe_seed: Some(5),
-        options: SynthOptions { iters: 100, ..Default::default() },
-        decode: DecodeMode::Uniform,
-        missing: Strategy::CompleteRow,
-        missing_options: StrategyOptions::default(),
-        amplification: None,
-    };
+    let req = request(dir.path(), Mechanism::Mst, Strategy::CompleteRow, 500, 5);
     let ctx = dpflow::io::session_context();
     run_synth(&ctx, &req, &|_| {}).await.unwrap();
-    let n: usize = ctx.read_parquet(&out, Default::default()).await.unwrap().count().await.unwrap();
+    let n: usize = ctx.read_parquet(&req.out, Default::default()).await.unwrap().count().await.unwrap();
     assert_eq!(n, 500);
 }
 
@@ -67,25 +71,8 @@ async fn strategies_without_nulls_still_synthesize() {
 async fn mst_and_aim_output_keeps_not_applicable_structure() {
     for mechanism in [Mechanism::Mst, Mechanism::Aim] {
         let dir = tempfile::tempdir().unwrap();
-        let out = dir.path().join("syn.parquet").display().to_string();
-        let req = SynthRequest {
-            dataset: world(dir.path()),
-            mechanism,
-            budget: Budget::Zcdp { rho: 1.0 },
-            workload: "all-2way".into(),
-            rows: Some(3000),
-            out: out.clone(),
-            model_out: None,
-            record_out: Some(dir.path().join("rec.json").display().to_string()),
-            ledger: None,
-            release_id: None,
-            unsafe_seed: Some(24),
-            options: SynthOptions { iters: 200, ..Default::default() },
-            decode: DecodeMode::Uniform,
-            missing: Strategy::Reproduce,
-            missing_options: StrategyOptions::default(),
-            amplification: None,
-        };
+        let req = request(dir.path(), mechanism, Strategy::Reproduce, 3000, 24);
+        let out = req.out.clone();
         let ctx = dpflow::io::session_context();
         run_synth(&ctx, &req, &|_| {}).await.unwrap();
         let df = ctx.read_parquet(&out, Default::default()).await.unwrap();
