@@ -191,7 +191,8 @@ pub(crate) struct DonorSearch {
 /// Donor search and L1(D) over the rows that take part: donors (every
 /// imputed column observed) and donees (an unknown cell in an imputed
 /// column); rows whose imputed cells are only observed or not applicable
-/// take no part. `not_applicable` marks not-applicable nulls per column.
+/// take no part. Here every null is unknown (benchmarks); imputation with
+/// not-applicable nulls goes through [`impute_columns_na`].
 #[cfg_attr(feature = "bench-internals", visibility::make(pub))]
 #[cfg_attr(not(feature = "bench-internals"), allow(dead_code))] // benchmarks only (dpflow-bench)
 pub(crate) fn donor_search(
@@ -201,36 +202,45 @@ pub(crate) fn donor_search(
     cfg: &KnnConfig,
     enumerate_limit: u64,
 ) -> Result<DonorSearch> {
-    donor_search_na(columns, &HashMap::new(), a, match_codes, cfg, enumerate_limit).map(|(d, _)| d)
+    let missing = unknown_cells(columns, &HashMap::new(), a);
+    donor_search_on(columns, &missing, a, match_codes, cfg, enumerate_limit).map(|(d, _)| d)
 }
 
-fn is_na(na: &HashMap<String, Vec<bool>>, c: &str, r: usize) -> bool {
-    na.get(c).is_some_and(|m| m[r])
-}
-
-/// [`donor_search`] with not-applicable nulls; also returns record → row.
-fn donor_search_na(
+/// Imputed column → rows whose cell is unknown: null, and not marked in
+/// `not_applicable`.
+fn unknown_cells(
     columns: &HashMap<String, Vec<Option<f64>>>,
-    na: &HashMap<String, Vec<bool>>,
+    not_applicable: &HashMap<String, Vec<bool>>,
+    a: &[String],
+) -> HashMap<String, Vec<bool>> {
+    a.iter()
+        .map(|x| {
+            let na = not_applicable.get(x);
+            let unknown = columns[x].iter().enumerate().map(|(r, v)| v.is_none() && !na.is_some_and(|m| m[r]));
+            (x.clone(), unknown.collect())
+        })
+        .collect()
+}
+
+/// [`donor_search`] given the unknown cells of each imputed column; also
+/// returns record → row.
+fn donor_search_on(
+    columns: &HashMap<String, Vec<Option<f64>>>,
+    missing: &HashMap<String, Vec<bool>>,
     a: &[String],
     match_codes: Vec<Vec<u32>>,
     cfg: &KnnConfig,
     enumerate_limit: u64,
 ) -> Result<(DonorSearch, Vec<usize>)> {
     let n = match_codes.len();
-    let unknown = |r: usize| a.iter().any(|x| columns[x][r].is_none() && !is_na(na, x, r));
-    let complete = |r: usize| a.iter().all(|x| columns[x][r].is_some());
-    let rows: Vec<usize> = (0..n).filter(|&r| complete(r) || unknown(r)).collect();
-    let mut keys = Vec::with_capacity(rows.len());
-    let mut codes = match_codes.into_iter().map(Some).collect::<Vec<_>>();
-    for &r in &rows {
-        keys.push(codes[r].take().expect("each row once"));
-    }
+    let complete: Vec<bool> = (0..n).map(|r| a.iter().all(|x| columns[x][r].is_some())).collect();
+    let takes_part: Vec<bool> = (0..n).map(|r| complete[r] || a.iter().any(|x| missing[x][r])).collect();
+    let rows: Vec<usize> = (0..n).filter(|&r| takes_part[r]).collect();
     // Identifiers are row numbers: unique, and the cyclic tie-break is by position in the file.
     let rec = KnnRecords {
-        keys,
+        keys: match_codes.into_iter().zip(&takes_part).filter_map(|(k, &t)| t.then_some(k)).collect(),
         rid: rows.iter().map(|&r| r as f64).collect(),
-        complete: rows.iter().map(|&r| complete(r)).collect(),
+        complete: rows.iter().map(|&r| complete[r]).collect(),
     };
     let t = std::time::Instant::now();
     let asg = Assignment::build(cfg, &rec);
@@ -267,12 +277,9 @@ pub(crate) fn impute_columns_na(
     enumerate_limit: u64,
 ) -> Result<Imputed> {
     let n = match_codes.len();
+    let missing = unknown_cells(&columns, &not_applicable, a);
     let (DonorSearch { rec, asg, l1, .. }, rows) =
-        donor_search_na(&columns, &not_applicable, a, match_codes, cfg, enumerate_limit)?;
-    let missing: HashMap<String, Vec<bool>> = a
-        .iter()
-        .map(|x| (x.clone(), (0..n).map(|r| columns[x][r].is_none() && !is_na(&not_applicable, x, r)).collect()))
-        .collect();
+        donor_search_on(&columns, &missing, a, match_codes, cfg, enumerate_limit)?;
     let observed = columns.clone();
     let mut cols = columns;
     let mut imputed = vec![false; n];
@@ -325,6 +332,28 @@ pub enum Estimator {
 
 fn rows_where(d: &HashMap<String, Vec<Option<f64>>>, p: &[Predicate], n: usize) -> Vec<bool> {
     (0..n).map(|r| p.iter().all(|q| q.matches(d[&q.column][r]))).collect()
+}
+
+impl Imputed {
+    /// The rows a query's numbers are over: its subpopulation and, for a mean
+    /// or variance, the rows whose value is observed or unknown in an
+    /// imputed column *with or without a donor* — never "has a value after
+    /// imputation", which depends on other rows (docs/PRIVACY.md §2.6).
+    /// `ignore`: the ignore-missing baseline (complete rows, observed values).
+    fn population(&self, q: &QuerySpec, ignore: bool) -> Vec<bool> {
+        let cols = if ignore { &self.observed } else { &self.columns };
+        let mut sel = rows_where(cols, &q.predicate, self.n);
+        if ignore {
+            sel.iter_mut().zip(&self.imputed).for_each(|(s, &i)| *s &= !i);
+        }
+        if let QueryKind::Mean { value, .. } | QueryKind::Variance { value, .. } = &q.kind {
+            let unknown = self.missing.get(value).filter(|_| !ignore);
+            for (r, s) in sel.iter_mut().enumerate() {
+                *s &= cols[value][r].is_some() || unknown.is_some_and(|m| m[r]);
+            }
+        }
+        sel
+    }
 }
 
 /// The calibration of a smooth-sensitivity release of one number at ε
@@ -515,24 +544,7 @@ pub(crate) fn answer(
     for q in queries {
         let ignore = estimator == Estimator::IgnoreMissing;
         let cols = if ignore { &data.observed } else { &data.columns };
-        // The population: the subpopulation, and for a mean or variance the rows its value applies to.
-        let value = match &q.kind {
-            QueryKind::Mean { value, .. } | QueryKind::Variance { value, .. } => Some(value.as_str()),
-            _ => None,
-        };
-        let mut sel = rows_where(cols, &q.predicate, data.n);
-        for (r, s) in sel.iter_mut().enumerate() {
-            // Ignoring missing data keeps only complete rows.
-            if ignore && data.imputed[r] {
-                *s = false;
-            }
-            if let Some(v) = value {
-                let unknown_imputed = !ignore && data.missing.get(v).is_some_and(|m| m[r]);
-                if cols[v][r].is_none() && !unknown_imputed {
-                    *s = false;
-                }
-            }
-        }
+        let sel = data.population(q, ignore);
         let parts = parts(q);
         let mut noises = Vec::new();
         let mut l1s = Vec::new();
@@ -593,24 +605,10 @@ pub(crate) fn answer(
                     None
                 } else {
                     let mean = vals.iter().sum::<f64>() / s;
-                    let big = b.abs().max(a.abs());
                     let mean_sens = match (estimator, noises[1]) {
-                        // 004 Thm 5.4 with L1_R: the added/removed row moves the sum by ≤ max(|a|, |b|),
-                        // each of the L1_R changed donees by ≤ w. The paper's w is b − a (the
-                        // subpopulation reads no imputed attribute) or b (it does, a ≥ 0).
-                        // Here w = max(b − a, |a|, |b|) for every case: a donee with no donor
-                        // stays NULL and is left out of the sum, so gaining a donor moves the
-                        // sum by up to max(|a|, |b|) (which exceeds b − a when 0 ∉ [a, b]),
-                        // and a donee entering or leaving a predicate on imputed data moves
-                        // it by up to max(|a|, |b|) too, for any sign of a (a privacy review
-                        // found both). For the paper's [0, b] this is its bound.
-                        (Estimator::Smooth, SmoothNoise::Cauchy { .. }) => {
-                            let w = (b - a).max(a.abs()).max(b.abs());
-                            (big + l1s[1] * w) / s
-                        }
-                        (Estimator::GlobalSensitivity, _) => (big + donees * (b - a)) / s,
-                        // Reads no imputed value (or ignores them): the global sensitivity.
-                        _ => big / s,
+                        (Estimator::GlobalSensitivity, _) => (b.abs().max(a.abs()) + donees * (b - a)) / s,
+                        // Smooth: L1_R; reads no imputed value (or ignores them): global, L = 0.
+                        _ => mean_bound(a, b, l1s[1], s),
                     };
                     let mgrid = OutputGrid::Mean { lo: a, hi: b };
                     // q clamped to its public range first (1-Lipschitz, so S still bounds it): keeps
@@ -625,7 +623,7 @@ pub(crate) fn answer(
                             (Estimator::Smooth, SmoothNoise::Cauchy { .. }) => l1s[2],
                             _ => 0.0,
                         };
-                        let vsens = m * (1.0 + l) / (s - 1.0);
+                        let vsens = variance_bound(m, l, s);
                         let vgrid = OutputGrid::Variance { lo: a, hi: b };
                         record("variance", noises[2], Some(vsens), vgrid);
                         let cap = (b - a).powi(2) / 4.0 * s / (s - 1.0);
@@ -641,13 +639,41 @@ pub(crate) fn answer(
     Ok(out)
 }
 
+/// The bound on a mean's change over a released count s, with L changed
+/// donees (L = L1_R(D) smooth, 0 when it reads no imputed value).
+///
+/// 004 Thm 5.4 with L1_R: the added/removed row moves the sum by ≤ max(|a|, |b|),
+/// each of the L changed donees by ≤ w. The paper's w is b − a (the
+/// subpopulation reads no imputed attribute) or b (it does, a ≥ 0).
+/// Here w = max(b − a, |a|, |b|) for every case: a donee with no donor
+/// stays NULL and is left out of the sum, so gaining a donor moves the
+/// sum by up to max(|a|, |b|) (which exceeds b − a when 0 ∉ [a, b]),
+/// and a donee entering or leaving a predicate on imputed data moves
+/// it by up to max(|a|, |b|) too, for any sign of a (a privacy review
+/// found both). For the paper's [0, b] this is its bound.
+fn mean_bound(a: f64, b: f64, l: f64, s: f64) -> f64 {
+    let w = (b - a).max(a.abs()).max(b.abs());
+    (b.abs().max(a.abs()) + l * w) / s
+}
+
+/// The bound on a variance's change (004 Thm 5.6 with L changed donees),
+/// m = max((a − Ȳ)², (b − Ȳ)²) for the released mean Ȳ and count s.
+fn variance_bound(m: f64, l: f64, s: f64) -> f64 {
+    m * (1.0 + l) / (s - 1.0)
+}
+
 /// The ledger name of a noise.
 fn mechanism_name(noise: SmoothNoise) -> &'static str {
     match noise {
-        SmoothNoise::Cauchy { .. } => "smooth_sensitivity_generalized_cauchy",
-        SmoothNoise::Laplace { .. } => "discrete_laplace",
+        SmoothNoise::Cauchy { .. } => SMOOTH_MECHANISM,
+        SmoothNoise::Laplace { .. } => LAPLACE_MECHANISM,
     }
 }
+
+/// The ledger name of a smooth-sensitivity release.
+const SMOOTH_MECHANISM: &str = "smooth_sensitivity_generalized_cauchy";
+/// The ledger name of a discrete Laplace release.
+const LAPLACE_MECHANISM: &str = "discrete_laplace";
 
 /// The exact (non-private) value of each query on the given columns (for evaluation).
 #[cfg_attr(feature = "bench-internals", visibility::make(pub))]
@@ -803,8 +829,8 @@ pub fn query_records(
         .enumerate()
         .map(|(i, noise)| MechanismRecord {
             mechanism: match (estimator, noise) {
-                (Estimator::Smooth, PartNoise::Smooth) => "smooth_sensitivity_generalized_cauchy".into(),
-                _ => "discrete_laplace".into(),
+                (Estimator::Smooth, PartNoise::Smooth) => SMOOTH_MECHANISM.into(),
+                _ => LAPLACE_MECHANISM.into(),
             },
             target: format!("{} ({})", q.name, q.kind.part_names()[i]),
             sensitivity: None,
@@ -859,14 +885,13 @@ pub async fn diagnose(ctx: &SessionContext, spec: &spec::ImputeSpec) -> Result<V
                 QueryKind::Mean { lo, hi, .. } | QueryKind::Variance { lo, hi, .. } => (*lo, *hi),
                 _ => (0.0, 0.0),
             };
-            let (big, w) = (lo.abs().max(hi.abs()), (hi - lo).max(lo.abs()).max(hi.abs()));
             let l = l1.unwrap_or(0) as f64;
             let bound = match (i, &q.kind) {
                 (0, _) | (1, QueryKind::Proportion { .. }) => Some(1.0 + l),
-                (1, _) if s > 0.0 => Some((big + l * w) / s),
+                (1, _) if s > 0.0 => Some(mean_bound(lo, hi, l, s)),
                 (2, _) if s > 1.0 => {
                     let m = ex[1].map_or((hi - lo).powi(2), |y| (lo - y).powi(2).max((hi - y).powi(2)));
-                    Some(m * (1.0 + l) / (s - 1.0))
+                    Some(variance_bound(m, l, s))
                 }
                 _ => None,
             };
@@ -895,15 +920,7 @@ pub async fn diagnose(ctx: &SessionContext, spec: &spec::ImputeSpec) -> Result<V
 /// with the populations of [`answer`] (curator diagnostics only).
 fn exact_parts(data: &Imputed, q: &QuerySpec) -> Vec<Option<f64>> {
     let cols = &data.columns;
-    let value = match &q.kind {
-        QueryKind::Mean { value, .. } | QueryKind::Variance { value, .. } => Some(value.as_str()),
-        _ => None,
-    };
-    let sel: Vec<bool> = rows_where(cols, &q.predicate, data.n)
-        .into_iter()
-        .enumerate()
-        .map(|(r, s)| s && value.is_none_or(|v| cols[v][r].is_some() || data.missing.get(v).is_some_and(|m| m[r])))
-        .collect();
+    let sel = data.population(q, false);
     let count = sel.iter().filter(|x| **x).count() as f64;
     match &q.kind {
         QueryKind::Count => vec![Some(count)],

@@ -76,12 +76,10 @@ pub fn part_noises(q: &QuerySpec, imputed: &[String]) -> Vec<PartNoise> {
     parts(q).iter().map(|p| p.noise(imputed)).collect()
 }
 
-impl Imputed {
-    /// Whether row `r`'s cell of `column` is unknown and imputed.
-    fn unknown(&self, column: &str, r: usize) -> bool {
-        self.missing.get(column).is_some_and(|m| m[r])
-    }
+/// A predicate with its column's observed values and, for an imputed column, its unknown cells.
+type ResolvedPredicate<'a> = (&'a Predicate, &'a [Option<f64>], Option<&'a [bool]>);
 
+impl Imputed {
     /// R of one released number, per donor-search record (see module docs):
     /// a donee with an unknown cell among the imputed columns the number
     /// reads, whose other cells pass its predicates. `None` when the number
@@ -91,17 +89,22 @@ impl Imputed {
             return None;
         }
         let search = self.search.as_ref()?;
+        // Columns resolved once, not per row: the unknown cells it reads, and each predicate
+        // with its observed values and (for an imputed column) its unknown cells.
+        let read_unknown: Vec<&[bool]> = part.reads().filter_map(|c| self.missing.get(c).map(Vec::as_slice)).collect();
+        let predicates: Vec<ResolvedPredicate<'_>> = part
+            .predicates
+            .iter()
+            .map(|p| (*p, self.observed[&p.column].as_slice(), self.missing.get(&p.column).map(Vec::as_slice)))
+            .collect();
         Some(
             search
                 .rows
                 .iter()
                 .map(|&r| {
                     self.imputed[r]
-                        && part.reads().any(|c| self.unknown(c, r))
-                        && part
-                            .predicates
-                            .iter()
-                            .all(|p| self.unknown(&p.column, r) || p.matches(self.observed[&p.column][r]))
+                        && read_unknown.iter().any(|m| m[r])
+                        && predicates.iter().all(|(p, obs, unknown)| unknown.is_some_and(|m| m[r]) || p.matches(obs[r]))
                 })
                 .collect(),
         )
