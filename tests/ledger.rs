@@ -195,3 +195,83 @@ fn rusqlite_free_create(path: &std::path::Path) {
         .unwrap();
     assert!(status.success());
 }
+
+#[test]
+fn an_analyst_spends_only_their_grant_and_the_total_caps_everyone() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("ledger.sqlite");
+    let mut l = Ledger::create(&path).unwrap();
+    l.add_dataset("adult", "row", Budget::Pure { epsilon: 1.0 }).unwrap();
+    l.grant("adult", "alice", Budget::Pure { epsilon: 0.5 }).unwrap();
+    l.grant("adult", "bob", Budget::Pure { epsilon: 0.8 }).unwrap();
+    // No grant: refused, nothing recorded.
+    assert!(matches!(
+        l.reserve_for("adult", "c0", &[pure(0.1)], None, Some("carol")),
+        Err(LedgerError::NoGrant { .. })
+    ));
+    // A grant must be in the dataset's unit.
+    assert!(matches!(l.grant("adult", "carol", Budget::Zcdp { rho: 0.1 }), Err(LedgerError::GrantUnit { .. })));
+    // alice: 0.4 fits, another 0.2 does not (her grant), though the dataset has 0.6 left.
+    let r = l.reserve_for("adult", "a1", &[pure(0.4)], None, Some("alice")).unwrap();
+    assert!((r.remaining - 0.1).abs() < 1e-12, "the smaller of her 0.1 and the dataset's 0.6: {}", r.remaining);
+    l.commit(r.charge_id).unwrap();
+    let e = l.reserve_for("adult", "a2", &[pure(0.2)], None, Some("alice")).unwrap_err();
+    assert!(matches!(e, LedgerError::AnalystBudget { .. }), "{e}");
+    assert!(e.to_string().contains("larger grant"), "{e}");
+    // bob: his 0.8 grant is capped by the dataset's remaining 0.6.
+    let e = l.reserve_for("adult", "b1", &[pure(0.7)], None, Some("bob")).unwrap_err();
+    assert!(matches!(e, LedgerError::Budget { .. }), "{e}");
+    let r = l.reserve_for("adult", "b2", &[pure(0.6)], None, Some("bob")).unwrap();
+    assert!(r.remaining.abs() < 1e-12);
+    // A failed charge stays spent against the analyst too; a released one is refunded.
+    l.fail(r.charge_id, "test").unwrap();
+    let s = l.analyst_status("adult", "bob").unwrap();
+    assert!((s.spent - 0.6).abs() < 1e-12 && (s.remaining - 0.2).abs() < 1e-12 && s.dataset_remaining.abs() < 1e-12);
+    let a = l.analyst_status("adult", "alice").unwrap();
+    assert!((a.spent - 0.4).abs() < 1e-12, "only her own charges count: {}", a.spent);
+    let h = l.history(Some("adult")).unwrap();
+    assert_eq!(h.iter().map(|c| c.analyst.as_deref()).collect::<Vec<_>>(), vec![Some("alice"), Some("bob")]);
+    // A reservation cannot be resumed under another analyst's name.
+    let mut l2 = Ledger::open(&path).unwrap();
+    l2.grant("adult", "bob", Budget::Pure { epsilon: 2.0 }).unwrap();
+    let open = l2.reserve_for("adult", "x", &[pure(0.0)], None, Some("alice")).unwrap();
+    assert!(l2.reserve_for("adult", "x", &[pure(0.0)], None, Some("bob")).is_err());
+    l2.release(open.charge_id, "test").unwrap();
+}
+
+#[test]
+fn eight_processes_of_one_analyst_never_overspend_the_grant() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("ledger.sqlite");
+    init(&path, &["--epsilon", "10.0"]);
+    let out = dpflow()
+        .args(["budget", "grant", "--ledger", path.to_str().unwrap(), "--dataset", "adult", "--analyst", "alice"])
+        .args(["--epsilon", "1.0"])
+        .output()
+        .unwrap();
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    let children: Vec<_> = (0..8)
+        .map(|p| {
+            let path = path.clone();
+            std::thread::spawn(move || {
+                let mut ok = 0;
+                for k in 0..3 {
+                    let mut l = Ledger::open(&path).unwrap();
+                    match l.reserve_for("adult", &format!("p{p}-{k}"), &[pure(0.1)], None, Some("alice")) {
+                        Ok(r) => {
+                            l.commit(r.charge_id).unwrap();
+                            ok += 1
+                        }
+                        Err(LedgerError::AnalystBudget { .. }) => {}
+                        Err(e) => panic!("unexpected: {e}"),
+                    }
+                }
+                ok
+            })
+        })
+        .collect();
+    let ok: i32 = children.into_iter().map(|c| c.join().unwrap()).sum();
+    assert_eq!(ok, 10, "exactly 10 charges of 0.1 fit in alice's 1.0");
+    let s = Ledger::open(&path).unwrap().analyst_status("adult", "alice").unwrap();
+    assert!(s.spent <= 1.0 + 1e-9, "overspent: {}", s.spent);
+}

@@ -394,12 +394,13 @@ fn a_schema_1_ledger_is_migrated_in_place() {
     // Rewrite it as schema 1 (the old CHECK constraint without 'failed').
     let c = rusqlite::Connection::open(&path).unwrap();
     c.execute_batch(
-        "BEGIN; ALTER TABLE charges RENAME TO c2;
+        "BEGIN; DROP INDEX charges_by_analyst; DROP TABLE analysts; ALTER TABLE charges RENAME TO c2;
          CREATE TABLE charges (id INTEGER PRIMARY KEY AUTOINCREMENT, dataset TEXT NOT NULL REFERENCES datasets(name),
            release_id TEXT NOT NULL, status TEXT NOT NULL CHECK (status IN ('reserved', 'committed', 'released')),
            mechanisms_json TEXT NOT NULL, rho REAL NOT NULL, eps REAL NOT NULL, delta REAL NOT NULL, cost REAL NOT NULL,
            reserved_at TEXT NOT NULL, resolved_at TEXT, note TEXT, pid INTEGER, UNIQUE (dataset, release_id));
-         INSERT INTO charges SELECT * FROM c2; DROP TABLE c2;
+         INSERT INTO charges SELECT id, dataset, release_id, status, mechanisms_json, rho, eps, delta, cost,
+           reserved_at, resolved_at, note, pid FROM c2; DROP TABLE c2;
          UPDATE meta SET value = '1' WHERE key = 'schema_version'; COMMIT;",
     )
     .unwrap();
@@ -411,6 +412,9 @@ fn a_schema_1_ledger_is_migrated_in_place() {
     let r = l.reserve("t", "r2", &[rec], None).unwrap();
     l.fail(r.charge_id, "after migration the failed status is accepted").unwrap();
     assert_eq!(l.status("t").unwrap().spent, 1.0);
+    // ... and so are analysts' grants (schema 3).
+    l.grant("t", "alice", Budget::Pure { epsilon: 0.1 }).unwrap();
+    assert_eq!(l.analyst_status("t", "alice").unwrap().spent, 0.0);
 }
 
 // ---------------------------------------------------------------- review findings

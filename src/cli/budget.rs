@@ -88,6 +88,25 @@ pub enum BudgetCommand {
         #[arg(long, default_value = "resolved by operator")]
         note: String,
     },
+    /// Give an analyst (a `dpflow serve` user) their own budget on a dataset, or change it.
+    /// Their queries must fit it and the dataset's total.
+    Grant {
+        /// Dataset name.
+        #[arg(long)]
+        dataset: String,
+        /// The analyst's user name (as in the users file).
+        #[arg(long)]
+        analyst: String,
+        /// The analyst's budget, in the dataset's unit.
+        #[command(flatten)]
+        budget: BudgetSpec,
+    },
+    /// Analysts' grants, spending and what is left.
+    Analysts {
+        /// Only this dataset.
+        #[arg(long)]
+        dataset: Option<String>,
+    },
     /// Record an out-of-band release (its cost is reserved and committed).
     Charge {
         /// Dataset name.
@@ -183,6 +202,44 @@ pub(super) async fn run(a: BudgetArgs) -> Result<i32> {
                         r.cost,
                         r.reserved_at,
                         mechs.join("; ")
+                    );
+                }
+            }
+        }
+        BudgetCommand::Grant { dataset, analyst, budget } => {
+            let ledger = Ledger::open(&path)?;
+            ledger.grant(dataset, analyst, budget.budget()?)?;
+            let s = ledger.analyst_status(dataset, analyst)?;
+            if json {
+                println!("{}", serde_json::to_string_pretty(&s)?);
+            } else {
+                println!(
+                    "analyst {analyst:?} on dataset {dataset:?}: grant {}, spent {:.6}, remaining {:.6}",
+                    s.budget.describe(),
+                    s.spent,
+                    s.remaining
+                );
+            }
+        }
+        BudgetCommand::Analysts { dataset } => {
+            let ledger = Ledger::open(&path)?;
+            let rows = ledger.analysts(dataset.as_deref())?;
+            if json {
+                println!("{}", serde_json::to_string_pretty(&rows)?);
+            } else {
+                println!(
+                    "{:<20} {:<20} {:<24} {:>12} {:>12} {:>18}",
+                    "dataset", "analyst", "grant", "spent", "remaining", "dataset remaining"
+                );
+                for s in rows {
+                    println!(
+                        "{:<20} {:<20} {:<24} {:>12.6} {:>12.6} {:>18.6}",
+                        s.dataset,
+                        s.analyst,
+                        s.budget.describe(),
+                        s.spent,
+                        s.remaining,
+                        s.dataset_remaining
                     );
                 }
             }

@@ -10,6 +10,11 @@
 //! spent, docs/PRIVACY.md §1) or `released` (a failure before any protected
 //! data was read: nothing depending on the data left the process).
 //!
+//! An analyst (a user of `dpflow serve`) can hold a **grant**: their own
+//! budget on a dataset, in the dataset's unit. A charge made for an analyst
+//! must fit both the analyst's grant (counting only their charges) and the
+//! dataset's total (counting everyone's), checked in the same transaction.
+//!
 //! A reservation counts as spent until an operator resolves it
 //! (`dpflow budget resolve`), so a crash can make the ledger over-count but
 //! never under-count. Reservations run in `BEGIN IMMEDIATE` transactions, so
@@ -26,7 +31,7 @@ use super::budget::{Budget, BudgetError, Normalized, PrivacyFilter, normalize, s
 use dpflow_udfs::cost::MechanismRecord;
 
 const APPLICATION: &str = "dpflow-ledger";
-const SCHEMA_VERSION: &str = "2";
+const SCHEMA_VERSION: &str = "3";
 
 /// Appended (with the charge id) to the release id of a failed charge.
 const FAILED_SUFFIX: &str = "#failed-";
@@ -48,6 +53,17 @@ const CHARGES_TABLE: &str = "CREATE TABLE charges (
                  pid INTEGER,
                  UNIQUE (dataset, release_id)
              );";
+
+/// Schema 3: per-analyst grants and the analyst of each charge.
+const ANALYSTS_V3: &str = "CREATE TABLE analysts (
+                 dataset TEXT NOT NULL REFERENCES datasets(name),
+                 analyst TEXT NOT NULL,
+                 budget_json TEXT NOT NULL,
+                 granted_at TEXT NOT NULL,
+                 PRIMARY KEY (dataset, analyst)
+             );
+             ALTER TABLE charges ADD COLUMN analyst TEXT;
+             CREATE INDEX charges_by_analyst ON charges (dataset, analyst);";
 
 /// Ledger failures.
 #[derive(Debug, thiserror::Error)]
@@ -132,6 +148,40 @@ pub enum LedgerError {
     /// No such charge, or not in the expected state.
     #[error("charge #{0} {1}")]
     BadCharge(i64, String),
+    /// The analyst holds no grant on the dataset.
+    #[error(
+        "analyst {analyst:?} has no budget on dataset {dataset:?}; an administrator grants one with \
+         `dpflow budget grant --ledger LEDGER --dataset {dataset} --analyst {analyst} --epsilon E`"
+    )]
+    NoGrant {
+        /// Dataset.
+        dataset: String,
+        /// Analyst.
+        analyst: String,
+    },
+    /// The charge would overspend the analyst's own grant (nothing was recorded).
+    #[error("analyst {analyst:?} on dataset {dataset:?}: {source}; ask an administrator for a larger grant")]
+    AnalystBudget {
+        /// Dataset.
+        dataset: String,
+        /// Analyst.
+        analyst: String,
+        /// Why.
+        source: BudgetError,
+    },
+    /// A grant whose kind differs from the dataset's budget.
+    #[error(
+        "a grant on dataset {dataset:?} must be in the dataset's unit ({expected}), not {given}; \
+         give it with the same flags as the dataset's budget"
+    )]
+    GrantUnit {
+        /// Dataset.
+        dataset: String,
+        /// The dataset's budget.
+        expected: String,
+        /// The grant given.
+        given: String,
+    },
     /// SQLite error.
     #[error("ledger {path}: {source}")]
     Sql {
@@ -221,6 +271,8 @@ pub struct ChargeRow {
     pub resolved_at: Option<String>,
     /// Free-text note (e.g. who resolved it).
     pub note: Option<String>,
+    /// The analyst the charge was made for (`dpflow serve`), if any.
+    pub analyst: Option<String>,
 }
 
 /// A dataset's budget position.
@@ -238,6 +290,24 @@ pub struct BudgetStatus {
     pub open_reservations: usize,
     /// Composition parts of committed + reserved charges.
     pub normalized: Normalized,
+}
+
+/// An analyst's position on a dataset.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct AnalystStatus {
+    /// Dataset.
+    pub dataset: String,
+    /// Analyst.
+    pub analyst: String,
+    /// The analyst's grant.
+    pub budget: Budget,
+    /// Spent by the analyst's committed, failed and reserved charges (budget unit).
+    pub spent: f64,
+    /// Left of the grant (budget unit).
+    pub remaining: f64,
+    /// Left of the dataset's total (budget unit): the analyst can spend at most
+    /// the smaller of the two.
+    pub dataset_remaining: f64,
 }
 
 /// A reservation handle.
@@ -305,6 +375,7 @@ impl Ledger {
         )
         .map_err(sql)?;
         conn.execute_batch(CHARGES_TABLE).map_err(sql)?;
+        conn.execute_batch(ANALYSTS_V3).map_err(sql)?;
         conn.execute(
             "INSERT INTO meta (key, value) VALUES ('application', ?1), ('schema_version', ?2), ('created_at', ?3)",
             params![APPLICATION, SCHEMA_VERSION, now()],
@@ -342,7 +413,11 @@ impl Ledger {
             .map_err(|e| corrupt(e.to_string()))?;
         match version.as_deref() {
             Some(SCHEMA_VERSION) => {}
-            Some("1") => Self::migrate_v1(&conn).map_err(|e| corrupt(format!("migrating schema 1 to 2: {e}")))?,
+            Some("1") => {
+                Self::migrate_v1(&conn).map_err(|e| corrupt(format!("migrating schema 1 to 2: {e}")))?;
+                Self::migrate_v2(&conn).map_err(|e| corrupt(format!("migrating schema 2 to 3: {e}")))?;
+            }
+            Some("2") => Self::migrate_v2(&conn).map_err(|e| corrupt(format!("migrating schema 2 to 3: {e}")))?,
             _ => return Err(corrupt(format!("unsupported schema version {version:?}"))),
         }
         Ok(Self { conn, path })
@@ -358,7 +433,18 @@ impl Ledger {
              {CHARGES_TABLE}
              INSERT INTO charges SELECT * FROM charges_v1;
              DROP TABLE charges_v1;
-             UPDATE meta SET value = '{SCHEMA_VERSION}' WHERE key = 'schema_version';
+             UPDATE meta SET value = '2' WHERE key = 'schema_version';
+             COMMIT;"
+        ))
+    }
+
+    /// Schema 2 → 3: analysts' grants and the analyst of each charge (existing
+    /// charges have none), in one transaction.
+    fn migrate_v2(conn: &Connection) -> rusqlite::Result<()> {
+        conn.execute_batch(&format!(
+            "BEGIN IMMEDIATE;
+             {ANALYSTS_V3}
+             UPDATE meta SET value = '3' WHERE key = 'schema_version';
              COMMIT;"
         ))
     }
@@ -450,15 +536,19 @@ impl Ledger {
         path: &Path,
         dataset: &str,
         exclude: Option<i64>,
+        analyst: Option<&str>,
     ) -> Result<(Normalized, Normalized, usize), LedgerError> {
         let mut stmt = conn
-            .prepare("SELECT id, status, rho, eps, delta FROM charges WHERE dataset = ?1 AND status != 'released'")
+            .prepare(
+                "SELECT id, status, rho, eps, delta FROM charges
+                 WHERE dataset = ?1 AND status != 'released' AND (?2 IS NULL OR analyst = ?2)",
+            )
             .map_err(|e| LedgerError::Sql { path: path.display().to_string(), source: e })?;
         let mut committed = Normalized::default();
         let mut all = Normalized::default();
         let mut open = 0;
         let rows = stmt
-            .query_map(params![dataset], |r| {
+            .query_map(params![dataset, analyst], |r| {
                 Ok((
                     r.get::<_, i64>(0)?,
                     r.get::<_, String>(1)?,
@@ -488,7 +578,7 @@ impl Ledger {
     /// A dataset's budget position.
     pub fn status(&self, dataset: &str) -> Result<BudgetStatus, LedgerError> {
         let entry = self.dataset(dataset)?;
-        let (committed, all, open) = Self::totals_in(&self.conn, &self.path, dataset, None)?;
+        let (committed, all, open) = Self::totals_in(&self.conn, &self.path, dataset, None, None)?;
         let spent = spent_in_unit(&entry.budget, &all);
         Ok(BudgetStatus {
             committed: spent_in_unit(&entry.budget, &committed),
@@ -503,8 +593,78 @@ impl Ledger {
     /// A filter holding the dataset's budget and everything reserved or committed.
     pub fn filter(&self, dataset: &str) -> Result<PrivacyFilter, LedgerError> {
         let entry = self.dataset(dataset)?;
-        let (_, all, _) = Self::totals_in(&self.conn, &self.path, dataset, None)?;
+        let (_, all, _) = Self::totals_in(&self.conn, &self.path, dataset, None, None)?;
         Ok(PrivacyFilter::with_spent(entry.budget, all))
+    }
+
+    /// Gives `analyst` their own budget on `dataset` (or changes it), in the
+    /// dataset's unit. Lowering a grant below what the analyst has spent is
+    /// allowed: they can spend nothing more.
+    pub fn grant(&self, dataset: &str, analyst: &str, budget: Budget) -> Result<(), LedgerError> {
+        let entry = self.dataset(dataset)?;
+        budget.validate().map_err(|source| LedgerError::Budget { dataset: dataset.to_string(), source })?;
+        if std::mem::discriminant(&budget) != std::mem::discriminant(&entry.budget) {
+            return Err(LedgerError::GrantUnit {
+                dataset: dataset.into(),
+                expected: entry.budget.describe(),
+                given: budget.describe(),
+            });
+        }
+        let json = serde_json::to_string(&budget).expect("budget serialises");
+        self.conn
+            .execute(
+                "INSERT INTO analysts (dataset, analyst, budget_json, granted_at) VALUES (?1, ?2, ?3, ?4)
+                 ON CONFLICT (dataset, analyst) DO UPDATE SET budget_json = ?3, granted_at = ?4",
+                params![dataset, analyst, json, now()],
+            )
+            .map_err(|e| self.sql_err(e))?;
+        Ok(())
+    }
+
+    fn grant_in(conn: &Connection, path: &Path, dataset: &str, analyst: &str) -> Result<Budget, LedgerError> {
+        let p = || path.display().to_string();
+        let json: Option<String> = conn
+            .query_row(
+                "SELECT budget_json FROM analysts WHERE dataset = ?1 AND analyst = ?2",
+                params![dataset, analyst],
+                |r| r.get(0),
+            )
+            .optional()
+            .map_err(|e| LedgerError::Sql { path: p(), source: e })?;
+        let json = json.ok_or_else(|| LedgerError::NoGrant { dataset: dataset.into(), analyst: analyst.into() })?;
+        serde_json::from_str(&json).map_err(|e| LedgerError::Decode { path: p(), reason: e.to_string() })
+    }
+
+    /// An analyst's grant, spending and what is left on a dataset.
+    pub fn analyst_status(&self, dataset: &str, analyst: &str) -> Result<AnalystStatus, LedgerError> {
+        let entry = self.dataset(dataset)?;
+        let budget = Self::grant_in(&self.conn, &self.path, dataset, analyst)?;
+        let (_, mine, _) = Self::totals_in(&self.conn, &self.path, dataset, None, Some(analyst))?;
+        let (_, all, _) = Self::totals_in(&self.conn, &self.path, dataset, None, None)?;
+        let spent = spent_in_unit(&budget, &mine);
+        Ok(AnalystStatus {
+            dataset: dataset.into(),
+            analyst: analyst.into(),
+            remaining: (budget.amount() - spent).max(0.0),
+            dataset_remaining: (entry.budget.amount() - spent_in_unit(&entry.budget, &all)).max(0.0),
+            spent,
+            budget,
+        })
+    }
+
+    /// Every grant (optionally of one dataset) with its position.
+    pub fn analysts(&self, dataset: Option<&str>) -> Result<Vec<AnalystStatus>, LedgerError> {
+        let mut stmt = self
+            .conn
+            .prepare(
+                "SELECT dataset, analyst FROM analysts WHERE (?1 IS NULL OR dataset = ?1) ORDER BY dataset, analyst",
+            )
+            .map_err(|e| self.sql_err(e))?;
+        let pairs: Vec<(String, String)> = stmt
+            .query_map(params![dataset], |r| Ok((r.get(0)?, r.get(1)?)))
+            .and_then(|rows| rows.collect())
+            .map_err(|e| self.sql_err(e))?;
+        pairs.iter().map(|(d, a)| self.analyst_status(d, a)).collect()
     }
 
     /// Reserves the cost of `mechanisms` for `release_id` before any data is
@@ -518,6 +678,21 @@ impl Ledger {
         mechanisms: &[MechanismRecord],
         rdp_delta: Option<f64>,
     ) -> Result<Reservation, LedgerError> {
+        self.reserve_for(dataset, release_id, mechanisms, rdp_delta, None)
+    }
+
+    /// [`Ledger::reserve`] on behalf of `analyst`: the charge must also fit the
+    /// analyst's grant (only their own charges count against it), checked in
+    /// the same transaction as the dataset's total, so concurrent servers on
+    /// one ledger overspend neither. `remaining` is the smaller of the two.
+    pub fn reserve_for(
+        &mut self,
+        dataset: &str,
+        release_id: &str,
+        mechanisms: &[MechanismRecord],
+        rdp_delta: Option<f64>,
+        analyst: Option<&str>,
+    ) -> Result<Reservation, LedgerError> {
         let path = self.path.clone();
         let sql = |e| LedgerError::Sql { path: path.display().to_string(), source: e };
         if release_id.contains(FAILED_SUFFIX) {
@@ -525,21 +700,37 @@ impl Ledger {
         }
         let tx = self.conn.transaction_with_behavior(TransactionBehavior::Immediate).map_err(sql)?;
         let entry = Self::dataset_in(&tx, &path, dataset)?;
+        let grant = match analyst {
+            Some(a) => Some((a, Self::grant_in(&tx, &path, dataset, a)?)),
+            None => None,
+        };
         let budget_err = |source| LedgerError::Budget { dataset: dataset.to_string(), source };
         let mut charge = Normalized::default();
         for m in mechanisms {
             charge = charge + normalize(&entry.budget, &m.loss, rdp_delta).map_err(budget_err)?;
         }
-        let existing: Option<(i64, String, f64, f64, f64)> = tx
+        let existing: Option<(i64, String, f64, f64, f64, Option<String>)> = tx
             .query_row(
-                "SELECT id, status, rho, eps, delta FROM charges WHERE dataset = ?1 AND release_id = ?2",
+                "SELECT id, status, rho, eps, delta, analyst FROM charges WHERE dataset = ?1 AND release_id = ?2",
                 params![dataset, release_id],
-                |r| Ok((r.get(0)?, r.get(1)?, r.get(2)?, r.get(3)?, r.get(4)?)),
+                |r| Ok((r.get(0)?, r.get(1)?, r.get(2)?, r.get(3)?, r.get(4)?, r.get(5)?)),
             )
             .optional()
             .map_err(sql)?;
-        let (_, before, _) = Self::totals_in(&tx, &path, dataset, existing.as_ref().map(|e| e.0))?;
-        if let Some((id, status, rho, eps, delta)) = &existing {
+        let (_, before, _) = Self::totals_in(&tx, &path, dataset, existing.as_ref().map(|e| e.0), None)?;
+        // The analyst's own spending (their charges only) and what their grant leaves.
+        let mine = match &grant {
+            Some((a, _)) => Some(Self::totals_in(&tx, &path, dataset, existing.as_ref().map(|e| e.0), Some(a))?.1),
+            None => None,
+        };
+        let left = |charge: Normalized| {
+            let total = (entry.budget.amount() - spent_in_unit(&entry.budget, &(before + charge))).max(0.0);
+            match (&grant, mine) {
+                (Some((_, g)), Some(m)) => total.min((g.amount() - spent_in_unit(g, &(m + charge))).max(0.0)),
+                _ => total,
+            }
+        };
+        if let Some((id, status, rho, eps, delta, owner)) = &existing {
             match ChargeStatus::parse(status) {
                 // Terminal: a failed charge is never overwritten (that would refund it).
                 Some(ChargeStatus::Failed) => {
@@ -558,14 +749,15 @@ impl Ledger {
                 }
                 Some(ChargeStatus::Reserved) => {
                     let same = Normalized { rho: *rho, eps: *eps, delta: *delta };
-                    if !approx_eq(&same, &charge) {
+                    // Resuming is for the same release by the same analyst only.
+                    if !approx_eq(&same, &charge) || owner.as_deref() != analyst {
                         return Err(LedgerError::ConflictingReservation {
                             dataset: dataset.into(),
                             release_id: release_id.into(),
                             charge_id: *id,
                         });
                     }
-                    let remaining = (entry.budget.amount() - spent_in_unit(&entry.budget, &(before + same))).max(0.0);
+                    let remaining = left(same);
                     tx.commit().map_err(sql)?;
                     return Ok(Reservation { charge_id: *id, resumed: true, remaining });
                 }
@@ -574,29 +766,36 @@ impl Ledger {
         }
         let filter = PrivacyFilter::with_spent(entry.budget, before);
         filter.check_normalized(charge).map_err(budget_err)?;
+        if let (Some((a, g)), Some(m)) = (&grant, mine) {
+            PrivacyFilter::with_spent(*g, m).check_normalized(charge).map_err(|source| LedgerError::AnalystBudget {
+                dataset: dataset.into(),
+                analyst: a.to_string(),
+                source,
+            })?;
+        }
         let cost = spent_in_unit(&entry.budget, &(before + charge)) - spent_in_unit(&entry.budget, &before);
         let mjson = serde_json::to_string(mechanisms).expect("mechanisms serialise");
         let id = match existing {
             Some((id, ..)) => {
                 tx.execute(
                     "UPDATE charges SET status = 'reserved', mechanisms_json = ?2, rho = ?3, eps = ?4, delta = ?5, cost = ?6,
-                         reserved_at = ?7, resolved_at = NULL, note = NULL, pid = ?8 WHERE id = ?1",
-                    params![id, mjson, charge.rho, charge.eps, charge.delta, cost, now(), std::process::id()],
+                         reserved_at = ?7, resolved_at = NULL, note = NULL, pid = ?8, analyst = ?9 WHERE id = ?1",
+                    params![id, mjson, charge.rho, charge.eps, charge.delta, cost, now(), std::process::id(), analyst],
                 )
                 .map_err(sql)?;
                 id
             }
             None => {
                 tx.execute(
-                    "INSERT INTO charges (dataset, release_id, status, mechanisms_json, rho, eps, delta, cost, reserved_at, pid)
-                     VALUES (?1, ?2, 'reserved', ?3, ?4, ?5, ?6, ?7, ?8, ?9)",
-                    params![dataset, release_id, mjson, charge.rho, charge.eps, charge.delta, cost, now(), std::process::id()],
+                    "INSERT INTO charges (dataset, release_id, status, mechanisms_json, rho, eps, delta, cost, reserved_at, pid, analyst)
+                     VALUES (?1, ?2, 'reserved', ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10)",
+                    params![dataset, release_id, mjson, charge.rho, charge.eps, charge.delta, cost, now(), std::process::id(), analyst],
                 )
                 .map_err(sql)?;
                 tx.last_insert_rowid()
             }
         };
-        let remaining = (entry.budget.amount() - spent_in_unit(&entry.budget, &(before + charge))).max(0.0);
+        let remaining = left(charge);
         tx.commit().map_err(sql)?;
         Ok(Reservation { charge_id: id, resumed: false, remaining })
     }
@@ -698,7 +897,8 @@ impl Ledger {
 
     fn query_charges(&self, filter: &str, p: &[&dyn rusqlite::ToSql]) -> Result<Vec<ChargeRow>, LedgerError> {
         let sql = format!(
-            "SELECT id, dataset, release_id, status, mechanisms_json, rho, eps, delta, cost, reserved_at, resolved_at, note
+            "SELECT id, dataset, release_id, status, mechanisms_json, rho, eps, delta, cost, reserved_at, resolved_at, note,
+                    analyst
              FROM charges {filter} ORDER BY id"
         );
         let mut stmt = self.conn.prepare(&sql).map_err(|e| self.sql_err(e))?;
@@ -715,12 +915,13 @@ impl Ledger {
                     r.get::<_, String>(9)?,
                     r.get::<_, Option<String>>(10)?,
                     r.get::<_, Option<String>>(11)?,
+                    r.get::<_, Option<String>>(12)?,
                 ))
             })
             .map_err(|e| self.sql_err(e))?;
         let mut out = Vec::new();
         for row in raw {
-            let (id, dataset, release_id, status, mj, normalized, cost, reserved_at, resolved_at, note) =
+            let (id, dataset, release_id, status, mj, normalized, cost, reserved_at, resolved_at, note, analyst) =
                 row.map_err(|e| self.sql_err(e))?;
             out.push(ChargeRow {
                 id,
@@ -736,6 +937,7 @@ impl Ledger {
                 reserved_at,
                 resolved_at,
                 note,
+                analyst,
             });
         }
         Ok(out)

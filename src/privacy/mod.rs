@@ -21,6 +21,8 @@ pub const SEEDED_LEDGER_REFUSAL: &str = "refused: --unsafe-seed with a ledger: s
      without a ledger for tests and benchmarks";
 
 pub use failure::{FailureError, ProtectedFailure, charge_failure};
-pub use ledger::{BudgetStatus, ChargeRow, ChargeStatus, DatasetEntry, Ledger, LedgerError, Reservation};
+pub use ledger::{
+    AnalystStatus, BudgetStatus, ChargeRow, ChargeStatus, DatasetEntry, Ledger, LedgerError, Reservation,
+};
 pub use share::Share;
 pub use yaml::{RawBudget, RawBudgetError};
