@@ -18,6 +18,7 @@ pub mod missing;
 pub mod pgm;
 pub mod pipeline;
 pub mod privacy;
+pub mod serve;
 pub mod sql;
 pub mod synth;
 

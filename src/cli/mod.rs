@@ -5,6 +5,7 @@ mod impute;
 mod inspect;
 mod missing;
 mod pipeline;
+mod serve;
 mod sql;
 mod synth;
 
@@ -39,6 +40,8 @@ pub enum Command {
     Eval(synth::EvalArgs),
     /// DP SQL over a catalog of protected tables (one query, or an interactive session).
     Sql(sql::SqlArgs),
+    /// Serve DP SQL to PostgreSQL clients (psql, psycopg, JDBC) with analysts, roles and per-analyst budgets.
+    Serve(serve::ServeArgs),
     /// Check release pipeline files (errors name the file, line and key).
     Validate(pipeline::ValidateArgs),
     /// Run one release of a pipeline (plan, reserve, execute, commit, publish).
@@ -60,6 +63,7 @@ pub async fn run(cli: Cli) -> Result<i32> {
         Command::Sample(a) => synth::sample(a).await,
         Command::Eval(a) => synth::eval(a).await,
         Command::Sql(a) => sql::run(a).await,
+        Command::Serve(a) => serve::run(a).await,
         Command::Validate(a) => pipeline::validate(a).await,
         Command::Run(a) => pipeline::run(a).await,
         Command::Schedule(a) => pipeline::schedule_cmd(a).await,

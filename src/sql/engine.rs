@@ -57,7 +57,9 @@ pub struct QueryResult {
 pub struct SqlEngine {
     pub(super) ctx: SessionContext,
     pub(super) catalog: Catalog,
-    pub(super) ledger: Option<Ledger>,
+    /// Behind a mutex only so that a session is `Sync` (a server holds
+    /// `&SqlEngine` across awaits on other threads); one session uses it at a time.
+    pub(super) ledger: Option<parking_lot::Mutex<Ledger>>,
     pub(super) rng: DpRng,
     pub(super) unsafe_seed: Option<u64>,
     pub(super) counter: u64,
@@ -65,6 +67,24 @@ pub struct SqlEngine {
     pub(super) precharged: bool,
     /// Groups summing at least this many values are re-aggregated with 128-bit sums.
     pub(super) wide_from: i128,
+    /// The analyst queries are charged for (`dpflow serve`): each charge must
+    /// also fit their grant in the ledger.
+    pub(super) analyst: Option<String>,
+}
+
+/// What an analyst has left on one ledger dataset (`SHOW dp_budget`).
+#[derive(Debug, Clone, Serialize)]
+pub struct AnalystBudget {
+    /// The ledger dataset.
+    pub dataset: String,
+    /// The analyst's grant (`None`: no grant, every query on it is refused).
+    pub grant: Option<Budget>,
+    /// Spent by the analyst (grant's unit).
+    pub spent: f64,
+    /// Left of the grant.
+    pub remaining: f64,
+    /// Left of the dataset's total (shared by every analyst).
+    pub dataset_remaining: f64,
 }
 
 impl SqlEngine {
@@ -111,9 +131,9 @@ impl SqlEngine {
                     "note: created ledger {} with the catalog's demo budgets (create_ledger_if_missing)",
                     p.display()
                 );
-                Some(l)
+                Some(parking_lot::Mutex::new(l))
             }
-            Some(p) => Some(Ledger::open(p)?),
+            Some(p) => Some(parking_lot::Mutex::new(Ledger::open(p)?)),
         };
         Ok(Self {
             ctx,
@@ -124,7 +144,66 @@ impl SqlEngine {
             counter: 0,
             precharged: false,
             wide_from: 1 << 32,
+            analyst: None,
         })
+    }
+
+    /// A session of one analyst (`dpflow serve`): only the catalog tables in
+    /// `tables` (their role) are registered, so no query can name another,
+    /// and every charge is made for `analyst` ([`crate::privacy::Ledger::reserve_for`]).
+    pub async fn open_for_analyst(
+        mut catalog: Catalog,
+        analyst: &str,
+        tables: &std::collections::BTreeSet<String>,
+    ) -> Result<Self> {
+        catalog.tables.retain(|name, _| tables.contains(name));
+        catalog.create_ledger = None;
+        if catalog.ledger.is_none() {
+            return Err(SqlError::NoLedger);
+        }
+        let mut e = Self::open(catalog, None).await?;
+        e.analyst = Some(analyst.to_string());
+        Ok(e)
+    }
+
+    /// The catalog this session serves (for an analyst: only their tables).
+    pub fn catalog(&self) -> &Catalog {
+        &self.catalog
+    }
+
+    /// What the session's analyst has left on each ledger dataset behind its
+    /// protected tables (empty without an analyst or a ledger).
+    pub fn analyst_budgets(&self) -> Result<Vec<AnalystBudget>> {
+        match (&self.analyst, &self.ledger) {
+            (Some(analyst), Some(ledger)) => analyst_budgets(&ledger.lock(), &self.catalog, analyst),
+            _ => Ok(vec![]),
+        }
+    }
+
+    /// The result schema `sql` would have, from its plan alone: checks and
+    /// refusals run, nothing is charged and no protected data is read (what
+    /// a client's Describe gets before it executes).
+    pub async fn describe(&mut self, sql: &str) -> Result<datafusion::arrow::datatypes::SchemaRef> {
+        let prepared = prepare(sql)?;
+        if prepared.explain {
+            return Ok(explain_schema());
+        }
+        let plan = self.ctx.state().create_logical_plan(&prepared.sql).await?;
+        no_duplicate_sites(&plan)?;
+        if super::imputed::uses_imputed(&prepared.sites) {
+            let ip = super::imputed::plan_imputed(&plan, &self.catalog, &prepared.sites, self.catalog.query_budget)?;
+            let fields: Vec<Field> = ip.outputs.iter().map(|(n, _)| Field::new(n, DataType::Float64, true)).collect();
+            return Ok(Arc::new(Schema::new(fields)));
+        }
+        analyze(&plan, &self.catalog)?;
+        let (plan, _) = super::check::analyze_coerced(&plan, &self.catalog, self.ctx.state().config_options())?;
+        let fields: Vec<Field> = plan
+            .schema()
+            .fields()
+            .iter()
+            .map(|f| Field::new(super::sites::clean_dp_name(f.name()), f.data_type().clone(), true))
+            .collect();
+        Ok(Arc::new(Schema::new(fields)))
     }
 
     /// A session whose caller accounts for every query itself (a release
@@ -213,7 +292,9 @@ impl SqlEngine {
         let release_id =
             format!("sql-{}-{}-{}", chrono::Utc::now().format("%Y%m%dT%H%M%S%.6fZ"), std::process::id(), self.counter);
         match self.ledger.as_mut() {
-            Some(l) => Ok(Some(l.reserve(dataset, &release_id, records, None)?)),
+            Some(l) => {
+                Ok(Some(l.get_mut().reserve_for(dataset, &release_id, records, None, self.analyst.as_deref())?))
+            }
             None => {
                 if self.unsafe_seed.is_none() && !self.precharged {
                     return Err(SqlError::NoLedger);
@@ -235,7 +316,7 @@ impl SqlEngine {
     ) -> Result<QueryResult> {
         match (outcome, reservation) {
             (Ok(batches), Some(r)) => {
-                let l = self.ledger.as_ref().expect("reserved");
+                let l = self.ledger.as_ref().expect("reserved").lock();
                 l.commit(r.charge_id)?;
                 Ok(QueryResult {
                     batches,
@@ -249,8 +330,8 @@ impl SqlEngine {
                 Ok(QueryResult { batches, mechanisms: records, explain: None, charge_id: None, remaining: None })
             }
             (Err(e), Some(r)) => {
-                let l = self.ledger.as_ref().expect("reserved");
-                Err(charge_failure("query", Some((l, r.charge_id)), e))
+                let l = self.ledger.as_ref().expect("reserved").lock();
+                Err(charge_failure("query", Some((&l, r.charge_id)), e))
             }
             (Err(e), None) => Err(charge_failure("query", None, e)),
         }
@@ -336,6 +417,61 @@ impl SqlEngine {
         }
         Ok(())
     }
+}
+
+/// What `analyst` has left on each ledger dataset behind the protected
+/// tables of `catalog` (a dataset without a grant shows none and 0 left).
+pub fn analyst_budgets(ledger: &Ledger, catalog: &Catalog, analyst: &str) -> Result<Vec<AnalystBudget>> {
+    let datasets: std::collections::BTreeSet<&str> =
+        catalog.tables.values().filter(|t| !t.public).map(|t| t.ledger_dataset.as_str()).collect();
+    let mut out = Vec::new();
+    for d in datasets {
+        out.push(match ledger.analyst_status(d, analyst) {
+            Ok(s) => AnalystBudget {
+                dataset: s.dataset,
+                grant: Some(s.budget),
+                spent: s.spent,
+                remaining: s.remaining,
+                dataset_remaining: s.dataset_remaining,
+            },
+            Err(crate::privacy::LedgerError::NoGrant { .. }) => AnalystBudget {
+                dataset: d.to_string(),
+                grant: None,
+                spent: 0.0,
+                remaining: 0.0,
+                dataset_remaining: ledger.status(d)?.remaining,
+            },
+            Err(e) => return Err(e.into()),
+        });
+    }
+    Ok(out)
+}
+
+/// The columns of [`explain_batch`].
+pub fn explain_schema() -> datafusion::arrow::datatypes::SchemaRef {
+    Arc::new(Schema::new(vec![
+        Field::new("aggregate", DataType::Utf8, false),
+        Field::new("mechanism", DataType::Utf8, false),
+        Field::new("sensitivity", DataType::Float64, true),
+        Field::new("noise_scale", DataType::Float64, true),
+        Field::new("loss", DataType::Utf8, false),
+    ]))
+}
+
+/// EXPLAIN rows as one record batch (for clients that take tables).
+pub fn explain_batch(rows: &[ExplainRow]) -> Result<RecordBatch> {
+    use datafusion::arrow::array::{Float64Array, StringArray};
+    let text = |f: fn(&ExplainRow) -> &str| Arc::new(StringArray::from_iter_values(rows.iter().map(f))) as ArrayRef;
+    Ok(RecordBatch::try_new(
+        explain_schema(),
+        vec![
+            text(|r| &r.aggregate),
+            text(|r| &r.mechanism),
+            Arc::new(rows.iter().map(|r| r.sensitivity).collect::<Float64Array>()),
+            Arc::new(rows.iter().map(|r| r.noise_scale).collect::<Float64Array>()),
+            Arc::new(StringArray::from_iter_values(rows.iter().map(|r| r.loss.as_str()))),
+        ],
+    )?)
 }
 
 /// The EXPLAIN answer for `records` (nothing charged, no data read).

@@ -18,6 +18,6 @@ pub mod sites;
 
 pub use catalog::{Catalog, PrivacyUnit, TableEntry};
 pub use costing::selection_threshold;
-pub use engine::{ExplainRow, QueryResult, SqlEngine};
+pub use engine::{AnalystBudget, ExplainRow, QueryResult, SqlEngine, analyst_budgets, explain_batch, explain_schema};
 pub use error::SqlError;
 pub use refusal::{Refusal, RefusalKind};

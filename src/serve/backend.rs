@@ -1,0 +1,431 @@
+//! One client connection: SCRAM-SHA-256 login against the users file, then
+//! the simple and extended query protocols over the analyst's DP SQL
+//! session and metadata session ([`super::route`] decides which).
+//!
+//! A DP query is described from its plan (no data read, nothing charged)
+//! and executed once per `Execute`: the engine reserves its cost in the
+//! ledger under the analyst's name before reading anything, draws the noise
+//! once, and commits. Query parameters (`$1`) are refused: a DP query's
+//! literals are part of what is checked and costed, so they must be in its text.
+
+use std::collections::BTreeSet;
+use std::fmt::Debug;
+use std::sync::Arc;
+
+use async_trait::async_trait;
+use datafusion::arrow::array::RecordBatch;
+use datafusion::arrow::datatypes::{DataType, Field, Schema, SchemaRef};
+use futures::{Sink, stream};
+use pgwire::api::auth::sasl::SASLAuthStartupHandler;
+use pgwire::api::auth::sasl::scram::{ScramAuth, ScramSecret};
+use pgwire::api::auth::{AuthSource, DefaultServerParameterProvider, LoginInfo, Password, StartupHandler};
+use pgwire::api::portal::{Format, Portal};
+use pgwire::api::query::{ExtendedQueryHandler, SimpleQueryHandler};
+use pgwire::api::results::{
+    DescribePortalResponse, DescribeStatementResponse, FieldInfo, QueryResponse, Response, Tag,
+};
+use pgwire::api::stmt::{NoopQueryParser, StoredStatement};
+use pgwire::api::store::PortalStore;
+use pgwire::api::{ClientInfo, ClientPortalStore, METADATA_USER, PgWireServerHandlers, Type};
+use pgwire::error::{PgWireError, PgWireResult};
+use pgwire::messages::PgWireBackendMessage;
+use tokio::sync::Mutex;
+
+use super::audit::{AuditEntry, AuditLog, query_hash};
+use super::metadata::Metadata;
+use super::route::{DP_BUDGET, Route, route};
+use super::users::{ITERATIONS, Users};
+use super::{encode, sqlstate};
+use crate::sql::{Catalog, SqlEngine, explain_batch};
+
+/// What every connection of one server shares.
+pub struct Shared {
+    /// The catalog (every table; each analyst sees their role's).
+    pub catalog: Catalog,
+    /// Its table names.
+    pub catalog_tables: BTreeSet<String>,
+    /// The analysts.
+    pub users: Users,
+    /// The audit log.
+    pub audit: AuditLog,
+    /// Salt material for the verifiers of unknown users (so a login fails
+    /// the same way whether or not the user exists).
+    pub decoy_key: [u8; 32],
+}
+
+/// SCRAM secrets from the users file.
+#[derive(Debug)]
+struct Logins(Arc<Shared>);
+
+impl Debug for Shared {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "Shared({} users)", self.users.users.len())
+    }
+}
+
+#[async_trait]
+impl AuthSource for Logins {
+    async fn get_password(&self, login: &LoginInfo) -> PgWireResult<Password> {
+        // Only SCRAM is offered; a password is never compared in clear.
+        Err(PgWireError::InvalidPassword(login.user().unwrap_or_default().to_owned()))
+    }
+
+    async fn get_scram_secret(&self, login: &LoginInfo) -> PgWireResult<(ScramSecret, Option<()>)> {
+        let name = login.user().unwrap_or_default();
+        match self.0.users.users.get(name) {
+            Some(u) => Ok((u.verifier.secret(), None)),
+            None => {
+                // An unknown user gets a decoy verifier with a stable salt, so the
+                // exchange runs to the end and fails like a wrong password.
+                use sha2::{Digest, Sha256};
+                let d = Sha256::new().chain_update(self.0.decoy_key).chain_update(name.as_bytes()).finalize();
+                let keys: [u8; 32] = rand::random();
+                Ok((
+                    ScramSecret::Verifier {
+                        salt: d[..16].to_vec(),
+                        iterations: ITERATIONS,
+                        stored_key: keys.to_vec(),
+                        server_key: keys.to_vec(),
+                    },
+                    None,
+                ))
+            }
+        }
+    }
+}
+
+/// The analyst's sessions, opened after login.
+struct Conn {
+    analyst: String,
+    allowed: BTreeSet<String>,
+    engine: SqlEngine,
+    meta: Metadata,
+}
+
+/// One connection's handlers.
+pub struct Session {
+    shared: Arc<Shared>,
+    conn: Mutex<Option<Conn>>,
+    parser: Arc<NoopQueryParser>,
+}
+
+/// What a statement produced.
+enum Outcome {
+    Rows(SchemaRef, Vec<RecordBatch>),
+    Tag(Response),
+}
+
+/// Accounting of one executed statement, for the audit log.
+#[derive(Default)]
+struct Accounting {
+    route: &'static str,
+    charge_id: Option<i64>,
+    loss: Option<String>,
+}
+
+fn no_such_user() -> PgWireError {
+    sqlstate::error("28000", "the connection has no authenticated user")
+}
+
+fn system(e: impl std::fmt::Display) -> PgWireError {
+    sqlstate::error(sqlstate::SYSTEM, e.to_string())
+}
+
+/// Server settings `SHOW` answers (the values the startup message announced).
+fn setting(name: &str) -> Option<&'static str> {
+    Some(match name {
+        "server_version" => "16.0 (dpflow)",
+        "server_encoding" | "client_encoding" => "UTF8",
+        "standard_conforming_strings" => "on",
+        "integer_datetimes" => "on",
+        "datestyle" => "ISO, MDY",
+        "timezone" => "UTC",
+        "search_path" => "public",
+        "transaction_isolation" | "default_transaction_isolation" => "read committed",
+        "transaction_read_only" | "default_transaction_read_only" => "on",
+        "max_identifier_length" => "63",
+        "intervalstyle" => "postgres",
+        _ => return None,
+    })
+}
+
+fn one_text_row(name: &str, value: &str) -> PgWireResult<Outcome> {
+    let schema = Arc::new(Schema::new(vec![Field::new(name, DataType::Utf8, false)]));
+    let b =
+        RecordBatch::try_new(schema.clone(), vec![Arc::new(datafusion::arrow::array::StringArray::from(vec![value]))])
+            .map_err(system)?;
+    Ok(Outcome::Rows(schema, vec![b]))
+}
+
+impl Session {
+    /// A connection of the server sharing `shared`.
+    pub fn new(shared: Arc<Shared>) -> Self {
+        Self { shared, conn: Mutex::new(None), parser: Arc::new(NoopQueryParser::new()) }
+    }
+
+    /// The analyst's sessions, opened on first use.
+    async fn conn<C: ClientInfo>(&self, client: &C) -> PgWireResult<tokio::sync::MutexGuard<'_, Option<Conn>>> {
+        let mut guard = self.conn.lock().await;
+        if guard.is_none() {
+            let analyst = client.metadata().get(METADATA_USER).cloned().ok_or_else(no_such_user)?;
+            let user = self.shared.users.users.get(&analyst).ok_or_else(no_such_user)?;
+            let engine = SqlEngine::open_for_analyst(self.shared.catalog.clone(), &analyst, &user.tables)
+                .await
+                .map_err(|e| sqlstate::from_sql(&e))?;
+            let mut tables = Vec::new();
+            for name in &user.tables {
+                let provider = engine.context().table_provider(name.as_str()).await.map_err(system)?;
+                tables.push((name.clone(), provider.schema()));
+            }
+            let meta = Metadata::new(&tables, engine.catalog().clone(), &analyst).map_err(system)?;
+            *guard = Some(Conn { analyst, allowed: user.tables.clone(), engine, meta });
+        }
+        Ok(guard)
+    }
+
+    /// The columns `sql` returns (empty: a statement without rows).
+    async fn describe(&self, conn: &mut Conn, sql: &str) -> PgWireResult<Option<SchemaRef>> {
+        Ok(match route(sql, &self.shared.catalog_tables, &conn.allowed) {
+            Route::Dp => Some(conn.engine.describe(sql).await.map_err(|e| sqlstate::from_sql(&e))?),
+            Route::Metadata => Some(conn.meta.describe(sql).await.map_err(|e| metadata_error(&e))?),
+            Route::Show(name) if name == DP_BUDGET => Some(super::metadata::budget_schema()),
+            Route::Show(name) => {
+                setting(&name).ok_or_else(|| unknown_setting(&name))?;
+                Some(Arc::new(Schema::new(vec![Field::new(name, DataType::Utf8, false)])))
+            }
+            Route::Refuse(code, msg) => return Err(sqlstate::error(code, msg)),
+            _ => None,
+        })
+    }
+
+    /// Runs `sql` once.
+    async fn run(&self, conn: &mut Conn, sql: &str, acct: &mut Accounting) -> PgWireResult<Outcome> {
+        match route(sql, &self.shared.catalog_tables, &conn.allowed) {
+            Route::Empty => {
+                acct.route = "session";
+                Ok(Outcome::Tag(Response::EmptyQuery))
+            }
+            Route::Begin => {
+                acct.route = "session";
+                Ok(Outcome::Tag(Response::TransactionStart(Tag::new("BEGIN"))))
+            }
+            Route::Commit => {
+                acct.route = "session";
+                Ok(Outcome::Tag(Response::TransactionEnd(Tag::new("COMMIT"))))
+            }
+            Route::Rollback => {
+                acct.route = "session";
+                Ok(Outcome::Tag(Response::TransactionEnd(Tag::new("ROLLBACK"))))
+            }
+            Route::Set(tag) => {
+                acct.route = "session";
+                Ok(Outcome::Tag(Response::Execution(Tag::new(tag))))
+            }
+            Route::Show(name) => {
+                acct.route = "metadata";
+                if name == DP_BUDGET {
+                    let (schema, batches) =
+                        conn.meta.query("SELECT * FROM dp_budget()").await.map_err(|e| metadata_error(&e))?;
+                    return Ok(Outcome::Rows(schema, batches));
+                }
+                one_text_row(&name, setting(&name).ok_or_else(|| unknown_setting(&name))?)
+            }
+            Route::Metadata => {
+                acct.route = "metadata";
+                let (schema, batches) = conn.meta.query(sql).await.map_err(|e| metadata_error(&e))?;
+                Ok(Outcome::Rows(schema, batches))
+            }
+            Route::Dp => {
+                acct.route = "dp";
+                let schema = conn.engine.describe(sql).await.map_err(|e| sqlstate::from_sql(&e))?;
+                let r = conn.engine.query(sql, None).await.map_err(|e| sqlstate::from_sql(&e))?;
+                acct.charge_id = r.charge_id;
+                if r.charge_id.is_some() {
+                    acct.loss = Some(r.mechanisms.iter().map(|m| m.loss.describe()).collect::<Vec<_>>().join(" + "));
+                }
+                match &r.explain {
+                    Some(rows) => {
+                        acct.route = "explain";
+                        Ok(Outcome::Rows(schema, vec![explain_batch(rows).map_err(|e| sqlstate::from_sql(&e))?]))
+                    }
+                    None => Ok(Outcome::Rows(schema, r.batches)),
+                }
+            }
+            Route::Refuse(code, msg) => {
+                acct.route = "refused";
+                Err(sqlstate::error(code, msg))
+            }
+        }
+    }
+
+    /// Runs `sql`, writes its audit line, and shapes the answer.
+    async fn execute<C: ClientInfo>(&self, client: &C, sql: &str, format: &Format) -> PgWireResult<Response> {
+        let mut guard = self.conn(client).await?;
+        let conn = guard.as_mut().expect("opened");
+        let mut acct = Accounting::default();
+        let result = self.run(conn, sql, &mut acct).await;
+        let sqlstate = match &result {
+            Err(PgWireError::UserError(info)) => Some(info.code.clone()),
+            Err(_) => Some(sqlstate::SYSTEM.to_string()),
+            Ok(_) => None,
+        };
+        self.shared.audit.record(&AuditEntry {
+            time: chrono::Utc::now().to_rfc3339_opts(chrono::SecondsFormat::Millis, true),
+            analyst: &conn.analyst,
+            peer: client.socket_addr().to_string(),
+            query_sha256: query_hash(sql),
+            route: if acct.route.is_empty() { "refused" } else { acct.route },
+            charge_id: acct.charge_id,
+            loss: acct.loss.clone(),
+            outcome: if result.is_ok() { "ok" } else { "error" },
+            sqlstate,
+        });
+        drop(guard);
+        match result? {
+            Outcome::Tag(r) => Ok(r),
+            Outcome::Rows(schema, batches) => {
+                let fields = Arc::new(encode::fields(&schema, format));
+                let rows = encode::rows(fields.clone(), &schema, &batches)?;
+                Ok(Response::Query(QueryResponse::new(fields, stream::iter(rows.into_iter().map(Ok)))))
+            }
+        }
+    }
+
+    async fn fields<C: ClientInfo>(&self, client: &C, sql: &str, format: &Format) -> PgWireResult<Vec<FieldInfo>> {
+        let mut guard = self.conn(client).await?;
+        let conn = guard.as_mut().expect("opened");
+        Ok(self.describe(conn, sql).await?.map(|s| encode::fields(&s, format)).unwrap_or_default())
+    }
+}
+
+fn unknown_setting(name: &str) -> PgWireError {
+    sqlstate::error(sqlstate::UNDEFINED_OBJECT, format!("unrecognized configuration parameter \"{name}\""))
+}
+
+/// Errors of the metadata session (it holds no protected data, so its
+/// messages are shown as they are).
+fn metadata_error(e: &datafusion::error::DataFusionError) -> PgWireError {
+    let msg = e.to_string();
+    let code = if msg.contains("not found") || msg.contains("does not exist") {
+        sqlstate::UNDEFINED_TABLE
+    } else if msg.contains("not supported") || msg.contains("DDL") || msg.contains("DML") {
+        sqlstate::PERMISSION
+    } else {
+        "42000"
+    };
+    sqlstate::error(code, msg)
+}
+
+fn refuse_parameters<S>(portal: &Portal<S>) -> PgWireResult<()> {
+    if portal.parameters.is_empty() {
+        return Ok(());
+    }
+    Err(sqlstate::error(
+        sqlstate::UNSUPPORTED,
+        "query parameters ($1, ...) are not supported: a DP query is checked and costed from its text, so write \
+         the values into the SQL (psycopg: use a ClientCursor)",
+    ))
+}
+
+#[async_trait]
+impl SimpleQueryHandler for Session {
+    async fn do_query<C>(&self, client: &mut C, query: &str) -> PgWireResult<Vec<Response>>
+    where
+        C: ClientInfo + ClientPortalStore + Sink<PgWireBackendMessage> + Unpin + Send + Sync,
+        C::Error: Debug,
+        PgWireError: From<<C as Sink<PgWireBackendMessage>>::Error>,
+    {
+        Ok(vec![self.execute(client, query, &Format::UnifiedText).await?])
+    }
+}
+
+#[async_trait]
+impl ExtendedQueryHandler for Session {
+    type Statement = String;
+    type QueryParser = NoopQueryParser;
+
+    fn query_parser(&self) -> Arc<Self::QueryParser> {
+        self.parser.clone()
+    }
+
+    async fn do_describe_statement<C>(
+        &self,
+        client: &mut C,
+        target: &StoredStatement<Self::Statement>,
+    ) -> PgWireResult<DescribeStatementResponse>
+    where
+        C: ClientInfo + ClientPortalStore + Sink<PgWireBackendMessage> + Unpin + Send + Sync,
+        C::PortalStore: PortalStore<Statement = Self::Statement>,
+        C::Error: Debug,
+        PgWireError: From<<C as Sink<PgWireBackendMessage>>::Error>,
+    {
+        let params = target.parameter_types.iter().map(|t| t.clone().unwrap_or(Type::UNKNOWN)).collect();
+        let fields = self.fields(client, &target.statement, &Format::UnifiedBinary).await?;
+        Ok(DescribeStatementResponse::new(params, fields))
+    }
+
+    async fn do_describe_portal<C>(
+        &self,
+        client: &mut C,
+        target: &Portal<Self::Statement>,
+    ) -> PgWireResult<DescribePortalResponse>
+    where
+        C: ClientInfo + ClientPortalStore + Sink<PgWireBackendMessage> + Unpin + Send + Sync,
+        C::PortalStore: PortalStore<Statement = Self::Statement>,
+        C::Error: Debug,
+        PgWireError: From<<C as Sink<PgWireBackendMessage>>::Error>,
+    {
+        refuse_parameters(target)?;
+        let fields = self.fields(client, &target.statement.statement, &target.result_column_format).await?;
+        Ok(DescribePortalResponse::new(fields))
+    }
+
+    async fn do_query<C>(
+        &self,
+        client: &mut C,
+        portal: &Portal<Self::Statement>,
+        _max_rows: usize,
+    ) -> PgWireResult<Response>
+    where
+        C: ClientInfo + ClientPortalStore + Sink<PgWireBackendMessage> + Unpin + Send + Sync,
+        C::PortalStore: PortalStore<Statement = Self::Statement>,
+        C::Error: Debug,
+        PgWireError: From<<C as Sink<PgWireBackendMessage>>::Error>,
+    {
+        refuse_parameters(portal)?;
+        self.execute(client, &portal.statement.statement, &portal.result_column_format).await
+    }
+}
+
+/// The handlers of one connection.
+pub struct Handlers {
+    /// The connection's session.
+    pub session: Arc<Session>,
+    /// TLS certificate (PEM) for SCRAM channel binding, when TLS is on.
+    pub cert_pem: Option<Arc<Vec<u8>>>,
+}
+
+impl PgWireServerHandlers for Handlers {
+    fn simple_query_handler(&self) -> Arc<impl SimpleQueryHandler> {
+        self.session.clone()
+    }
+
+    fn extended_query_handler(&self) -> Arc<impl ExtendedQueryHandler> {
+        self.session.clone()
+    }
+
+    fn startup_handler(&self) -> Arc<impl StartupHandler> {
+        let mut scram = ScramAuth::new(Arc::new(Logins(self.session.shared.clone())));
+        scram.set_iterations(ITERATIONS);
+        if let Some(pem) = &self.cert_pem
+            && let Err(e) = scram.configure_certificate(pem)
+        {
+            log::warn!("SCRAM channel binding is off: {e}");
+        }
+        let mut params = DefaultServerParameterProvider::default();
+        params.server_version = "16.0 (dpflow)".into();
+        params.default_transaction_read_only = true;
+        params.is_superuser = false;
+        Arc::new(SASLAuthStartupHandler::new(Arc::new(params)).with_scram(scram))
+    }
+}
