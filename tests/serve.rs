@@ -106,13 +106,18 @@ impl Drop for Server {
     }
 }
 
+fn serve(w: &World, name: &str) -> Server {
+    serve_with(w, name, &[])
+}
+
 // The child is killed and waited for in `Server`'s drop.
 #[allow(clippy::zombie_processes)]
-fn serve(w: &World, name: &str) -> Server {
+fn serve_with(w: &World, name: &str, extra: &[&str]) -> Server {
     let log = w.dir.join(format!("{name}.log"));
     let mut child = dpflow()
         .args(["serve", "--catalog", w.catalog.to_str().unwrap(), "--users", w.users.to_str().unwrap()])
         .args(["--listen", "127.0.0.1:0", "--audit", w.dir.join("audit.jsonl").to_str().unwrap()])
+        .args(extra)
         .stdout(Stdio::null())
         .stderr(std::fs::File::create(&log).unwrap())
         .spawn()
@@ -134,8 +139,12 @@ fn serve(w: &World, name: &str) -> Server {
 }
 
 fn psql(port: u16, user: &str, password: &str, sql: &str) -> Output {
+    psql_with(port, user, password, sql, "sslmode=disable")
+}
+
+fn psql_with(port: u16, user: &str, password: &str, sql: &str, options: &str) -> Output {
     Command::new("psql")
-        .arg(format!("host=127.0.0.1 port={port} user={user} dbname=dpflow sslmode=disable connect_timeout=20"))
+        .arg(format!("host=127.0.0.1 port={port} user={user} dbname=dpflow connect_timeout=20 {options}"))
         .args(["-X", "-A", "-t", "-v", "ON_ERROR_STOP=1", "-v", "VERBOSITY=verbose", "-c", sql])
         .env("PGPASSWORD", password)
         .output()
@@ -340,4 +349,53 @@ fn concurrent_clients_on_two_servers_never_overspend_or_lose_a_charge() {
             c.iter().filter(|c| c.analyst.as_deref() == Some(who)).count() as u64
         );
     }
+}
+
+#[test]
+fn tls_with_channel_binding_and_no_plain_tcp_off_loopback() {
+    if !client_available("psql", have("psql", &["--version"]))
+        || !client_available("openssl", have("openssl", &["version"]))
+    {
+        return;
+    }
+    let w = world(0.5, 5.0, &[("adult", "alice", 5.0)], "adult");
+    let (cert, key) = (w.dir.join("cert.pem"), w.dir.join("key.pem"));
+    let o = Command::new("openssl")
+        .args(["req", "-x509", "-newkey", "rsa:2048", "-nodes", "-days", "1", "-subj", "/CN=localhost"])
+        .args(["-keyout", key.to_str().unwrap(), "-out", cert.to_str().unwrap()])
+        .output()
+        .unwrap();
+    assert!(o.status.success(), "{o:?}");
+    let s = serve_with(&w, "tls", &["--tls-cert", cert.to_str().unwrap(), "--tls-key", key.to_str().unwrap()]);
+    // SCRAM-SHA-256-PLUS: the login is bound to this server's certificate.
+    let o = psql_with(
+        s.port,
+        "alice",
+        PASSWORD,
+        "SELECT dp_count(*) FROM adult",
+        "sslmode=require channel_binding=require",
+    );
+    assert!(o.status.success(), "{o:?}");
+    // With TLS configured, a plain connection gets no session (libpq already
+    // refuses the channel-bound login pgwire offers it; other clients get our error).
+    let o = psql(s.port, "alice", PASSWORD, "SELECT dp_count(*) FROM adult");
+    let err = String::from_utf8_lossy(&o.stderr);
+    assert!(!o.status.success() && (err.contains("requires TLS") || err.contains("non-SSL")), "{o:?}");
+    let o = psql_with(
+        s.port,
+        "alice",
+        PASSWORD,
+        "SELECT dp_count(*) FROM adult",
+        "sslmode=disable channel_binding=disable",
+    );
+    assert!(String::from_utf8_lossy(&o.stderr).contains("requires TLS"), "{o:?}");
+    assert_eq!(charges(&w.ledger).len(), 1);
+    // Plain TCP on a non-loopback address is refused unless explicitly allowed.
+    let o = dpflow()
+        .args(["serve", "--catalog", w.catalog.to_str().unwrap(), "--users", w.users.to_str().unwrap()])
+        .args(["--listen", "0.0.0.0:0"])
+        .output()
+        .unwrap();
+    assert!(!o.status.success());
+    assert!(String::from_utf8_lossy(&o.stderr).contains("without TLS"), "{o:?}");
 }

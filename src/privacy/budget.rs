@@ -119,7 +119,10 @@ impl std::ops::Add for Normalized {
 #[derive(Debug, Clone, thiserror::Error, PartialEq)]
 pub enum BudgetError {
     /// The charge would exceed what is left.
-    #[error("privacy budget exceeded: this charge costs {cost} {unit} but only {remaining} {unit} of {total} remain")]
+    #[error(
+        "privacy budget exceeded: this charge costs {} {unit} but only {} {unit} of {} remain",
+        amount(*.cost), amount(*.remaining), amount(*.total)
+    )]
     Exceeded {
         /// Cost of the charge in the budget's unit (marginal, given what is spent).
         cost: f64,
@@ -141,6 +144,18 @@ pub enum BudgetError {
         /// The budget.
         budget: String,
     },
+}
+
+/// A budget amount for people: ten decimals at most, so floating-point
+/// residue reads as what it is (`0.5`, not `0.4999999999999998`; `0`, not
+/// `4.44e-16`). Amounts below 1e-10 that are not residue keep their exponent.
+fn amount(x: f64) -> String {
+    if x != 0.0 && x.abs() < 1e-10 && x.abs() > 1e-14 {
+        return format!("{x:e}");
+    }
+    let s = format!("{x:.10}");
+    let s = s.trim_end_matches('0').trim_end_matches('.');
+    if s == "-0" { "0".into() } else { s.into() }
 }
 
 /// Maps a loss into the budget's composition parts.
@@ -265,6 +280,22 @@ impl PrivacyFilter {
 
 #[cfg(test)]
 mod tests {
+    #[test]
+    fn amounts_in_messages_drop_floating_point_residue() {
+        let e = BudgetError::Exceeded {
+            cost: 0.4999999999999998,
+            remaining: 4.440892098500626e-16,
+            total: 3.0,
+            unit: "epsilon",
+        };
+        assert_eq!(
+            e.to_string(),
+            "privacy budget exceeded: this charge costs 0.5 epsilon but only 0 epsilon of 3 remain"
+        );
+        assert_eq!(amount(1e-12), "1e-12");
+        assert_eq!(amount(0.125), "0.125");
+    }
+
     use super::*;
 
     #[test]

@@ -28,7 +28,7 @@ use pgwire::api::stmt::{NoopQueryParser, StoredStatement};
 use pgwire::api::store::PortalStore;
 use pgwire::api::{ClientInfo, ClientPortalStore, METADATA_USER, PgWireServerHandlers, Type};
 use pgwire::error::{PgWireError, PgWireResult};
-use pgwire::messages::PgWireBackendMessage;
+use pgwire::messages::{PgWireBackendMessage, PgWireFrontendMessage};
 use tokio::sync::Mutex;
 
 use super::audit::{AuditEntry, AuditLog, query_hash};
@@ -48,6 +48,8 @@ pub struct Shared {
     pub users: Users,
     /// The audit log.
     pub audit: AuditLog,
+    /// TLS is configured: connections without it get no session.
+    pub require_tls: bool,
     /// Salt material for the verifiers of unknown users (so a login fails
     /// the same way whether or not the user exists).
     pub decoy_key: [u8; 32],
@@ -167,6 +169,12 @@ impl Session {
     async fn conn<C: ClientInfo>(&self, client: &C) -> PgWireResult<tokio::sync::MutexGuard<'_, Option<Conn>>> {
         let mut guard = self.conn.lock().await;
         if guard.is_none() {
+            if self.shared.require_tls && !client.is_secure() {
+                return Err(sqlstate::error(
+                    "28000",
+                    "this server requires TLS: connect with sslmode=require (or verify-full)",
+                ));
+            }
             let analyst = client.metadata().get(METADATA_USER).cloned().ok_or_else(no_such_user)?;
             let user = self.shared.users.users.get(&analyst).ok_or_else(no_such_user)?;
             let engine = SqlEngine::open_for_analyst(self.shared.catalog.clone(), &analyst, &user.tables)
@@ -397,6 +405,33 @@ impl ExtendedQueryHandler for Session {
     }
 }
 
+/// Login: refuses a connection without TLS when TLS is configured (before
+/// any password exchange, so no channel-bound mechanism is offered on a
+/// plain socket), then SCRAM-SHA-256.
+struct Startup {
+    require_tls: bool,
+    inner: SASLAuthStartupHandler<DefaultServerParameterProvider>,
+}
+
+#[async_trait]
+impl StartupHandler for Startup {
+    async fn on_startup<C>(&self, client: &mut C, message: PgWireFrontendMessage) -> PgWireResult<()>
+    where
+        C: ClientInfo + Sink<PgWireBackendMessage> + Unpin + Send + Sync,
+        C::Error: Debug,
+        PgWireError: From<<C as Sink<PgWireBackendMessage>>::Error>,
+    {
+        if self.require_tls && !client.is_secure() {
+            return Err(PgWireError::UserError(Box::new(pgwire::error::ErrorInfo::new(
+                "FATAL".to_owned(),
+                "28000".to_owned(),
+                "this server requires TLS: connect with sslmode=require (or verify-full)".to_owned(),
+            ))));
+        }
+        self.inner.on_startup(client, message).await
+    }
+}
+
 /// The handlers of one connection.
 pub struct Handlers {
     /// The connection's session.
@@ -426,6 +461,9 @@ impl PgWireServerHandlers for Handlers {
         params.server_version = "16.0 (dpflow)".into();
         params.default_transaction_read_only = true;
         params.is_superuser = false;
-        Arc::new(SASLAuthStartupHandler::new(Arc::new(params)).with_scram(scram))
+        Arc::new(Startup {
+            require_tls: self.session.shared.require_tls,
+            inner: SASLAuthStartupHandler::new(Arc::new(params)).with_scram(scram),
+        })
     }
 }

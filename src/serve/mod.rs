@@ -137,7 +137,9 @@ impl Server {
         let listener = TcpListener::bind(config.listen)
             .await
             .map_err(|source| ServeError::Io { what: format!("listening on {}", config.listen), source })?;
-        let shared = Arc::new(backend::Shared { catalog, catalog_tables, users, audit, decoy_key: rand::random() });
+        let require_tls = tls.is_some();
+        let shared =
+            Arc::new(backend::Shared { catalog, catalog_tables, users, audit, require_tls, decoy_key: rand::random() });
         Ok(Self { listener, shared, tls })
     }
 
