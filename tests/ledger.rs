@@ -275,3 +275,66 @@ fn eight_processes_of_one_analyst_never_overspend_the_grant() {
     let s = Ledger::open(&path).unwrap().analyst_status("adult", "alice").unwrap();
     assert!(s.spent <= 1.0 + 1e-9, "overspent: {}", s.spent);
 }
+
+#[test]
+fn two_handles_committing_one_reservation_succeed_once() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("ledger.sqlite");
+    let mut l = Ledger::create(&path).unwrap();
+    l.add_dataset("adult", "row", Budget::Pure { epsilon: 1e6 }).unwrap();
+    let ids: Vec<i64> =
+        (0..300).map(|k| l.reserve("adult", &format!("r{k}"), &[pure(1.0)], None).unwrap().charge_id).collect();
+    let barrier = std::sync::Arc::new(std::sync::Barrier::new(2));
+    let oks: Vec<Vec<bool>> = (0..2)
+        .map(|_| {
+            let (path, ids, barrier) = (path.clone(), ids.clone(), barrier.clone());
+            std::thread::spawn(move || {
+                let l = Ledger::open(&path).unwrap();
+                barrier.wait();
+                ids.iter().map(|id| l.commit(*id).is_ok()).collect()
+            })
+        })
+        .collect::<Vec<_>>()
+        .into_iter()
+        .map(|t| t.join().unwrap())
+        .collect();
+    for (k, id) in ids.iter().enumerate() {
+        assert_eq!(oks[0][k] as u8 + oks[1][k] as u8, 1, "charge #{id} committed by both handles or neither");
+    }
+}
+
+#[test]
+fn eight_processes_opening_an_old_ledger_migrate_it_once() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("ledger.sqlite");
+    {
+        let mut l = Ledger::create(&path).unwrap();
+        l.add_dataset("adult", "row", Budget::Pure { epsilon: 1.0 }).unwrap();
+        let r = l.reserve("adult", "r1", &[pure(0.25)], None).unwrap();
+        l.commit(r.charge_id).unwrap();
+    }
+    // Back to schema 2 (no analysts).
+    let c = rusqlite::Connection::open(&path).unwrap();
+    c.execute_batch(
+        "BEGIN; DROP INDEX charges_by_analyst; DROP TABLE analysts; ALTER TABLE charges DROP COLUMN analyst;
+         UPDATE meta SET value = '2' WHERE key = 'schema_version'; COMMIT;",
+    )
+    .unwrap();
+    drop(c);
+    let barrier = std::sync::Arc::new(std::sync::Barrier::new(8));
+    let opened: Vec<_> = (0..8)
+        .map(|_| {
+            let (path, barrier) = (path.clone(), barrier.clone());
+            std::thread::spawn(move || {
+                barrier.wait();
+                Ledger::open(&path).map(|l| l.status("adult").unwrap().spent)
+            })
+        })
+        .collect::<Vec<_>>()
+        .into_iter()
+        .map(|t| t.join().unwrap())
+        .collect();
+    for o in opened {
+        assert_eq!(o.unwrap(), 0.25, "every process opens it, history kept");
+    }
+}

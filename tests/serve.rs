@@ -399,3 +399,72 @@ fn tls_with_channel_binding_and_no_plain_tcp_off_loopback() {
     assert!(!o.status.success());
     assert!(String::from_utf8_lossy(&o.stderr).contains("without TLS"), "{o:?}");
 }
+
+/// PostgreSQL's JDBC driver (what DBeaver uses): metadata from pg_catalog, then a DP query.
+#[test]
+fn jdbc_reads_the_catalog_like_dbeaver_and_runs_a_dp_query() {
+    let jar = Path::new("/usr/share/java/postgresql.jar");
+    if !client_available("java, javac and PostgreSQL's JDBC driver", have("javac", &["-version"]) && jar.exists()) {
+        return;
+    }
+    let w = world(0.5, 5.0, &[("adult", "alice", 5.0)], "adult");
+    let s = serve(&w, "s");
+    let src = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/clients/JdbcProbe.java");
+    let o = Command::new("javac").args(["-d", w.dir.to_str().unwrap()]).arg(&src).output().unwrap();
+    assert!(o.status.success(), "{o:?}");
+    let cp = format!("{}:{}", w.dir.display(), jar.display());
+    let o =
+        Command::new("java").args(["-cp", &cp, "JdbcProbe", &s.port.to_string(), "alice", PASSWORD]).output().unwrap();
+    let out = String::from_utf8_lossy(&o.stdout);
+    assert!(o.status.success(), "{out}\n{}", String::from_utf8_lossy(&o.stderr));
+    let lines: Vec<&str> = out.lines().collect();
+    assert!(lines.contains(&"product PostgreSQL") && lines.contains(&"schema public"), "{out}");
+    assert!(lines.contains(&"table adult") && !out.contains("penguins"), "{out}");
+    assert!(lines.contains(&"columns 15"), "{out}");
+    assert_eq!(lines.iter().filter(|l| l.starts_with("row ")).count(), 2, "{out}");
+    assert_eq!(charges(&w.ledger).len(), 1);
+}
+
+/// A query that fails after reading protected data: charged to the analyst,
+/// reported with `PD200` and no detail, and its audit line names the charge.
+#[test]
+fn a_failure_after_reading_is_charged_and_audited_without_the_data() {
+    if !client_available("psql", have("psql", &["--version"])) {
+        return;
+    }
+    let w = world(0.5, 5.0, &[("adult", "alice", 5.0)], "adult, broken");
+    let mut csv = String::from("age\n30\n40,31337\n");
+    for i in 0..50 {
+        csv += &format!("{}\n", 20 + i);
+    }
+    std::fs::write(w.dir.join("broken.csv"), csv).unwrap();
+    std::fs::write(
+        w.dir.join("broken.domain.yaml"),
+        "columns:\n  - {name: age, kind: integer, bounds: [0, 120], bins: {width: 10}}\n",
+    )
+    .unwrap();
+    let mut cat = std::fs::read_to_string(&w.catalog).unwrap();
+    cat += &format!(
+        "  broken:\n    location: {}\n    domain: {}\n    format: csv\n    privacy_unit: row\n",
+        w.dir.join("broken.csv").display(),
+        w.dir.join("broken.domain.yaml").display()
+    );
+    std::fs::write(&w.catalog, cat).unwrap();
+    let l = Ledger::open(&w.ledger).unwrap();
+    l.add_dataset("broken", "row", Budget::Pure { epsilon: 5.0 }).unwrap();
+    l.grant("broken", "alice", Budget::Pure { epsilon: 5.0 }).unwrap();
+    let s = serve(&w, "s");
+    let o = psql(s.port, "alice", PASSWORD, "SELECT dp_count(*) FROM broken");
+    assert_eq!(sqlstate(&o), "PD200", "{o:?}");
+    assert!(!String::from_utf8_lossy(&o.stderr).contains("31337"));
+    let c = charges(&w.ledger);
+    assert_eq!(c.len(), 1);
+    assert_eq!((c[0].status, c[0].analyst.as_deref()), (ChargeStatus::Failed, Some("alice")));
+    assert!((l.analyst_status("broken", "alice").unwrap().spent - 0.5).abs() < 1e-9, "never refunded");
+    let audit = std::fs::read_to_string(w.dir.join("audit.jsonl")).unwrap();
+    assert!(
+        audit.contains(&format!("\"charge_id\":{}", c[0].id)) && audit.contains("\"sqlstate\":\"PD200\""),
+        "{audit}"
+    );
+    assert!(!audit.contains("31337"));
+}

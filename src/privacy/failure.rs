@@ -28,6 +28,8 @@ pub struct ProtectedFailure {
     pub what: &'static str,
     /// How the charge was settled (public: the charge id, or that none was recorded).
     pub charged: String,
+    /// The ledger charge kept as spent, if one was recorded.
+    pub charge: Option<i64>,
 }
 
 impl ProtectedFailure {
@@ -37,7 +39,17 @@ impl ProtectedFailure {
             Some(id) => format!("its budget stays spent (ledger charge #{id}, status failed)"),
             None => "no ledger charge was recorded for it (unsafe seed or precharged run)".to_string(),
         };
-        Self { what, charged }
+        Self { what, charged, charge }
+    }
+}
+
+impl FailureError {
+    /// The ledger charge the failure is recorded under (for audit records).
+    pub fn charge_id(&self) -> Option<i64> {
+        match self {
+            FailureError::Charged(f) => f.charge,
+            FailureError::Unsettled { charge, .. } => Some(*charge),
+        }
     }
 }
 

@@ -413,40 +413,45 @@ impl Ledger {
             .map_err(|e| corrupt(e.to_string()))?;
         match version.as_deref() {
             Some(SCHEMA_VERSION) => {}
-            Some("1") => {
-                Self::migrate_v1(&conn).map_err(|e| corrupt(format!("migrating schema 1 to 2: {e}")))?;
-                Self::migrate_v2(&conn).map_err(|e| corrupt(format!("migrating schema 2 to 3: {e}")))?;
-            }
-            Some("2") => Self::migrate_v2(&conn).map_err(|e| corrupt(format!("migrating schema 2 to 3: {e}")))?,
+            Some("1" | "2") => Self::migrate(&conn).map_err(|e| corrupt(format!("migrating to schema 3: {e}")))?,
             _ => return Err(corrupt(format!("unsupported schema version {version:?}"))),
         }
         Ok(Self { conn, path })
     }
 
-    /// Schema 1 → 2: the `failed` status. SQLite cannot alter a CHECK
-    /// constraint, so the charges table is copied into a new one, in one
-    /// transaction (a crash leaves schema 1 intact).
-    fn migrate_v1(conn: &Connection) -> rusqlite::Result<()> {
-        conn.execute_batch(&format!(
-            "BEGIN IMMEDIATE;
-             ALTER TABLE charges RENAME TO charges_v1;
-             {CHARGES_TABLE}
-             INSERT INTO charges SELECT * FROM charges_v1;
-             DROP TABLE charges_v1;
-             UPDATE meta SET value = '2' WHERE key = 'schema_version';
-             COMMIT;"
-        ))
-    }
-
-    /// Schema 2 → 3: analysts' grants and the analyst of each charge (existing
-    /// charges have none), in one transaction.
-    fn migrate_v2(conn: &Connection) -> rusqlite::Result<()> {
-        conn.execute_batch(&format!(
-            "BEGIN IMMEDIATE;
-             {ANALYSTS_V3}
-             UPDATE meta SET value = '3' WHERE key = 'schema_version';
-             COMMIT;"
-        ))
+    /// Brings a schema 1 or 2 ledger to schema 3 in one `BEGIN IMMEDIATE`
+    /// transaction that reads the version again inside it: of several
+    /// processes opening an old ledger at once, one migrates and the others
+    /// find it done. A crash leaves the old schema intact.
+    fn migrate(conn: &Connection) -> rusqlite::Result<()> {
+        conn.execute_batch("BEGIN IMMEDIATE")?;
+        let steps = || -> rusqlite::Result<()> {
+            let version: String =
+                conn.query_row("SELECT value FROM meta WHERE key = 'schema_version'", [], |r| r.get(0))?;
+            if version == "1" {
+                // 1 → 2: the `failed` status. SQLite cannot alter a CHECK
+                // constraint, so the charges table is copied into a new one.
+                conn.execute_batch(&format!(
+                    "ALTER TABLE charges RENAME TO charges_v1;
+                     {CHARGES_TABLE}
+                     INSERT INTO charges SELECT * FROM charges_v1;
+                     DROP TABLE charges_v1;"
+                ))?;
+            }
+            if version == "1" || version == "2" {
+                // 2 → 3: analysts' grants and the analyst of each charge (none for old ones).
+                conn.execute_batch(ANALYSTS_V3)?;
+            }
+            conn.execute("UPDATE meta SET value = ?1 WHERE key = 'schema_version'", params![SCHEMA_VERSION])?;
+            Ok(())
+        };
+        match steps() {
+            Ok(()) => conn.execute_batch("COMMIT"),
+            Err(e) => {
+                let _ = conn.execute_batch("ROLLBACK");
+                Err(e)
+            }
+        }
     }
 
     /// The file.
@@ -816,12 +821,18 @@ impl Ledger {
         if !from.iter().any(|s| s.as_str() == status) {
             return Err(LedgerError::BadCharge(id, format!("is {status}, cannot become {}", to.as_str())));
         }
-        self.conn
+        // The status is checked again by the UPDATE itself: two handles that both read
+        // `reserved` cannot both move the charge (exactly one row changes, or it is an error).
+        let changed = self
+            .conn
             .execute(
                 "UPDATE charges SET status = ?2, resolved_at = ?3, note = COALESCE(?4, note) WHERE id = ?1 AND status = ?5",
                 params![id, to.as_str(), now(), note, status],
             )
             .map_err(|e| self.sql_err(e))?;
+        if changed != 1 {
+            return Err(LedgerError::BadCharge(id, format!("changed while it was becoming {}", to.as_str())));
+        }
         Ok(())
     }
 

@@ -246,7 +246,16 @@ impl Session {
             Route::Dp => {
                 acct.route = "dp";
                 let schema = conn.engine.describe(sql).await.map_err(|e| sqlstate::from_sql(&e))?;
-                let r = conn.engine.query(sql, None).await.map_err(|e| sqlstate::from_sql(&e))?;
+                let r = match conn.engine.query(sql, None).await {
+                    Ok(r) => r,
+                    Err(e) => {
+                        // A failure after the read is charged: the audit line names its charge.
+                        if let crate::sql::SqlError::Failed(f) = &e {
+                            acct.charge_id = f.charge_id();
+                        }
+                        return Err(sqlstate::from_sql(&e));
+                    }
+                };
                 acct.charge_id = r.charge_id;
                 if r.charge_id.is_some() {
                     acct.loss = Some(r.mechanisms.iter().map(|m| m.loss.describe()).collect::<Vec<_>>().join(" + "));
@@ -271,7 +280,16 @@ impl Session {
         let mut guard = self.conn(client).await?;
         let conn = guard.as_mut().expect("opened");
         let mut acct = Accounting::default();
-        let result = self.run(conn, sql, &mut acct).await;
+        // Encoded before the audit line is written, so the line says what the client got.
+        let result = match self.run(conn, sql, &mut acct).await {
+            Ok(Outcome::Tag(r)) => Ok(r),
+            Ok(Outcome::Rows(schema, batches)) => {
+                let fields = Arc::new(encode::fields(&schema, format));
+                encode::rows(fields.clone(), &schema, &batches)
+                    .map(|rows| Response::Query(QueryResponse::new(fields, stream::iter(rows.into_iter().map(Ok)))))
+            }
+            Err(e) => Err(e),
+        };
         let sqlstate = match &result {
             Err(PgWireError::UserError(info)) => Some(info.code.clone()),
             Err(_) => Some(sqlstate::SYSTEM.to_string()),
@@ -288,15 +306,7 @@ impl Session {
             outcome: if result.is_ok() { "ok" } else { "error" },
             sqlstate,
         });
-        drop(guard);
-        match result? {
-            Outcome::Tag(r) => Ok(r),
-            Outcome::Rows(schema, batches) => {
-                let fields = Arc::new(encode::fields(&schema, format));
-                let rows = encode::rows(fields.clone(), &schema, &batches)?;
-                Ok(Response::Query(QueryResponse::new(fields, stream::iter(rows.into_iter().map(Ok)))))
-            }
-        }
+        result
     }
 
     async fn fields<C: ClientInfo>(&self, client: &C, sql: &str, format: &Format) -> PgWireResult<Vec<FieldInfo>> {

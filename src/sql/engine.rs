@@ -62,7 +62,6 @@ pub struct SqlEngine {
     pub(super) ledger: Option<parking_lot::Mutex<Ledger>>,
     pub(super) rng: DpRng,
     pub(super) unsafe_seed: Option<u64>,
-    pub(super) counter: u64,
     /// The caller (a release pipeline) has reserved the budget already.
     pub(super) precharged: bool,
     /// Groups summing at least this many values are re-aggregated with 128-bit sums.
@@ -141,7 +140,6 @@ impl SqlEngine {
             ledger,
             rng: DpRng::new(unsafe_seed)?,
             unsafe_seed,
-            counter: 0,
             precharged: false,
             wide_from: 1 << 32,
             analyst: None,
@@ -288,12 +286,17 @@ impl SqlEngine {
     /// Reserves `records` in the ledger before any data is read (refusing a
     /// query that does not fit), or checks that running unrecorded is allowed.
     fn reserve(&mut self, dataset: &str, records: &[MechanismRecord]) -> Result<Option<Reservation>> {
-        self.counter += 1;
-        let release_id =
-            format!("sql-{}-{}-{}", chrono::Utc::now().format("%Y%m%dT%H%M%S%.6fZ"), std::process::id(), self.counter);
+        let release_id = release_id();
         match self.ledger.as_mut() {
             Some(l) => {
-                Ok(Some(l.get_mut().reserve_for(dataset, &release_id, records, None, self.analyst.as_deref())?))
+                let analyst = self.analyst.as_deref();
+                let r = blocking(|| l.get_mut().reserve_for(dataset, &release_id, records, None, analyst))?;
+                // A query's id is new: finding a reservation under it would mean two
+                // queries share one charge.
+                if r.resumed {
+                    return Err(SqlError::Internal(format!("release id {release_id} was already reserved")));
+                }
+                Ok(Some(r))
             }
             None => {
                 if self.unsafe_seed.is_none() && !self.precharged {
@@ -317,7 +320,7 @@ impl SqlEngine {
         match (outcome, reservation) {
             (Ok(batches), Some(r)) => {
                 let l = self.ledger.as_ref().expect("reserved").lock();
-                l.commit(r.charge_id)?;
+                blocking(|| l.commit(r.charge_id))?;
                 Ok(QueryResult {
                     batches,
                     mechanisms: records,
@@ -331,7 +334,7 @@ impl SqlEngine {
             }
             (Err(e), Some(r)) => {
                 let l = self.ledger.as_ref().expect("reserved").lock();
-                Err(charge_failure("query", Some((&l, r.charge_id)), e))
+                Err(blocking(|| charge_failure("query", Some((&l, r.charge_id)), e)))
             }
             (Err(e), None) => Err(charge_failure("query", None, e)),
         }
@@ -416,6 +419,26 @@ impl SqlEngine {
             .into());
         }
         Ok(())
+    }
+}
+
+/// A new release id for one query: unique across sessions of a process (a
+/// process-wide counter) and across processes and hosts (the pid, the time
+/// and 64 random bits), so two queries never share a reservation.
+fn release_id() -> String {
+    static COUNTER: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
+    let n = COUNTER.fetch_add(1, std::sync::atomic::Ordering::Relaxed) + 1;
+    let nonce: u64 = rand::random();
+    format!("sql-{}-{}-{n}-{nonce:016x}", chrono::Utc::now().format("%Y%m%dT%H%M%S%.6fZ"), std::process::id())
+}
+
+/// Runs a ledger call (SQLite, which may wait for another process's lock)
+/// without stalling the other tasks of a multi-threaded runtime (a server's
+/// other sessions); on any other thread it just runs.
+fn blocking<T>(f: impl FnOnce() -> T) -> T {
+    match tokio::runtime::Handle::try_current() {
+        Ok(h) if h.runtime_flavor() == tokio::runtime::RuntimeFlavor::MultiThread => tokio::task::block_in_place(f),
+        _ => f(),
     }
 }
 
