@@ -37,6 +37,7 @@ def main():
     per_user = {u: 0 for u in users}
     latencies = []
     failures = []
+    messages = {}
 
     def client(i):
         user = users[i % len(users)]
@@ -60,6 +61,9 @@ def main():
                         per_user[user] += 1
                 except psycopg.Error as e:
                     key = e.sqlstate or "no-sqlstate"
+                    if key not in ("PD100", "PD101"):
+                        with lock:
+                            messages.setdefault(key, str(e).strip()[:300])
                 dt = time.perf_counter() - t
                 with lock:
                     outcomes[key] = outcomes.get(key, 0) + 1
@@ -80,7 +84,7 @@ def main():
 
     print(json.dumps({
         "clients": a.clients, "queries_per_client": a.queries, "servers": len(ports),
-        "outcomes": outcomes, "answered_per_user": per_user, "failures": failures[:5],
+        "outcomes": outcomes, "answered_per_user": per_user, "failures": failures[:5], "unexpected_errors": messages,
         "stuck_clients": stuck, "wall_s": round(wall, 3),
         "throughput_qps": round(len(latencies) / wall, 1) if wall > 0 else None,
         "p50_ms": pct(0.50), "p99_ms": pct(0.99),

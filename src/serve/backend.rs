@@ -34,7 +34,7 @@ use tokio::sync::Mutex;
 use super::audit::{AuditEntry, AuditLog, query_hash};
 use super::metadata::Metadata;
 use super::route::{DP_BUDGET, Route, route};
-use super::users::{ITERATIONS, Users};
+use super::users::Users;
 use super::{encode, sqlstate};
 use crate::sql::{Catalog, SqlEngine, explain_batch};
 
@@ -50,6 +50,11 @@ pub struct Shared {
     pub audit: AuditLog,
     /// TLS is configured: connections without it get no session.
     pub require_tls: bool,
+    /// Held (shared) by every statement while it runs; shutdown takes it
+    /// exclusively to wait for statements in flight.
+    pub inflight: tokio::sync::RwLock<()>,
+    /// Shutdown has begun: new statements are refused.
+    pub stopping: std::sync::atomic::AtomicBool,
     /// Salt material for the verifiers of unknown users (so a login fails
     /// the same way whether or not the user exists).
     pub decoy_key: [u8; 32],
@@ -85,7 +90,7 @@ impl AuthSource for Logins {
                 Ok((
                     ScramSecret::Verifier {
                         salt: d[..16].to_vec(),
-                        iterations: ITERATIONS,
+                        iterations: self.0.users.typical_iterations(),
                         stored_key: keys.to_vec(),
                         server_key: keys.to_vec(),
                     },
@@ -277,6 +282,10 @@ impl Session {
 
     /// Runs `sql`, writes its audit line, and shapes the answer.
     async fn execute<C: ClientInfo>(&self, client: &C, sql: &str, format: &Format) -> PgWireResult<Response> {
+        if self.shared.stopping.load(std::sync::atomic::Ordering::SeqCst) {
+            return Err(sqlstate::error("57P01", "the server is shutting down; reconnect to another server"));
+        }
+        let _inflight = self.shared.inflight.read().await;
         let mut guard = self.conn(client).await?;
         let conn = guard.as_mut().expect("opened");
         let mut acct = Accounting::default();
@@ -461,7 +470,7 @@ impl PgWireServerHandlers for Handlers {
 
     fn startup_handler(&self) -> Arc<impl StartupHandler> {
         let mut scram = ScramAuth::new(Arc::new(Logins(self.session.shared.clone())));
-        scram.set_iterations(ITERATIONS);
+        scram.set_iterations(self.session.shared.users.typical_iterations());
         if let Some(pem) = &self.cert_pem
             && let Err(e) = scram.configure_certificate(pem)
         {

@@ -54,11 +54,13 @@ pub fn budget_batch(rows: &[AnalystBudget]) -> DfResult<RecordBatch> {
 }
 
 /// `dp_budget()`: the analyst's grant, spending and what is left per ledger
-/// dataset, read from the ledger when the query is planned.
+/// dataset, read from the ledger when the query is planned (the session's
+/// own connection to it, opened on first use).
 #[derive(Debug)]
 struct DpBudget {
     catalog: Catalog,
     analyst: String,
+    ledger: parking_lot::Mutex<Option<Ledger>>,
 }
 
 impl TableFunctionImpl for DpBudget {
@@ -66,10 +68,16 @@ impl TableFunctionImpl for DpBudget {
         if !args.exprs().is_empty() {
             return Err(DataFusionError::Plan("dp_budget() takes no arguments".into()));
         }
-        let path =
-            self.catalog.ledger.as_ref().ok_or_else(|| DataFusionError::Plan("the catalog has no ledger".into()))?;
-        let ledger = Ledger::open(path).map_err(|e| DataFusionError::External(Box::new(e)))?;
-        let rows = analyst_budgets(&ledger, &self.catalog, &self.analyst)
+        let mut ledger = self.ledger.lock();
+        if ledger.is_none() {
+            let path = self
+                .catalog
+                .ledger
+                .as_ref()
+                .ok_or_else(|| DataFusionError::Plan("the catalog has no ledger".into()))?;
+            *ledger = Some(Ledger::open(path).map_err(|e| DataFusionError::External(Box::new(e)))?);
+        }
+        let rows = analyst_budgets(ledger.as_ref().expect("opened"), &self.catalog, &self.analyst)
             .map_err(|e| DataFusionError::External(Box::new(e)))?;
         Ok(Arc::new(MemTable::try_new(budget_schema(), vec![vec![budget_batch(&rows)?]])?))
     }
@@ -94,7 +102,10 @@ impl Metadata {
             ctx.register_table(name.as_str(), Arc::new(MemTable::try_new(schema.clone(), vec![vec![]])?))?;
         }
         datafusion_pg_catalog::setup_pg_catalog(&ctx, DATABASE, EmptyContextProvider).map_err(|e| *e)?;
-        ctx.register_udtf(super::route::DP_BUDGET, Arc::new(DpBudget { catalog, analyst: analyst.to_string() }));
+        ctx.register_udtf(
+            super::route::DP_BUDGET,
+            Arc::new(DpBudget { catalog, analyst: analyst.to_string(), ledger: Default::default() }),
+        );
         Ok(Self { ctx, parser: PostgresCompatibilityParser::new() })
     }
 

@@ -113,7 +113,21 @@ fn tls_acceptor(cert: &PathBuf, key: &PathBuf) -> Result<(TlsAcceptor, Arc<Vec<u
     Ok((TlsAcceptor::from(Arc::new(config)), Arc::new(pem)))
 }
 
+/// How long shutdown waits for statements in flight.
+pub const SHUTDOWN_GRACE: std::time::Duration = std::time::Duration::from_secs(30);
+
 impl Server {
+    async fn drain(&self) {
+        self.shared.stopping.store(true, std::sync::atomic::Ordering::SeqCst);
+        if tokio::time::timeout(SHUTDOWN_GRACE, self.shared.inflight.write()).await.is_err() {
+            log::warn!(
+                "shutdown: statements still running after {}s were cut off; their charges stay reserved (counted as \
+                 spent): resolve them with `dpflow budget resolve --charge ID --as failed`, never as released",
+                SHUTDOWN_GRACE.as_secs()
+            );
+        }
+    }
+
     /// Loads the catalog and users, checks the TLS policy, and binds.
     pub async fn bind(config: &ServeConfig) -> Result<Self, ServeError> {
         let catalog = Catalog::load(&config.catalog)?;
@@ -138,8 +152,16 @@ impl Server {
             .await
             .map_err(|source| ServeError::Io { what: format!("listening on {}", config.listen), source })?;
         let require_tls = tls.is_some();
-        let shared =
-            Arc::new(backend::Shared { catalog, catalog_tables, users, audit, require_tls, decoy_key: rand::random() });
+        let shared = Arc::new(backend::Shared {
+            catalog,
+            catalog_tables,
+            users,
+            audit,
+            require_tls,
+            inflight: Default::default(),
+            stopping: Default::default(),
+            decoy_key: rand::random(),
+        });
         Ok(Self { listener, shared, tls })
     }
 
@@ -148,12 +170,18 @@ impl Server {
         self.listener.local_addr()
     }
 
-    /// Accepts connections until `shutdown` completes; each runs on its own task.
+    /// Accepts connections until `shutdown` completes (each runs on its own
+    /// task), then refuses new statements and waits up to [`SHUTDOWN_GRACE`]
+    /// for those in flight, so their charges are settled rather than left
+    /// reserved.
     pub async fn run(self, shutdown: impl std::future::Future<Output = ()>) -> Result<(), ServeError> {
         tokio::pin!(shutdown);
         loop {
             let (socket, _) = tokio::select! {
-                _ = &mut shutdown => return Ok(()),
+                _ = &mut shutdown => {
+                    self.drain().await;
+                    return Ok(());
+                }
                 accepted = self.listener.accept() => match accepted {
                     Ok(s) => s,
                     Err(e) => {

@@ -187,8 +187,23 @@ impl Users {
         let path = path.as_ref();
         let p = path.display().to_string();
         let text = std::fs::read_to_string(path).map_err(|source| UsersError::Io { path: p.clone(), source })?;
-        let raw = parse(&text, &p)?;
         let invalid = |problem: String| UsersError::Invalid { path: p.clone(), problem };
+        #[cfg(unix)]
+        {
+            use std::os::unix::fs::PermissionsExt;
+            let mode = std::fs::metadata(path)
+                .map_err(|source| UsersError::Io { path: p.clone(), source })?
+                .permissions()
+                .mode();
+            if mode & 0o077 != 0 {
+                return Err(invalid(format!(
+                    "other users can read it (mode {:o}); its verifiers would let them guess passwords offline: \
+                     `chmod 600 {p}`",
+                    mode & 0o777
+                )));
+            }
+        }
+        let raw = parse(&text, &p)?;
         for (name, role) in &raw.roles {
             for t in &role.tables {
                 if let Some(known) = catalog_tables
@@ -215,6 +230,16 @@ impl Users {
             users.insert(name, User { verifier, roles: u.roles, tables });
         }
         Ok(Self { path: path.to_path_buf(), users })
+    }
+
+    /// The iteration count most users' verifiers have (what an unknown user's
+    /// decoy exchange announces, so it looks like a real user's).
+    pub fn typical_iterations(&self) -> usize {
+        let mut counts = BTreeMap::new();
+        for u in self.users.values() {
+            *counts.entry(u.verifier.iterations).or_insert(0usize) += 1;
+        }
+        counts.into_iter().max_by_key(|(i, n)| (*n, std::cmp::Reverse(*i))).map_or(ITERATIONS, |(i, _)| i)
     }
 }
 
@@ -259,12 +284,15 @@ pub fn add_user(path: impl AsRef<Path>, name: &str, password: &str, roles: &[Str
     write_private(path, &text).map_err(|source| UsersError::Io { path: p, source })
 }
 
-/// Writes `text` to `path` readable by its owner only (the file holds verifiers).
+/// Writes `text` to `path` readable by its owner only (the file holds
+/// verifiers), through a new temporary file beside it (created exclusively
+/// under a random name, so no existing file's permissions carry over).
 fn write_private(path: &Path, text: &str) -> std::io::Result<()> {
     use std::io::Write;
-    let tmp = path.with_extension("tmp");
+    let nonce: u64 = rand::random();
+    let tmp = path.with_extension(format!("tmp-{nonce:016x}"));
     let mut opts = std::fs::OpenOptions::new();
-    opts.write(true).create(true).truncate(true);
+    opts.write(true).create_new(true);
     #[cfg(unix)]
     std::os::unix::fs::OpenOptionsExt::mode(&mut opts, 0o600);
     let mut f = opts.open(&tmp)?;
@@ -323,6 +351,14 @@ mod tests {
         let e = Users::load(&f, Some(&["penguins".to_string()].into())).unwrap_err().to_string();
         assert!(e.contains("roles.r.tables") && e.contains("penguins"), "{e}");
         assert!(add_user(&f, "bob", "correct horse", &["nope".into()]).unwrap_err().to_string().contains("nope"));
+        #[cfg(unix)]
+        {
+            use std::os::unix::fs::PermissionsExt;
+            std::fs::set_permissions(&f, std::fs::Permissions::from_mode(0o644)).unwrap();
+            let e = Users::load(&f, None).unwrap_err().to_string();
+            assert!(e.contains("chmod 600"), "{e}");
+            std::fs::set_permissions(&f, std::fs::Permissions::from_mode(0o600)).unwrap();
+        }
         std::fs::write(&f, "users:\n  carol: {password: pencil}\n").unwrap();
         let e = Users::load(&f, None).unwrap_err().to_string();
         assert!(e.contains("users.carol.password") && e.contains("plaintext"), "{e}");
