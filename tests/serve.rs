@@ -233,6 +233,10 @@ fn logins_roles_and_statements_that_reach_files_are_refused_and_charge_nothing()
         ("CREATE EXTERNAL TABLE t STORED AS CSV LOCATION '/etc/passwd'", "42601"),
         ("INSERT INTO adult SELECT * FROM adult", "42501"),
         ("SELECT dp_count(*) FROM adult; SELECT dp_count(*) FROM adult", "0A000"),
+        // Functions DataFusion's default features add (pulled in by the pg_catalog crate)
+        // are not row-safe: refused on protected rows.
+        ("SELECT dp_count(*) FROM adult WHERE md5(sex) = 'x'", "PD004"),
+        ("SELECT dp_count(*) FROM adult WHERE array_length(make_array(age, age)) = 2", "PD004"),
         ("SELECT * FROM pg_catalog.pg_tables WHERE tablename = 'penguins'", ""),
         ("SET datafusion.execution.target_partitions = 1", ""),
     ];

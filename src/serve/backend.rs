@@ -148,7 +148,7 @@ fn setting(name: &str) -> Option<&'static str> {
         "datestyle" => "ISO, MDY",
         "timezone" => "UTC",
         "search_path" => "public",
-        "transaction_isolation" | "default_transaction_isolation" => "read committed",
+        "transaction_isolation" | "default_transaction_isolation" | "transaction isolation level" => "read committed",
         "transaction_read_only" | "default_transaction_read_only" => "on",
         "max_identifier_length" => "63",
         "intervalstyle" => "postgres",
