@@ -472,3 +472,35 @@ fn a_failure_after_reading_is_charged_and_audited_without_the_data() {
     );
     assert!(!audit.contains("31337"));
 }
+
+/// pandas through SQLAlchemy (its psycopg dialect asks pg_catalog on connect,
+/// with query parameters): a DP answer as a DataFrame, and the table list.
+#[test]
+fn sqlalchemy_and_pandas_read_a_dp_answer() {
+    if !client_available(
+        "python3 with sqlalchemy, pandas and psycopg",
+        have("python3", &["-c", "import sqlalchemy, pandas, psycopg"]),
+    ) {
+        return;
+    }
+    let w = world(0.5, 5.0, &[("adult", "alice", 5.0)], "adult");
+    let s = serve(&w, "s");
+    let script = format!(
+        r#"
+import json, sqlalchemy as sa, pandas as pd
+e = sa.create_engine("postgresql+psycopg://alice:{pw}@127.0.0.1:{port}/dpflow?sslmode=disable")
+with e.connect() as c:
+    df = pd.read_sql(sa.text("SELECT sex, dp_count(*) AS n FROM adult GROUP BY sex ORDER BY sex"), c)
+print(json.dumps({{"sex": list(df["sex"]), "n_dtype": str(df["n"].dtype), "tables": sa.inspect(e).get_table_names()}}))
+"#,
+        pw = PASSWORD.replace(' ', "%20"),
+        port = s.port
+    );
+    let o = Command::new("python3").args(["-c", &script]).output().unwrap();
+    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+    let v: serde_json::Value = serde_json::from_slice(&o.stdout).unwrap();
+    assert_eq!(v["sex"], serde_json::json!(["Female", "Male"]));
+    assert_eq!(v["n_dtype"], "int64");
+    assert_eq!(v["tables"], serde_json::json!(["adult"]));
+    assert_eq!(charges(&w.ledger).len(), 1);
+}

@@ -15,6 +15,7 @@ use std::sync::Arc;
 use async_trait::async_trait;
 use datafusion::arrow::array::RecordBatch;
 use datafusion::arrow::datatypes::{DataType, Field, Schema, SchemaRef};
+use datafusion::scalar::ScalarValue;
 use futures::{Sink, stream};
 use pgwire::api::auth::sasl::SASLAuthStartupHandler;
 use pgwire::api::auth::sasl::scram::{ScramAuth, ScramSecret};
@@ -141,7 +142,7 @@ fn system(e: impl std::fmt::Display) -> PgWireError {
 /// Server settings `SHOW` answers (the values the startup message announced).
 fn setting(name: &str) -> Option<&'static str> {
     Some(match name {
-        "server_version" => "16.0 (dpflow)",
+        "server_version" => "16.0",
         "server_encoding" | "client_encoding" => "UTF8",
         "standard_conforming_strings" => "on",
         "integer_datetimes" => "on",
@@ -197,8 +198,9 @@ impl Session {
     }
 
     /// The columns `sql` returns (empty: a statement without rows).
-    async fn describe(&self, conn: &mut Conn, sql: &str) -> PgWireResult<Option<SchemaRef>> {
+    async fn describe(&self, conn: &mut Conn, sql: &str, has_params: bool) -> PgWireResult<Option<SchemaRef>> {
         Ok(match route(sql, &self.shared.catalog_tables, &conn.allowed) {
+            Route::Dp if has_params => return Err(parameters_refused()),
             Route::Dp => Some(conn.engine.describe(sql).await.map_err(|e| sqlstate::from_sql(&e))?),
             Route::Metadata => Some(conn.meta.describe(sql).await.map_err(|e| metadata_error(&e))?),
             Route::Show(name) if name == DP_BUDGET => Some(super::metadata::budget_schema()),
@@ -212,7 +214,13 @@ impl Session {
     }
 
     /// Runs `sql` once.
-    async fn run(&self, conn: &mut Conn, sql: &str, acct: &mut Accounting) -> PgWireResult<Outcome> {
+    async fn run(
+        &self,
+        conn: &mut Conn,
+        sql: &str,
+        params: Vec<ScalarValue>,
+        acct: &mut Accounting,
+    ) -> PgWireResult<Outcome> {
         match route(sql, &self.shared.catalog_tables, &conn.allowed) {
             Route::Empty => {
                 acct.route = "session";
@@ -238,18 +246,21 @@ impl Session {
                 acct.route = "metadata";
                 if name == DP_BUDGET {
                     let (schema, batches) =
-                        conn.meta.query("SELECT * FROM dp_budget()").await.map_err(|e| metadata_error(&e))?;
+                        conn.meta.query("SELECT * FROM dp_budget()", vec![]).await.map_err(|e| metadata_error(&e))?;
                     return Ok(Outcome::Rows(schema, batches));
                 }
                 one_text_row(&name, setting(&name).ok_or_else(|| unknown_setting(&name))?)
             }
             Route::Metadata => {
                 acct.route = "metadata";
-                let (schema, batches) = conn.meta.query(sql).await.map_err(|e| metadata_error(&e))?;
+                let (schema, batches) = conn.meta.query(sql, params).await.map_err(|e| metadata_error(&e))?;
                 Ok(Outcome::Rows(schema, batches))
             }
             Route::Dp => {
                 acct.route = "dp";
+                if !params.is_empty() {
+                    return Err(parameters_refused());
+                }
                 let schema = conn.engine.describe(sql).await.map_err(|e| sqlstate::from_sql(&e))?;
                 let r = match conn.engine.query(sql, None).await {
                     Ok(r) => r,
@@ -281,7 +292,13 @@ impl Session {
     }
 
     /// Runs `sql`, writes its audit line, and shapes the answer.
-    async fn execute<C: ClientInfo>(&self, client: &C, sql: &str, format: &Format) -> PgWireResult<Response> {
+    async fn execute<C: ClientInfo>(
+        &self,
+        client: &C,
+        sql: &str,
+        format: &Format,
+        params: Vec<ScalarValue>,
+    ) -> PgWireResult<Response> {
         if self.shared.stopping.load(std::sync::atomic::Ordering::SeqCst) {
             return Err(sqlstate::error("57P01", "the server is shutting down; reconnect to another server"));
         }
@@ -290,7 +307,7 @@ impl Session {
         let conn = guard.as_mut().expect("opened");
         let mut acct = Accounting::default();
         // Encoded before the audit line is written, so the line says what the client got.
-        let result = match self.run(conn, sql, &mut acct).await {
+        let result = match self.run(conn, sql, params, &mut acct).await {
             Ok(Outcome::Tag(r)) => Ok(r),
             Ok(Outcome::Rows(schema, batches)) => {
                 let fields = Arc::new(encode::fields(&schema, format));
@@ -318,10 +335,16 @@ impl Session {
         result
     }
 
-    async fn fields<C: ClientInfo>(&self, client: &C, sql: &str, format: &Format) -> PgWireResult<Vec<FieldInfo>> {
+    async fn fields<C: ClientInfo>(
+        &self,
+        client: &C,
+        sql: &str,
+        format: &Format,
+        has_params: bool,
+    ) -> PgWireResult<Vec<FieldInfo>> {
         let mut guard = self.conn(client).await?;
         let conn = guard.as_mut().expect("opened");
-        Ok(self.describe(conn, sql).await?.map(|s| encode::fields(&s, format)).unwrap_or_default())
+        Ok(self.describe(conn, sql, has_params).await?.map(|s| encode::fields(&s, format)).unwrap_or_default())
     }
 }
 
@@ -343,15 +366,31 @@ fn metadata_error(e: &datafusion::error::DataFusionError) -> PgWireError {
     sqlstate::error(code, msg)
 }
 
-fn refuse_parameters<S>(portal: &Portal<S>) -> PgWireResult<()> {
-    if portal.parameters.is_empty() {
-        return Ok(());
-    }
-    Err(sqlstate::error(
+fn parameters_refused() -> PgWireError {
+    sqlstate::error(
         sqlstate::UNSUPPORTED,
-        "query parameters ($1, ...) are not supported: a DP query is checked and costed from its text, so write \
-         the values into the SQL (psycopg: use a ClientCursor)",
-    ))
+        "query parameters ($1, ...) are not supported in DP queries: a DP query is checked and costed from its \
+         text, so write the values into the SQL (psycopg: use a ClientCursor)",
+    )
+}
+
+/// The values bound to a portal's placeholders (used by metadata queries only;
+/// DP queries with parameters are refused).
+fn parameters(portal: &Portal<String>) -> PgWireResult<Vec<ScalarValue>> {
+    (0..portal.parameter_len())
+        .map(|i| {
+            let ty = portal.statement.parameter_types.get(i).cloned().flatten().unwrap_or(Type::UNKNOWN);
+            Ok(match ty {
+                Type::BOOL => ScalarValue::Boolean(portal.parameter::<bool>(i, &ty)?),
+                Type::INT2 => ScalarValue::Int16(portal.parameter::<i16>(i, &ty)?),
+                Type::INT4 => ScalarValue::Int32(portal.parameter::<i32>(i, &ty)?),
+                Type::INT8 => ScalarValue::Int64(portal.parameter::<i64>(i, &ty)?),
+                Type::FLOAT4 => ScalarValue::Float32(portal.parameter::<f32>(i, &ty)?),
+                Type::FLOAT8 => ScalarValue::Float64(portal.parameter::<f64>(i, &ty)?),
+                _ => ScalarValue::Utf8(portal.parameter::<String>(i, &Type::TEXT)?),
+            })
+        })
+        .collect()
 }
 
 #[async_trait]
@@ -362,7 +401,7 @@ impl SimpleQueryHandler for Session {
         C::Error: Debug,
         PgWireError: From<<C as Sink<PgWireBackendMessage>>::Error>,
     {
-        Ok(vec![self.execute(client, query, &Format::UnifiedText).await?])
+        Ok(vec![self.execute(client, query, &Format::UnifiedText, vec![]).await?])
     }
 }
 
@@ -387,7 +426,8 @@ impl ExtendedQueryHandler for Session {
         PgWireError: From<<C as Sink<PgWireBackendMessage>>::Error>,
     {
         let params = target.parameter_types.iter().map(|t| t.clone().unwrap_or(Type::UNKNOWN)).collect();
-        let fields = self.fields(client, &target.statement, &Format::UnifiedBinary).await?;
+        let has_params = !target.parameter_types.is_empty();
+        let fields = self.fields(client, &target.statement, &Format::UnifiedBinary, has_params).await?;
         Ok(DescribeStatementResponse::new(params, fields))
     }
 
@@ -402,8 +442,8 @@ impl ExtendedQueryHandler for Session {
         C::Error: Debug,
         PgWireError: From<<C as Sink<PgWireBackendMessage>>::Error>,
     {
-        refuse_parameters(target)?;
-        let fields = self.fields(client, &target.statement.statement, &target.result_column_format).await?;
+        let has_params = !target.parameters.is_empty();
+        let fields = self.fields(client, &target.statement.statement, &target.result_column_format, has_params).await?;
         Ok(DescribePortalResponse::new(fields))
     }
 
@@ -419,8 +459,8 @@ impl ExtendedQueryHandler for Session {
         C::Error: Debug,
         PgWireError: From<<C as Sink<PgWireBackendMessage>>::Error>,
     {
-        refuse_parameters(portal)?;
-        self.execute(client, &portal.statement.statement, &portal.result_column_format).await
+        let params = parameters(portal)?;
+        self.execute(client, &portal.statement.statement, &portal.result_column_format, params).await
     }
 }
 
@@ -477,7 +517,7 @@ impl PgWireServerHandlers for Handlers {
             log::warn!("SCRAM channel binding is off: {e}");
         }
         let mut params = DefaultServerParameterProvider::default();
-        params.server_version = "16.0 (dpflow)".into();
+        params.server_version = "16.0".into();
         params.default_transaction_read_only = true;
         params.is_superuser = false;
         Arc::new(Startup {

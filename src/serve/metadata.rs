@@ -83,6 +83,36 @@ impl TableFunctionImpl for DpBudget {
     }
 }
 
+/// What `version()` answers: a PostgreSQL version string, as clients parse
+/// it (SQLAlchemy reads the number after "PostgreSQL").
+pub const VERSION: &str = concat!("PostgreSQL 16.0 (dpflow ", env!("CARGO_PKG_VERSION"), ": DP SQL server)");
+
+fn version_udf() -> datafusion::logical_expr::ScalarUDF {
+    use datafusion::logical_expr::{ColumnarValue, Volatility, create_udf};
+    use datafusion::scalar::ScalarValue;
+    create_udf(
+        "version",
+        vec![],
+        DataType::Utf8,
+        Volatility::Immutable,
+        Arc::new(|_| Ok(ColumnarValue::Scalar(ScalarValue::Utf8(Some(VERSION.to_string()))))),
+    )
+}
+
+/// `to_regtype(name)`: NULL, "no such type" (clients ask it for extension
+/// types such as hstore, which dpflow has none of; SQLAlchemy asks on connect).
+fn to_regtype_udf() -> datafusion::logical_expr::ScalarUDF {
+    use datafusion::logical_expr::{ColumnarValue, Volatility, create_udf};
+    use datafusion::scalar::ScalarValue;
+    create_udf(
+        "to_regtype",
+        vec![DataType::Utf8],
+        DataType::Int32,
+        Volatility::Immutable,
+        Arc::new(|_| Ok(ColumnarValue::Scalar(ScalarValue::Int32(None)))),
+    )
+}
+
 /// One analyst's metadata session.
 pub struct Metadata {
     ctx: SessionContext,
@@ -102,6 +132,8 @@ impl Metadata {
             ctx.register_table(name.as_str(), Arc::new(MemTable::try_new(schema.clone(), vec![vec![]])?))?;
         }
         datafusion_pg_catalog::setup_pg_catalog(&ctx, DATABASE, EmptyContextProvider).map_err(|e| *e)?;
+        ctx.register_udf(version_udf());
+        ctx.register_udf(to_regtype_udf());
         ctx.register_udtf(
             super::route::DP_BUDGET,
             Arc::new(DpBudget { catalog, analyst: analyst.to_string(), ledger: Default::default() }),
@@ -126,9 +158,16 @@ impl Metadata {
         Ok(plan)
     }
 
-    /// Runs `sql`: its schema and batches.
-    pub async fn query(&self, sql: &str) -> DfResult<(SchemaRef, Vec<RecordBatch>)> {
-        let plan = self.plan(sql).await?;
+    /// Runs `sql` with the values of its placeholders (`$1`, ...): its schema and batches.
+    pub async fn query(
+        &self,
+        sql: &str,
+        params: Vec<datafusion::scalar::ScalarValue>,
+    ) -> DfResult<(SchemaRef, Vec<RecordBatch>)> {
+        let mut plan = self.plan(sql).await?;
+        if !params.is_empty() {
+            plan = plan.with_param_values(params)?;
+        }
         let df = self.ctx.execute_logical_plan(plan).await?;
         let schema: SchemaRef = Arc::new(df.schema().as_arrow().clone());
         Ok((schema, df.collect().await?))

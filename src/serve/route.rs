@@ -36,7 +36,8 @@ pub enum Route {
     Commit,
     /// `ROLLBACK` / `ABORT`.
     Rollback,
-    /// `SET ...`, `RESET ...`, `DISCARD ...`, `DEALLOCATE ...`: accepted, no effect.
+    /// `SET ...`, `RESET ...`, `DISCARD ...`, `DEALLOCATE ...`, `SAVEPOINT`,
+    /// `RELEASE`: accepted, no effect.
     Set(&'static str),
     /// `SHOW name` (lower case).
     Show(String),
@@ -73,6 +74,8 @@ pub fn route(sql: &str, catalog: &BTreeSet<String>, allowed: &BTreeSet<String>) 
         Statement::Reset(_) => return Route::Set("RESET"),
         Statement::Discard { .. } => return Route::Set("DISCARD ALL"),
         Statement::Deallocate { .. } => return Route::Set("DEALLOCATE"),
+        Statement::Savepoint { .. } => return Route::Set("SAVEPOINT"),
+        Statement::ReleaseSavepoint { .. } => return Route::Set("RELEASE"),
         Statement::ShowVariable { variable } => {
             let name = variable.iter().map(|i| i.value.to_lowercase()).collect::<Vec<_>>().join(" ");
             return Route::Show(name);
@@ -156,6 +159,8 @@ mod tests {
         assert_eq!(r("COMMIT"), Route::Commit);
         assert_eq!(r("ROLLBACK"), Route::Rollback);
         assert_eq!(r("SET extra_float_digits = 3"), Route::Set("SET"));
+        assert_eq!(r("SAVEPOINT sa_1"), Route::Set("SAVEPOINT"));
+        assert_eq!(r("ROLLBACK TO SAVEPOINT sa_1"), Route::Rollback);
         assert_eq!(r("SHOW dp_budget"), Route::Show("dp_budget".into()));
     }
 
