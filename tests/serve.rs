@@ -236,6 +236,8 @@ fn logins_roles_and_statements_that_reach_files_are_refused_and_charge_nothing()
         // Functions DataFusion's default features add (pulled in by the pg_catalog crate)
         // are not row-safe: refused on protected rows.
         ("SELECT dp_count(*) FROM adult WHERE md5(sex) = 'x'", "PD004"),
+        // An unbound placeholder: refused before the charge (DataFusion would fail after the read).
+        ("SELECT n FROM (SELECT dp_count(*) AS n FROM adult) t WHERE n > $1", "PD011"),
         ("SELECT dp_count(*) FROM adult WHERE array_length(make_array(age, age)) = 2", "PD004"),
         ("SELECT * FROM pg_catalog.pg_tables WHERE tablename = 'penguins'", ""),
         ("SET datafusion.execution.target_partitions = 1", ""),

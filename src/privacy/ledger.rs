@@ -451,6 +451,17 @@ impl Ledger {
         let steps = || -> rusqlite::Result<()> {
             let version: String =
                 conn.query_row("SELECT value FROM meta WHERE key = 'schema_version'", [], |r| r.get(0))?;
+            match version.as_str() {
+                // Another process migrated it meanwhile.
+                SCHEMA_VERSION => return Ok(()),
+                "1" | "2" => {}
+                // A newer dpflow upgraded it meanwhile: never relabel a schema we do not know.
+                other => {
+                    return Err(rusqlite::Error::InvalidParameterName(format!(
+                        "schema version {other} is newer than this dpflow understands (3); use a newer dpflow"
+                    )));
+                }
+            }
             if version == "1" {
                 // 1 → 2: the `failed` status. SQLite cannot alter a CHECK
                 // constraint, so the charges table is copied into a new one.

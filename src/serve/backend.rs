@@ -303,6 +303,10 @@ impl Session {
             return Err(sqlstate::error("57P01", "the server is shutting down; reconnect to another server"));
         }
         let _inflight = self.shared.inflight.read().await;
+        // Shutdown may have begun while this statement waited for the lock.
+        if self.shared.stopping.load(std::sync::atomic::Ordering::SeqCst) {
+            return Err(sqlstate::error("57P01", "the server is shutting down; reconnect to another server"));
+        }
         let mut guard = self.conn(client).await?;
         let conn = guard.as_mut().expect("opened");
         let mut acct = Accounting::default();

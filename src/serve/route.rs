@@ -69,6 +69,8 @@ pub fn route(sql: &str, catalog: &BTreeSet<String>, allowed: &BTreeSet<String>) 
     match &stmt {
         Statement::StartTransaction { .. } => return Route::Begin,
         Statement::Commit { .. } => return Route::Commit,
+        // Rolling back to a savepoint keeps the transaction open.
+        Statement::Rollback { savepoint: Some(_), .. } => return Route::Set("ROLLBACK"),
         Statement::Rollback { .. } => return Route::Rollback,
         Statement::Set(_) => return Route::Set("SET"),
         Statement::Reset(_) => return Route::Set("RESET"),
@@ -160,7 +162,7 @@ mod tests {
         assert_eq!(r("ROLLBACK"), Route::Rollback);
         assert_eq!(r("SET extra_float_digits = 3"), Route::Set("SET"));
         assert_eq!(r("SAVEPOINT sa_1"), Route::Set("SAVEPOINT"));
-        assert_eq!(r("ROLLBACK TO SAVEPOINT sa_1"), Route::Rollback);
+        assert_eq!(r("ROLLBACK TO SAVEPOINT sa_1"), Route::Set("ROLLBACK"));
         assert_eq!(r("SHOW dp_budget"), Route::Show("dp_budget".into()));
     }
 

@@ -187,6 +187,7 @@ impl SqlEngine {
             return Ok(explain_schema());
         }
         let plan = self.ctx.state().create_logical_plan(&prepared.sql).await?;
+        refuse_placeholders(&plan)?;
         no_duplicate_sites(&plan)?;
         if super::imputed::uses_imputed(&prepared.sites) {
             let ip = super::imputed::plan_imputed(&plan, &self.catalog, &prepared.sites, self.catalog.query_budget)?;
@@ -244,6 +245,7 @@ impl SqlEngine {
     async fn query_inner(&mut self, sql: &str, budget: Option<Budget>, force_explain: bool) -> Result<QueryResult> {
         let prepared = prepare(sql)?;
         let plan = self.ctx.state().create_logical_plan(&prepared.sql).await?;
+        refuse_placeholders(&plan)?;
         no_duplicate_sites(&plan)?;
         if super::imputed::uses_imputed(&prepared.sites) {
             return self.imputed_query(&plan, &prepared, budget, force_explain).await;
@@ -419,6 +421,36 @@ impl SqlEngine {
             .into());
         }
         Ok(())
+    }
+}
+
+/// A DP query's values are part of what is checked and costed: a
+/// placeholder (`$1`) left in its plan is refused before anything is charged
+/// (DataFusion would only fail on it after the data was read).
+fn refuse_placeholders(plan: &LogicalPlan) -> Result<()> {
+    use datafusion::common::tree_node::{TreeNode, TreeNodeRecursion};
+    let mut found = None;
+    plan.apply_with_subqueries(|node| {
+        node.apply_expressions(|e| {
+            e.apply(|x| {
+                if let Expr::Placeholder(p) = x {
+                    found = Some(p.id.clone());
+                    return Ok(TreeNodeRecursion::Stop);
+                }
+                Ok(TreeNodeRecursion::Continue)
+            })
+        })
+    })?;
+    match found {
+        Some(id) => Err(Refusal::new(
+            K::Unsupported,
+            format!(
+                "the query has a parameter placeholder ({id}): DP queries are checked and costed from their text, \
+                 so write the value into the SQL"
+            ),
+        )
+        .into()),
+        None => Ok(()),
     }
 }
 
