@@ -5,8 +5,9 @@
 //! A DP query is described from its plan (no data read, nothing charged)
 //! and executed once per `Execute`: the engine reserves its cost in the
 //! ledger under the analyst's name before reading anything, draws the noise
-//! once, and commits. Query parameters (`$1`) are refused: a DP query's
-//! literals are part of what is checked and costed, so they must be in its text.
+//! once, and commits. Query parameters (`$1`) are refused in DP queries (a
+//! DP query's literals are part of what is checked and costed, so they must
+//! be in its text) and bound in metadata queries.
 
 use std::collections::BTreeSet;
 use std::fmt::Debug;
@@ -91,7 +92,7 @@ impl AuthSource for Logins {
                 Ok((
                     ScramSecret::Verifier {
                         salt: d[..16].to_vec(),
-                        iterations: self.0.users.typical_iterations(),
+                        iterations: self.0.users.typical_iterations,
                         stored_key: keys.to_vec(),
                         server_key: keys.to_vec(),
                     },
@@ -132,7 +133,7 @@ struct Accounting {
 }
 
 fn no_such_user() -> PgWireError {
-    sqlstate::error("28000", "the connection has no authenticated user")
+    sqlstate::error(sqlstate::AUTHORIZATION, "the connection has no authenticated user")
 }
 
 fn system(e: impl std::fmt::Display) -> PgWireError {
@@ -157,8 +158,15 @@ fn setting(name: &str) -> Option<&'static str> {
     })
 }
 
+const TLS_REQUIRED: &str = "this server requires TLS: connect with sslmode=require (or verify-full)";
+
+/// The one column `SHOW name` answers.
+fn setting_schema(name: &str) -> SchemaRef {
+    Arc::new(Schema::new(vec![Field::new(name, DataType::Utf8, false)]))
+}
+
 fn one_text_row(name: &str, value: &str) -> PgWireResult<Outcome> {
-    let schema = Arc::new(Schema::new(vec![Field::new(name, DataType::Utf8, false)]));
+    let schema = setting_schema(name);
     let b =
         RecordBatch::try_new(schema.clone(), vec![Arc::new(datafusion::arrow::array::StringArray::from(vec![value]))])
             .map_err(system)?;
@@ -176,10 +184,7 @@ impl Session {
         let mut guard = self.conn.lock().await;
         if guard.is_none() {
             if self.shared.require_tls && !client.is_secure() {
-                return Err(sqlstate::error(
-                    "28000",
-                    "this server requires TLS: connect with sslmode=require (or verify-full)",
-                ));
+                return Err(sqlstate::error(sqlstate::AUTHORIZATION, TLS_REQUIRED));
             }
             let analyst = client.metadata().get(METADATA_USER).cloned().ok_or_else(no_such_user)?;
             let user = self.shared.users.users.get(&analyst).ok_or_else(no_such_user)?;
@@ -206,7 +211,7 @@ impl Session {
             Route::Show(name) if name == DP_BUDGET => Some(super::metadata::budget_schema()),
             Route::Show(name) => {
                 setting(&name).ok_or_else(|| unknown_setting(&name))?;
-                Some(Arc::new(Schema::new(vec![Field::new(name, DataType::Utf8, false)])))
+                Some(setting_schema(&name))
             }
             Route::Refuse(code, msg) => return Err(sqlstate::error(code, msg)),
             _ => None,
@@ -261,7 +266,6 @@ impl Session {
                 if !params.is_empty() {
                     return Err(parameters_refused());
                 }
-                let schema = conn.engine.describe(sql).await.map_err(|e| sqlstate::from_sql(&e))?;
                 let r = match conn.engine.query(sql, None).await {
                     Ok(r) => r,
                     Err(e) => {
@@ -279,9 +283,9 @@ impl Session {
                 match &r.explain {
                     Some(rows) => {
                         acct.route = "explain";
-                        Ok(Outcome::Rows(schema, vec![explain_batch(rows).map_err(|e| sqlstate::from_sql(&e))?]))
+                        Ok(Outcome::Rows(r.schema, vec![explain_batch(rows).map_err(|e| sqlstate::from_sql(&e))?]))
                     }
-                    None => Ok(Outcome::Rows(schema, r.batches)),
+                    None => Ok(Outcome::Rows(r.schema, r.batches)),
                 }
             }
             Route::Refuse(code, msg) => {
@@ -299,13 +303,13 @@ impl Session {
         format: &Format,
         params: Vec<ScalarValue>,
     ) -> PgWireResult<Response> {
-        if self.shared.stopping.load(std::sync::atomic::Ordering::SeqCst) {
-            return Err(sqlstate::error("57P01", "the server is shutting down; reconnect to another server"));
-        }
         let _inflight = self.shared.inflight.read().await;
-        // Shutdown may have begun while this statement waited for the lock.
+        // Checked once the statement holds its place: shutdown sets the flag before it waits.
         if self.shared.stopping.load(std::sync::atomic::Ordering::SeqCst) {
-            return Err(sqlstate::error("57P01", "the server is shutting down; reconnect to another server"));
+            return Err(sqlstate::error(
+                sqlstate::SHUTTING_DOWN,
+                "the server is shutting down; reconnect to another server",
+            ));
         }
         let mut guard = self.conn(client).await?;
         let conn = guard.as_mut().expect("opened");
@@ -365,7 +369,7 @@ fn metadata_error(e: &datafusion::error::DataFusionError) -> PgWireError {
     } else if msg.contains("not supported") || msg.contains("DDL") || msg.contains("DML") {
         sqlstate::PERMISSION
     } else {
-        "42000"
+        sqlstate::ACCESS_RULE
     };
     sqlstate::error(code, msg)
 }
@@ -487,8 +491,8 @@ impl StartupHandler for Startup {
         if self.require_tls && !client.is_secure() {
             return Err(PgWireError::UserError(Box::new(pgwire::error::ErrorInfo::new(
                 "FATAL".to_owned(),
-                "28000".to_owned(),
-                "this server requires TLS: connect with sslmode=require (or verify-full)".to_owned(),
+                sqlstate::AUTHORIZATION.to_owned(),
+                TLS_REQUIRED.to_owned(),
             ))));
         }
         self.inner.on_startup(client, message).await
@@ -514,7 +518,7 @@ impl PgWireServerHandlers for Handlers {
 
     fn startup_handler(&self) -> Arc<impl StartupHandler> {
         let mut scram = ScramAuth::new(Arc::new(Logins(self.session.shared.clone())));
-        scram.set_iterations(self.session.shared.users.typical_iterations());
+        scram.set_iterations(self.session.shared.users.typical_iterations);
         if let Some(pem) = &self.cert_pem
             && let Err(e) = scram.configure_certificate(pem)
         {

@@ -7,8 +7,8 @@
 use std::sync::Arc;
 
 use datafusion::arrow::array::{
-    Array, AsArray, RecordBatch,
-    types::{Date32Type, Float32Type, Float64Type, Int16Type, Int32Type, Int64Type},
+    Array, AsArray, BooleanArray, Date32Array, Float32Array, Float64Array, Int16Array, Int32Array, Int64Array,
+    RecordBatch, StringArray,
 };
 use datafusion::arrow::compute::cast;
 use datafusion::arrow::datatypes::{DataType, Schema};
@@ -44,6 +44,46 @@ pub fn fields(schema: &Schema, format: &Format) -> Vec<FieldInfo> {
         .collect()
 }
 
+/// One result column, cast to its sending type and downcast once per batch.
+enum Column<'a> {
+    Bool(&'a BooleanArray),
+    I16(&'a Int16Array),
+    I32(&'a Int32Array),
+    I64(&'a Int64Array),
+    F32(&'a Float32Array),
+    F64(&'a Float64Array),
+    Date(&'a Date32Array),
+    Text(&'a StringArray),
+}
+
+impl<'a> Column<'a> {
+    fn of(a: &'a dyn Array) -> Self {
+        match a.data_type() {
+            DataType::Boolean => Column::Bool(a.as_boolean()),
+            DataType::Int16 => Column::I16(a.as_primitive()),
+            DataType::Int32 => Column::I32(a.as_primitive()),
+            DataType::Int64 => Column::I64(a.as_primitive()),
+            DataType::Float32 => Column::F32(a.as_primitive()),
+            DataType::Float64 => Column::F64(a.as_primitive()),
+            DataType::Date32 => Column::Date(a.as_primitive()),
+            _ => Column::Text(a.as_string()),
+        }
+    }
+
+    fn encode(&self, row: usize, enc: &mut DataRowEncoder) -> PgWireResult<()> {
+        match self {
+            Column::Bool(a) => enc.encode_field(&(!a.is_null(row)).then(|| a.value(row))),
+            Column::I16(a) => enc.encode_field(&(!a.is_null(row)).then(|| a.value(row))),
+            Column::I32(a) => enc.encode_field(&(!a.is_null(row)).then(|| a.value(row))),
+            Column::I64(a) => enc.encode_field(&(!a.is_null(row)).then(|| a.value(row))),
+            Column::F32(a) => enc.encode_field(&(!a.is_null(row)).then(|| a.value(row))),
+            Column::F64(a) => enc.encode_field(&(!a.is_null(row)).then(|| a.value(row))),
+            Column::Date(a) => enc.encode_field(&(!a.is_null(row)).then(|| a.value_as_date(row)).flatten()),
+            Column::Text(a) => enc.encode_field(&(!a.is_null(row)).then(|| a.value(row))),
+        }
+    }
+}
+
 /// Encodes `batches` (of `schema`) as rows of `fields`.
 pub fn rows(fields: Arc<Vec<FieldInfo>>, schema: &Schema, batches: &[RecordBatch]) -> PgWireResult<Vec<DataRow>> {
     let mut out = Vec::new();
@@ -53,32 +93,17 @@ pub fn rows(fields: Arc<Vec<FieldInfo>>, schema: &Schema, batches: &[RecordBatch
         if b.num_columns() != schema.fields().len() {
             return Err(fail("internal: a result batch does not match its described columns; please report it".into()));
         }
-        let cols: Vec<Arc<dyn Array>> = b
+        let cast: Vec<Arc<dyn Array>> = b
             .columns()
             .iter()
             .zip(schema.fields())
             .map(|(c, f)| cast(c, &target(f.data_type()).1))
             .collect::<Result<_, _>>()
             .map_err(|e| fail(format!("encoding a result column: {e}")))?;
+        let cols: Vec<Column> = cast.iter().map(|c| Column::of(c.as_ref())).collect();
         for row in 0..b.num_rows() {
             for c in &cols {
-                let null = c.is_null(row);
-                match c.data_type() {
-                    DataType::Boolean => enc.encode_field(&(!null).then(|| c.as_boolean().value(row)))?,
-                    DataType::Int16 => enc.encode_field(&(!null).then(|| c.as_primitive::<Int16Type>().value(row)))?,
-                    DataType::Int32 => enc.encode_field(&(!null).then(|| c.as_primitive::<Int32Type>().value(row)))?,
-                    DataType::Int64 => enc.encode_field(&(!null).then(|| c.as_primitive::<Int64Type>().value(row)))?,
-                    DataType::Float32 => {
-                        enc.encode_field(&(!null).then(|| c.as_primitive::<Float32Type>().value(row)))?
-                    }
-                    DataType::Float64 => {
-                        enc.encode_field(&(!null).then(|| c.as_primitive::<Float64Type>().value(row)))?
-                    }
-                    DataType::Date32 => {
-                        enc.encode_field(&(!null).then(|| c.as_primitive::<Date32Type>().value_as_date(row)).flatten())?
-                    }
-                    _ => enc.encode_field(&(!null).then(|| c.as_string::<i32>().value(row)))?,
-                }
+                c.encode(row, &mut enc)?;
             }
             out.push(enc.take_row());
         }

@@ -29,6 +29,12 @@ pub const SYNTAX: &str = "42601";
 pub const UNSUPPORTED: &str = "0A000";
 /// An unknown `SHOW` parameter.
 pub const UNDEFINED_OBJECT: &str = "42704";
+/// Another syntax or access-rule problem (a catalog query DataFusion cannot plan).
+pub const ACCESS_RULE: &str = "42000";
+/// No authenticated user, or TLS required and not used.
+pub const AUTHORIZATION: &str = "28000";
+/// The server is shutting down.
+pub const SHUTTING_DOWN: &str = "57P01";
 /// A server-side problem (ledger unreadable, data source failing before any read).
 pub const SYSTEM: &str = "58000";
 
@@ -61,7 +67,7 @@ pub fn code_of(e: &SqlError) -> &'static str {
         SqlError::Ledger(LedgerError::AnalystBudget { .. }) => ANALYST_BUDGET,
         SqlError::Ledger(LedgerError::NoGrant { .. }) => NO_GRANT,
         SqlError::Plan(d) if d.to_string().contains("not found") => UNDEFINED_TABLE,
-        SqlError::Plan(_) => "42000",
+        SqlError::Plan(_) => ACCESS_RULE,
         _ => SYSTEM,
     }
 }

@@ -178,6 +178,9 @@ pub struct Users {
     pub path: PathBuf,
     /// Users by name.
     pub users: BTreeMap<String, User>,
+    /// The iteration count most users' verifiers have (what an unknown
+    /// user's decoy exchange announces, so it looks like a real user's).
+    pub typical_iterations: usize,
 }
 
 impl Users {
@@ -229,17 +232,13 @@ impl Users {
             }
             users.insert(name, User { verifier, roles: u.roles, tables });
         }
-        Ok(Self { path: path.to_path_buf(), users })
-    }
-
-    /// The iteration count most users' verifiers have (what an unknown user's
-    /// decoy exchange announces, so it looks like a real user's).
-    pub fn typical_iterations(&self) -> usize {
         let mut counts = BTreeMap::new();
-        for u in self.users.values() {
+        for u in users.values() {
             *counts.entry(u.verifier.iterations).or_insert(0usize) += 1;
         }
-        counts.into_iter().max_by_key(|(i, n)| (*n, std::cmp::Reverse(*i))).map_or(ITERATIONS, |(i, _)| i)
+        let typical_iterations =
+            counts.into_iter().max_by_key(|(i, n)| (*n, std::cmp::Reverse(*i))).map_or(ITERATIONS, |(i, _)| i);
+        Ok(Self { path: path.to_path_buf(), users, typical_iterations })
     }
 }
 

@@ -7,7 +7,7 @@ use std::sync::Arc;
 
 use super::error::{Result, SqlError};
 use datafusion::arrow::array::{ArrayRef, RecordBatch};
-use datafusion::arrow::datatypes::{DataType, Field, Schema};
+use datafusion::arrow::datatypes::{DataType, Field, Schema, SchemaRef};
 use datafusion::execution::context::SessionContext;
 use datafusion::functions_aggregate::expr_fn::count;
 use datafusion::logical_expr::{Expr, LogicalPlan, LogicalPlanBuilder, col, lit};
@@ -41,6 +41,8 @@ pub struct ExplainRow {
 /// What a query returns.
 #[derive(Debug, Clone)]
 pub struct QueryResult {
+    /// The result's columns (also when there are no batches).
+    pub schema: SchemaRef,
     /// Result batches (noisy values and post-processing).
     pub batches: Vec<RecordBatch>,
     /// Mechanisms charged (or that would be, for EXPLAIN).
@@ -169,40 +171,41 @@ impl SqlEngine {
         &self.catalog
     }
 
-    /// What the session's analyst has left on each ledger dataset behind its
-    /// protected tables (empty without an analyst or a ledger).
-    pub fn analyst_budgets(&self) -> Result<Vec<AnalystBudget>> {
-        match (&self.analyst, &self.ledger) {
-            (Some(analyst), Some(ledger)) => analyst_budgets(&ledger.lock(), &self.catalog, analyst),
-            _ => Ok(vec![]),
-        }
-    }
-
     /// The result schema `sql` would have, from its plan alone: checks and
     /// refusals run, nothing is charged and no protected data is read (what
     /// a client's Describe gets before it executes).
-    pub async fn describe(&mut self, sql: &str) -> Result<datafusion::arrow::datatypes::SchemaRef> {
-        let prepared = prepare(sql)?;
+    pub async fn describe(&mut self, sql: &str) -> Result<SchemaRef> {
+        let (prepared, checked) = self.plan_checked(sql).await?;
         if prepared.explain {
             return Ok(explain_schema());
         }
+        Ok(match checked {
+            Checked::Imputed(plan) => imputed_schema(&super::imputed::plan_imputed(
+                &plan,
+                &self.catalog,
+                &prepared.sites,
+                self.catalog.query_budget,
+            )?),
+            Checked::Dp(plan, _) => output_schema(&plan),
+        })
+    }
+
+    /// Parses, plans and checks `sql` (reads no data, charges nothing): the
+    /// plan of a `dp_imputed_*` query, or the coerced plan of a DP query and
+    /// its analysis.
+    async fn plan_checked(&self, sql: &str) -> Result<(super::sites::Prepared, Checked)> {
+        let prepared = prepare(sql)?;
         let plan = self.ctx.state().create_logical_plan(&prepared.sql).await?;
         refuse_placeholders(&plan)?;
         no_duplicate_sites(&plan)?;
         if super::imputed::uses_imputed(&prepared.sites) {
-            let ip = super::imputed::plan_imputed(&plan, &self.catalog, &prepared.sites, self.catalog.query_budget)?;
-            let fields: Vec<Field> = ip.outputs.iter().map(|(n, _)| Field::new(n, DataType::Float64, true)).collect();
-            return Ok(Arc::new(Schema::new(fields)));
+            return Ok((prepared, Checked::Imputed(plan)));
         }
         analyze(&plan, &self.catalog)?;
-        let (plan, _) = super::check::analyze_coerced(&plan, &self.catalog, self.ctx.state().config_options())?;
-        let fields: Vec<Field> = plan
-            .schema()
-            .fields()
-            .iter()
-            .map(|f| Field::new(super::sites::clean_dp_name(f.name()), f.data_type().clone(), true))
-            .collect();
-        Ok(Arc::new(Schema::new(fields)))
+        // Again after type coercion: implicit casts must not be able to fail either.
+        // From here on the coerced plan is the plan (its types are the rows' types).
+        let (plan, analysis) = super::check::analyze_coerced(&plan, &self.catalog, self.ctx.state().config_options())?;
+        Ok((prepared, Checked::Dp(plan, Box::new(analysis))))
     }
 
     /// A session whose caller accounts for every query itself (a release
@@ -243,17 +246,11 @@ impl SqlEngine {
     }
 
     async fn query_inner(&mut self, sql: &str, budget: Option<Budget>, force_explain: bool) -> Result<QueryResult> {
-        let prepared = prepare(sql)?;
-        let plan = self.ctx.state().create_logical_plan(&prepared.sql).await?;
-        refuse_placeholders(&plan)?;
-        no_duplicate_sites(&plan)?;
-        if super::imputed::uses_imputed(&prepared.sites) {
-            return self.imputed_query(&plan, &prepared, budget, force_explain).await;
-        }
-        analyze(&plan, &self.catalog)?;
-        // Again after type coercion: implicit casts must not be able to fail either.
-        // From here on the coerced plan is the plan (its types are the rows' types).
-        let (plan, analysis) = super::check::analyze_coerced(&plan, &self.catalog, self.ctx.state().config_options())?;
+        let (prepared, checked) = self.plan_checked(sql).await?;
+        let (plan, analysis) = match checked {
+            Checked::Imputed(plan) => return self.imputed_query(&plan, &prepared, budget, force_explain).await,
+            Checked::Dp(plan, analysis) => (plan, *analysis),
+        };
         let entry = self.table(&analysis.table)?.clone();
         if let Some(why) = entry.dataset.domain().dp_read_refusal() {
             return Err(Refusal::new(K::TablePolicy, format!("table {}: {why}", entry.name)).into());
@@ -315,15 +312,16 @@ impl SqlEngine {
     /// ([`crate::privacy::failure`]).
     fn settle(
         &self,
-        outcome: Result<Vec<RecordBatch>>,
+        outcome: Result<(SchemaRef, Vec<RecordBatch>)>,
         reservation: Option<Reservation>,
         records: Vec<MechanismRecord>,
     ) -> Result<QueryResult> {
         match (outcome, reservation) {
-            (Ok(batches), Some(r)) => {
+            (Ok((schema, batches)), Some(r)) => {
                 let l = self.ledger.as_ref().expect("reserved").lock();
                 blocking(|| l.commit(r.charge_id))?;
                 Ok(QueryResult {
+                    schema,
                     batches,
                     mechanisms: records,
                     explain: None,
@@ -331,9 +329,14 @@ impl SqlEngine {
                     remaining: Some(r.remaining),
                 })
             }
-            (Ok(batches), None) => {
-                Ok(QueryResult { batches, mechanisms: records, explain: None, charge_id: None, remaining: None })
-            }
+            (Ok((schema, batches)), None) => Ok(QueryResult {
+                schema,
+                batches,
+                mechanisms: records,
+                explain: None,
+                charge_id: None,
+                remaining: None,
+            }),
             (Err(e), Some(r)) => {
                 let l = self.ledger.as_ref().expect("reserved").lock();
                 Err(blocking(|| charge_failure("query", Some((&l, r.charge_id)), e)))
@@ -372,7 +375,7 @@ impl SqlEngine {
         self.settle(outcome, reservation, records)
     }
 
-    async fn run_imputed(&mut self, ip: &super::imputed::ImputedPlan) -> Result<Vec<RecordBatch>> {
+    async fn run_imputed(&mut self, ip: &super::imputed::ImputedPlan) -> Result<(SchemaRef, Vec<RecordBatch>)> {
         let imp = ip.table.impute.as_ref().expect("checked by plan_imputed");
         let queries: Vec<_> = ip.calls.iter().map(|(q, _)| q.clone()).collect();
         let data = crate::impute::prepare_on(&self.ctx, &ip.table.dataset, imp, &queries).await?;
@@ -388,13 +391,13 @@ impl SqlEngine {
             )?;
             values.push(r[0].value);
         }
-        let fields: Vec<Field> = ip.outputs.iter().map(|(n, _)| Field::new(n, DataType::Float64, true)).collect();
+        let schema = imputed_schema(ip);
         let columns: Vec<ArrayRef> = ip
             .outputs
             .iter()
             .map(|(_, i)| Arc::new(datafusion::arrow::array::Float64Array::from(vec![values[*i]])) as ArrayRef)
             .collect();
-        Ok(vec![RecordBatch::try_new(Arc::new(Schema::new(fields)), columns)?])
+        Ok((schema.clone(), vec![RecordBatch::try_new(schema, columns)?]))
     }
 
     /// A join with a public relation must not multiply protected rows: its ON
@@ -422,6 +425,32 @@ impl SqlEngine {
         }
         Ok(())
     }
+}
+
+/// A query checked by [`SqlEngine::plan_checked`].
+enum Checked {
+    /// A `dp_imputed_*` query (checked by `imputed::plan_imputed`).
+    Imputed(LogicalPlan),
+    /// A DP query: its coerced plan and analysis.
+    Dp(LogicalPlan, Box<super::check::Analysis>),
+}
+
+/// The columns a DP query returns: its plan's, named without call-site tags
+/// (the released table has the aggregate's types, so the post-processed
+/// plan's schema is this one).
+pub(super) fn output_schema(plan: &LogicalPlan) -> SchemaRef {
+    let fields: Vec<Field> = plan
+        .schema()
+        .fields()
+        .iter()
+        .map(|f| Field::new(super::sites::clean_dp_name(f.name()), f.data_type().clone(), true))
+        .collect();
+    Arc::new(Schema::new(fields))
+}
+
+/// The columns of a `dp_imputed_*` query: one nullable float per output.
+fn imputed_schema(ip: &super::imputed::ImputedPlan) -> SchemaRef {
+    Arc::new(Schema::new(ip.outputs.iter().map(|(n, _)| Field::new(n, DataType::Float64, true)).collect::<Vec<_>>()))
 }
 
 /// A DP query's values are part of what is checked and costed: a
@@ -503,7 +532,7 @@ pub fn analyst_budgets(ledger: &Ledger, catalog: &Catalog, analyst: &str) -> Res
 }
 
 /// The columns of [`explain_batch`].
-pub fn explain_schema() -> datafusion::arrow::datatypes::SchemaRef {
+pub fn explain_schema() -> SchemaRef {
     Arc::new(Schema::new(vec![
         Field::new("aggregate", DataType::Utf8, false),
         Field::new("mechanism", DataType::Utf8, false),
@@ -544,5 +573,12 @@ fn explained(records: Vec<MechanismRecord>) -> QueryResult {
             loss: r.loss.describe(),
         })
         .collect();
-    QueryResult { batches: vec![], mechanisms: records, explain: Some(rows), charge_id: None, remaining: None }
+    QueryResult {
+        schema: explain_schema(),
+        batches: vec![],
+        mechanisms: records,
+        explain: Some(rows),
+        charge_id: None,
+        remaining: None,
+    }
 }

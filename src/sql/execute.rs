@@ -9,7 +9,7 @@ use std::sync::Arc;
 
 use super::error::{Result, SqlError};
 use datafusion::arrow::array::{ArrayRef, RecordBatch};
-use datafusion::arrow::datatypes::{DataType, Field, Schema};
+use datafusion::arrow::datatypes::{DataType, Field, Schema, SchemaRef};
 use datafusion::common::tree_node::{Transformed, TreeNode};
 use datafusion::common::{Column, ScalarValue};
 use datafusion::datasource::{MemTable, provider_as_source};
@@ -38,7 +38,7 @@ impl SqlEngine {
         planned: &[Planned],
         domain_keys: Option<Vec<Vec<ScalarValue>>>,
         selection: Option<&Selection>,
-    ) -> Result<Vec<RecordBatch>> {
+    ) -> Result<(SchemaRef, Vec<RecordBatch>)> {
         let g = agg.group_expr.len();
         // Float keys canonical (one zero, one NaN) for grouping, bounding and ranking alike.
         let keyed = &canonical_keys(agg)?;
@@ -53,8 +53,9 @@ impl SqlEngine {
         let ci_requests = ci_requests(plan, planned, self.catalog.confidence);
         let (columns, ci_cols) = self.noise(g, planned, &keys, &exact, &hist, &ci_requests, n_logical)?;
         let final_plan = post_process(plan, agg, columns, ci_cols, &ci_requests)?;
+        let schema = super::engine::output_schema(&final_plan);
         let out = self.ctx.execute_logical_plan(final_plan).await?.collect().await?;
-        Ok(out.into_iter().map(rename_dp_columns).collect())
+        Ok((schema, out.into_iter().map(rename_dp_columns).collect()))
     }
 
     /// The exact helper aggregates of every DP call per group key, as exact
