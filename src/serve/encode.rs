@@ -99,7 +99,8 @@ pub fn rows(fields: Arc<Vec<FieldInfo>>, schema: &Schema, batches: &[RecordBatch
             .zip(schema.fields())
             .map(|(c, f)| cast(c, &target(f.data_type()).1))
             .collect::<Result<_, _>>()
-            .map_err(|e| fail(format!("encoding a result column: {e}")))?;
+            // The cast's own message is not shown: it could quote a value.
+            .map_err(|_| fail("a result column could not be encoded for the client; please report it".into()))?;
         let cols: Vec<Column> = cast.iter().map(|c| Column::of(c.as_ref())).collect();
         for row in 0..b.num_rows() {
             for c in &cols {
