@@ -326,26 +326,25 @@ fn start_weed() -> Option<Weed> {
         .spawn()
         .unwrap();
     let weed = Weed { child, s3, _dir: dir };
-    let deadline = Instant::now() + Duration::from_secs(60);
-    loop {
-        let ok = Command::new("curl")
-            .args([
-                "-s",
-                "-o",
-                "/dev/null",
-                "-w",
-                "%{http_code}",
-                "-X",
-                "PUT",
-                &format!("http://127.0.0.1:{s3}/dpflow"),
-            ])
+    // Ready means an object can be stored, not only that the bucket exists:
+    // the S3 gateway answers (and creates buckets) before the volume server
+    // has registered with the master, and an object PUT in that window fails
+    // with a 500 (this flaked once in CI).
+    let put = |path: &str, args: &[&str]| {
+        Command::new("curl")
+            .args(["-s", "-o", "/dev/null", "-w", "%{http_code}", "-X", "PUT"])
+            .args(args)
+            .arg(format!("http://127.0.0.1:{s3}/{path}"))
             .output()
             .map(|o| String::from_utf8_lossy(&o.stdout) == "200")
-            .unwrap_or(false);
-        if ok {
+            .unwrap_or(false)
+    };
+    let deadline = Instant::now() + Duration::from_secs(90);
+    loop {
+        if put("dpflow", &[]) && put("dpflow/.ready", &["--data-binary", "ok"]) {
             return Some(weed);
         }
-        assert!(Instant::now() < deadline, "SeaweedFS did not start");
+        assert!(Instant::now() < deadline, "SeaweedFS did not become ready to store objects within 90 s");
         std::thread::sleep(Duration::from_millis(500));
     }
 }
@@ -386,7 +385,19 @@ fn releases_read_partitioned_parquet_from_s3_and_write_to_s3() {
         ))
         .unwrap();
         let put = Command::new("curl")
-            .args(["-s", "-f", "-X", "PUT", "--data-binary"])
+            // Retried: a freshly started SeaweedFS may still be growing volumes.
+            .args([
+                "-sS",
+                "-f",
+                "--retry",
+                "5",
+                "--retry-all-errors",
+                "--retry-delay",
+                "1",
+                "-X",
+                "PUT",
+                "--data-binary",
+            ])
             .arg(format!("@{}", local.display()))
             .arg(format!("http://127.0.0.1:{}/dpflow/census/part-{part}.parquet", weed.s3))
             .output()
