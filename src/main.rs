@@ -2,7 +2,23 @@ use clap::Parser;
 
 mod cli;
 
+/// A panic is a bug, and its message can quote the data it failed on (an
+/// index, a value, a length), so only where it happened is printed
+/// (docs/RELIABILITY.md). A release already charged stays charged.
+fn withhold_panic_messages() {
+    std::panic::set_hook(Box::new(|info| {
+        let at = info.location().map(|l| format!(" at {}:{}", l.file(), l.line())).unwrap_or_default();
+        eprintln!(
+            "error: internal error in dpflow{at} (a bug; please report it with this location). Its message is \
+             withheld because it may quote protected data. A reservation this run made stays counted as spent \
+             (`dpflow budget history`); data may have been read, so settle it with `dpflow budget resolve ID \
+             --as failed`, never `released`."
+        );
+    }));
+}
+
 fn main() {
+    withhold_panic_messages();
     let cli = cli::Cli::parse();
     // Only dpflow's own log lines are ever printed, at any level: third-party
     // crates log plans with exact statistics (row counts from Parquet footers),

@@ -90,6 +90,24 @@ pub enum IoError {
         /// The URL.
         url: String,
     },
+    /// A file that cannot be Parquet: its footer is missing or inconsistent
+    /// (checked before the Parquet reader sees it: the reader panics on some
+    /// such files).
+    #[error("{file} is not a valid Parquet file: {problem}; check that it was written completely, as Parquet")]
+    NotParquet {
+        /// The file (URL).
+        file: String,
+        /// What is wrong, in words (no byte counts from the file).
+        problem: &'static str,
+    },
+    /// Listing or reading a file's footer failed.
+    #[error("cannot read the Parquet footer of {file}")]
+    ReadFooter {
+        /// The file (URL).
+        file: String,
+        /// Why.
+        source: object_store::Error,
+    },
     /// A text file without a header line.
     #[error(
         "{url}: empty file (a header line was expected; set `text: {{header: false}}` in the domain if there is none)"
@@ -119,6 +137,14 @@ pub enum IoError {
     CreateDir {
         /// The directory.
         dir: String,
+        /// Why.
+        source: std::io::Error,
+    },
+    /// An owner-only local file cannot be written.
+    #[error("writing {path} (owner-only, mode 0600); check that its directory exists and is writable")]
+    WritePrivate {
+        /// The file.
+        path: String,
         /// Why.
         source: std::io::Error,
     },

@@ -137,10 +137,14 @@ pub async fn open_inputs(
     let format = format.unwrap_or_else(|| InputFormat::detect(location));
     let table_path = table_paths;
     match format {
-        InputFormat::Parquet => ctx
-            .read_parquet(table_path, ParquetReadOptions::default())
-            .await
-            .map_err(|source| IoError::OpenInput { format: "Parquet", location: location.to_string(), source }),
+        InputFormat::Parquet => {
+            check_parquet_footers(ctx, &urls, location).await?;
+            ctx.read_parquet(table_path, ParquetReadOptions::default()).await.map_err(|source| IoError::OpenInput {
+                format: "Parquet",
+                location: location.to_string(),
+                source,
+            })
+        }
         InputFormat::Csv => {
             let t = &spec.text;
             if !t.delimiter.is_ascii() || !t.quote.is_ascii() || t.comment.is_some_and(|c| !c.is_ascii()) {
@@ -169,4 +173,73 @@ pub async fn open_inputs(
             })
         }
     }
+}
+
+/// The Parquet footer: the metadata length (u32, little-endian) and the magic.
+const PARQUET_FOOTER: u64 = 8;
+/// The leading magic `PAR1`.
+const PARQUET_MAGIC: u64 = 4;
+
+/// Checks the footer of every Parquet file the inputs name (the files
+/// DataFusion will list: `.parquet` under a prefix or glob) before DataFusion
+/// decodes any metadata. The Parquet reader (59.x) computes the metadata's
+/// offset as `size - 8 - length` without checking it, and panics on a file
+/// whose footer claims more metadata than the file holds (`PAR1garbagePAR1`).
+/// A footer read is one small range request per file, made concurrently.
+async fn check_parquet_footers(ctx: &SessionContext, urls: &[Url], location: &str) -> Result<(), IoError> {
+    use datafusion::datasource::listing::ListingTableUrl;
+    let state = ctx.state();
+    let mut files = Vec::new();
+    for url in urls {
+        let listing = ListingTableUrl::parse(url.as_str()).map_err(|source| IoError::OpenInput {
+            format: "Parquet",
+            location: location.to_string(),
+            source,
+        })?;
+        let store = store_for(ctx, url)?;
+        let metas: Vec<_> = listing
+            .list_all_files(&state, store.as_ref(), ".parquet")
+            .await
+            .map_err(|source| IoError::OpenInput { format: "Parquet", location: location.to_string(), source })?
+            .try_collect()
+            .await
+            .map_err(|source| IoError::OpenInput { format: "Parquet", location: location.to_string(), source })?;
+        let base = &url[..url::Position::BeforePath];
+        files.extend(metas.into_iter().map(|m| (store.clone(), format!("{base}/{}", m.location), m)));
+    }
+    // Sixteen requests at a time (a stream's `buffer_unordered` here makes the
+    // server's futures fail the `Send` check: a known compiler limitation).
+    let mut files = files.into_iter().peekable();
+    while files.peek().is_some() {
+        let batch: Vec<_> = files.by_ref().take(16).map(|(s, f, m)| check_parquet_footer(s, f, m)).collect();
+        futures::future::try_join_all(batch).await?;
+    }
+    Ok(())
+}
+
+/// One file's footer check (see [`check_parquet_footers`]).
+async fn check_parquet_footer(
+    store: std::sync::Arc<dyn object_store::ObjectStore>,
+    file: String,
+    meta: object_store::ObjectMeta,
+) -> Result<(), IoError> {
+    let not = |problem| IoError::NotParquet { file: file.clone(), problem };
+    if meta.size < PARQUET_MAGIC + PARQUET_FOOTER {
+        return Err(not("it is shorter than a Parquet header and footer"));
+    }
+    let tail = store
+        .get_range(&meta.location, meta.size - PARQUET_FOOTER..meta.size)
+        .await
+        .map_err(|source| IoError::ReadFooter { file: file.clone(), source })?;
+    if tail.len() as u64 != PARQUET_FOOTER {
+        return Err(not("its footer could not be read whole"));
+    }
+    if &tail[4..] != b"PAR1" && &tail[4..] != b"PARE" {
+        return Err(not("it does not end with the Parquet magic `PAR1`"));
+    }
+    let metadata = u64::from(u32::from_le_bytes([tail[0], tail[1], tail[2], tail[3]]));
+    if metadata > meta.size - PARQUET_MAGIC - PARQUET_FOOTER {
+        return Err(not("its footer claims more metadata than the file holds"));
+    }
+    Ok(())
 }
