@@ -292,6 +292,41 @@ pub fn key_at(text: &str, line: u32) -> String {
     stack.into_iter().map(|(_, k)| k).collect::<Vec<_>>().join(".")
 }
 
+/// Why `id` cannot be a release id (one path segment of staging and output
+/// locations), if it cannot.
+pub fn release_id_problem(id: &str) -> Option<&'static str> {
+    if id.is_empty() || id.len() > 128 {
+        return Some("it must have 1 to 128 characters");
+    }
+    if id == "." || id == ".." {
+        return Some("it would name a directory above or at the root");
+    }
+    if !id.chars().all(|c| c.is_ascii_alphanumeric() || matches!(c, '.' | '-' | '_')) {
+        return Some("it has a character that could leave its directory or that storage may reinterpret");
+    }
+    None
+}
+
+/// Why a step's output name (a path relative to the release root) is unsafe,
+/// if it is: outputs stay below the root whatever the name.
+fn output_name_problem(name: &str) -> Option<&'static str> {
+    if name.is_empty() || name.len() > 255 {
+        return Some("give a file name of 1 to 255 characters, relative to the release's output");
+    }
+    if name.starts_with('/') {
+        return Some("an output is relative to the release's output location, not absolute");
+    }
+    for seg in name.split('/') {
+        if seg.is_empty() || seg == "." || seg == ".." {
+            return Some("`..`, `.` and empty segments are not allowed: an output stays below its release root");
+        }
+        if !seg.chars().all(|c| c.is_ascii_alphanumeric() || matches!(c, '.' | '-' | '_' | '=')) {
+            return Some("use letters, digits, '.', '-', '_', '=' and '/' between directories");
+        }
+    }
+    None
+}
+
 fn resolve(base: &Path, p: &str) -> String {
     if p.contains("://") || Path::new(p).is_absolute() { p.to_string() } else { base.join(p).display().to_string() }
 }
@@ -300,6 +335,18 @@ impl Pipeline {
     /// Loads and validates a pipeline file (reads no data).
     pub fn load(path: impl AsRef<Path>) -> Result<Self, PipelineError> {
         let path = path.as_ref();
+        let bytes = std::fs::read(path).map_err(|e| PipelineError::Spec {
+            file: path.display().to_string(),
+            line: None,
+            key: "(file)".into(),
+            message: format!("cannot read: {e}"),
+        })?;
+        Self::parse(&bytes, path)
+    }
+
+    /// Validates a pipeline's text as if it were read from `path` (relative
+    /// locations are resolved against `path`'s directory; reads no data).
+    pub fn parse(bytes: &[u8], path: &Path) -> Result<Self, PipelineError> {
         let file = path.display().to_string();
         let err = |line: Option<u32>, key: &str, message: String| PipelineError::Spec {
             file: file.clone(),
@@ -307,8 +354,7 @@ impl Pipeline {
             key: key.into(),
             message,
         };
-        let bytes = std::fs::read(path).map_err(|e| err(None, "(file)", format!("cannot read: {e}")))?;
-        let text = String::from_utf8(bytes.clone()).map_err(|_| err(None, "(file)", "not UTF-8".into()))?;
+        let text = String::from_utf8(bytes.to_vec()).map_err(|_| err(None, "(file)", "not UTF-8".into()))?;
         let raw: RawPipeline = crate::domain::from_yaml_with_path(&text).map_err(|(e, path)| {
             let msg = e.to_string();
             let line = e.location().map(|l| l.line() as u32);
@@ -322,7 +368,7 @@ impl Pipeline {
         let line = |l: &serde_saphyr::Location| Some(l.line() as u32).filter(|x| *x > 0);
         let base = path.parent().unwrap_or(Path::new("."));
         use sha2::Digest;
-        let sha256 = hex::encode(sha2::Sha256::digest(&bytes));
+        let sha256 = hex::encode(sha2::Sha256::digest(bytes));
 
         let name = raw.name.value.clone();
         if name.is_empty() || !name.chars().all(|c| c.is_ascii_alphanumeric() || c == '-' || c == '_') {
@@ -498,6 +544,26 @@ impl Pipeline {
                     }
                 }
             };
+            let outputs: Vec<(&str, &String)> = match &step {
+                Step::Sql { output, .. } | Step::Impute { output, .. } => vec![("output", output)],
+                Step::Synthesize { output, model_output, .. } => {
+                    let mut v = vec![("output", output)];
+                    v.extend(model_output.iter().map(|m| ("model_output", m)));
+                    v
+                }
+                Step::Evaluate { .. } => vec![],
+            };
+            for (k, o) in outputs {
+                if let Some(why) = output_name_problem(o) {
+                    let kind = match &s.value {
+                        RawStep::Sql(_) => "sql",
+                        RawStep::Synthesize(_) => "synthesize",
+                        RawStep::Impute(_) => "impute",
+                        RawStep::Evaluate(_) => "evaluate",
+                    };
+                    return Err(err(l, &key(&format!("{kind}.{k}")), format!("{o:?}: {why}")));
+                }
+            }
             if !names.insert(step.name().to_string()) {
                 return Err(err(l, &key("name"), format!("duplicate step name {:?}", step.name())));
             }

@@ -130,11 +130,17 @@ impl Catalog {
     /// Loads a catalog; relative paths are relative to the catalog file.
     pub fn load(path: impl AsRef<Path>) -> Result<Self> {
         let path = path.as_ref();
+        let text = std::fs::read_to_string(path)
+            .map_err(|source| SqlError::ReadCatalog { path: path.display().to_string(), source })?;
+        Self::parse(&text, path)
+    }
+
+    /// A catalog from its text, as if read from `path` (relative locations
+    /// and domain files are resolved against `path`'s directory).
+    pub fn parse(text: &str, path: &Path) -> Result<Self> {
         let file = path.display().to_string();
         let bad = |problem: String| SqlError::Catalog { path: file.clone(), problem };
-        let text =
-            std::fs::read_to_string(path).map_err(|source| SqlError::ReadCatalog { path: file.clone(), source })?;
-        let raw: RawCatalog = serde_saphyr::from_str(&text).map_err(|e| bad(e.to_string()))?;
+        let raw: RawCatalog = serde_saphyr::from_str(text).map_err(|e| bad(e.to_string()))?;
         let base = path.parent().unwrap_or(Path::new("."));
         let mut tables = BTreeMap::new();
         for (name, t) in raw.tables {

@@ -1,0 +1,1 @@
+SELECT dataset, remaining, dataset_remaining FROM dp_budget()

@@ -1,0 +1,1 @@
+SELECT dp_ci_low(dp_imputed_mean(inc, 0, 1000)) FROM survey

@@ -1,0 +1,1 @@
+SELECT dp_count(*) FROM (SELECT * FROM keyed LIMIT 10) t

@@ -1,0 +1,1 @@
+SELECT dp_count(*) FROM (SELECT row_number() OVER () AS r FROM keyed) t

@@ -1,0 +1,1 @@
+SELECT dp_count(*) FROM penguins WHERE array_length(make_array(flipper_length_mm, flipper_length_mm)) = 2

@@ -1,0 +1,1 @@
+SELECT dp_count(*) FROM penguins WHERE md5(sex) = 'x'

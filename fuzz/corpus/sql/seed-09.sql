@@ -1,0 +1,1 @@
+SELECT dp_count(*) FROM penguins a JOIN penguins p ON a.flipper_length_mm = p.year

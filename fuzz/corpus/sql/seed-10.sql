@@ -1,0 +1,1 @@
+SELECT dp_count(*) FROM penguins; SELECT dp_count(*) FROM penguins

@@ -1,0 +1,1 @@
+SELECT dp_count(*) FROM keyed a JOIN people b ON a.k = b.v

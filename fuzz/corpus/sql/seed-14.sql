@@ -1,0 +1,1 @@
+SELECT dp_count(*) OVER () FROM keyed

@@ -1,0 +1,1 @@
+SELECT dp_count(*, epsilon => 0.1), dp_count(x) FROM keyed

@@ -1,0 +1,1 @@
+SELECT dp_count(*, epsilon => 1000) AS n, dp_sum(v, 0, 10, epsilon => 1000) AS s FROM people

@@ -1,0 +1,1 @@
+SELECT dp_imputed_count(*) AS n FROM survey ORDER BY n LIMIT 1

@@ -1,0 +1,1 @@
+SELECT dp_imputed_count(*) FROM plain

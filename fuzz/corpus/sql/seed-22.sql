@@ -1,0 +1,1 @@
+SELECT dp_imputed_count(*) FROM survey WHERE flipper_length_mm > 30 OR sex = 'M'

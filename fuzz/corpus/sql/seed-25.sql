@@ -1,0 +1,1 @@
+SELECT dp_imputed_count(*), dp_imputed_var(inc, 0, 1000) AS v FROM survey

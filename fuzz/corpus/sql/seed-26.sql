@@ -1,0 +1,1 @@
+SELECT dp_imputed_count(*, rho => 0.1) FROM survey

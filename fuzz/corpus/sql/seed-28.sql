@@ -1,0 +1,1 @@
+SELECT dp_imputed_mean(inc, 0, 1000) + 1 FROM survey

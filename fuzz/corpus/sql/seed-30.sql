@@ -1,0 +1,1 @@
+SELECT dp_imputed_mean(sex, 0, 1) FROM survey

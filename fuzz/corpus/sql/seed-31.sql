@@ -1,0 +1,1 @@
+SELECT dp_sum(x, 0, k) FROM keyed

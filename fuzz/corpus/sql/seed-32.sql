@@ -1,0 +1,1 @@
+SELECT dp_sum(x, 10, 0) FROM keyed

@@ -1,0 +1,1 @@
+SELECT g, dp_count(*) AS n FROM people GROUP BY g

@@ -1,0 +1,1 @@
+SELECT k, dp_avg(x, 0, 100, epsilon => 1) AS a FROM flat GROUP BY k

@@ -1,0 +1,1 @@
+SELECT k, dp_count(*, epsilon => 0.5) AS n FROM keyed GROUP BY k ORDER BY k

@@ -1,0 +1,1 @@
+SELECT k, dp_quantile(x, 0.5, 0, 100, epsilon => 0.05) AS q FROM flat GROUP BY k

@@ -1,0 +1,1 @@
+SELECT k, dp_sum(x, 0, 100, rho => 0.5) AS s FROM keyed GROUP BY k ORDER BY k

@@ -1,0 +1,1 @@
+SELECT k, dp_var(x, 0, 100, epsilon => 1) AS v FROM flat GROUP BY k

@@ -1,0 +1,1 @@
+SELECT n FROM (SELECT dp_count(*) AS n FROM penguins) t WHERE n > $1

@@ -1,0 +1,1 @@
+SELECT r.region, dp_count(*) AS n FROM people p JOIN regions r ON p.g = r.g GROUP BY r.region

@@ -1,0 +1,1 @@
+SELECT region, dp_count(*) FROM regions GROUP BY region

@@ -1,0 +1,1 @@
+SELECT sex, dp_count(*) AS n FROM penguins GROUP BY sex ORDER BY sex

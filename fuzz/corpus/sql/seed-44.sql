@@ -1,0 +1,1 @@
+SELECT sex, dp_count(*) AS n, dp_avg(flipper_length_mm, 17, 90) AS a FROM penguins GROUP BY sex ORDER BY sex

@@ -1,0 +1,1 @@
+SELECT sex, dp_count(*) FROM penguins GROUP BY sex

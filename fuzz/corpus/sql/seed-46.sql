@@ -1,0 +1,1 @@
+SELECT sex, dp_imputed_count(*) FROM survey GROUP BY sex

@@ -1,0 +1,1 @@
+SELECT upper(g) AS gg, dp_count(*) AS n FROM people GROUP BY upper(g)

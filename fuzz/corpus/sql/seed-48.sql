@@ -1,0 +1,1 @@
+SELECT x, dp_count(*) FROM keyed GROUP BY x

@@ -1,0 +1,1 @@
+SELECT species, dp_count(*) AS n, dp_sum(body_mass_g, 2500, 6500) AS s FROM penguins WHERE year >= 2008 GROUP BY species

@@ -1,0 +1,1 @@
+SELECT dp_avg(bill_length_mm, 25, 65, epsilon => 0.3) FROM penguins

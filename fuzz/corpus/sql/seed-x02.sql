@@ -1,0 +1,1 @@
+SELECT island, dp_quantile(flipper_length_mm, 0.5, 160, 239) AS med FROM penguins GROUP BY island

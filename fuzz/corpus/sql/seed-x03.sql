@@ -1,0 +1,1 @@
+EXPLAIN SELECT sex, dp_count(*) FROM penguins GROUP BY sex

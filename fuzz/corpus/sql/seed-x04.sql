@@ -1,0 +1,1 @@
+WITH t AS (SELECT * FROM penguins WHERE sex IS NOT NULL) SELECT sex, dp_count(*) FROM t GROUP BY sex

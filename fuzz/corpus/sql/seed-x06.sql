@@ -1,0 +1,1 @@
+SELECT CASE WHEN body_mass_g > 4000 THEN 'big' ELSE 'small' END AS size, dp_count(*) FROM penguins GROUP BY 1

@@ -1,0 +1,1 @@
+SELECT dp_ci_low(dp_count(*)), dp_ci_high(dp_count(*)) FROM penguins

@@ -1,0 +1,1 @@
+SELECT species, dp_var(body_mass_g, 2500, 6500) FROM penguins GROUP BY species

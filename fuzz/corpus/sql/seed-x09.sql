@@ -1,0 +1,1 @@
+SELECT dp_stddev(bill_depth_mm, 10, 25) FROM penguins WHERE island = 'Dream' AND sex = 'male'

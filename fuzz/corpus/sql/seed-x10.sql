@@ -1,0 +1,1 @@
+SELECT dp_imputed_mean(body_mass_g, 2500, 6500, epsilon => 4.0) FROM penguins

@@ -1,0 +1,1 @@
+SELECT COALESCE(sex, 'unknown') AS s, dp_count(*) FROM penguins GROUP BY COALESCE(sex, 'unknown')

@@ -1,0 +1,1 @@
+SELECT year, island, dp_count(*) FROM penguins GROUP BY year, island ORDER BY year LIMIT 5

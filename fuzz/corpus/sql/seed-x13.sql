@@ -1,0 +1,1 @@
+SELECT dp_count(DISTINCT island) FROM penguins

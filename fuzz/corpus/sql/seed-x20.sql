@@ -1,0 +1,1 @@
+SELECT region, dp_count(*) FROM penguins p JOIN islands i ON p.island = i.island GROUP BY region

@@ -1,0 +1,1 @@
+SELECT dp_imputed_mean(body_mass_g, 2500, 6500, epsilon => 8.32) FROM penguins WHERE flipper_length_mm BETWEEN 170 AND 220
