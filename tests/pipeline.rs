@@ -79,6 +79,10 @@ fn validation_errors_name_file_line_and_key_and_spend_nothing() {
         ),
         (good.replace("budget: {epsilon: 0.2, delta: 1.0e-6}", "budget: {epsilon: 0.2}"), "synthesize.budget"),
         (good.replace("sources: [data.csv]", "sources: []"), "dataset.sources"),
+        // Outputs stay below the release root whatever their names say.
+        (good.replace("output: counts.csv", "output: ../../escape.csv"), "sql.output"),
+        (good.replace("model_output: model.json", "model_output: /etc/model.json"), "synthesize.model_output"),
+        (good.replace("output: syn.parquet", "output: \"a/./b.parquet\""), "synthesize.output"),
         (
             good.replace("budget: {epsilon: 0.3, delta: 1.0e-6}\n", "budget: {epsilon: 0.05, delta: 1.0e-6}\n"),
             "cost more than the release budget",
@@ -109,6 +113,57 @@ fn validation_errors_name_file_line_and_key_and_spend_nothing() {
     let l = Ledger::open(dir.path().join("ledger.sqlite")).unwrap();
     assert!(l.history(None).unwrap().is_empty());
     assert!(published_files(&dir.path().join("out")).is_empty());
+}
+
+fn mode(p: &Path) -> u32 {
+    use std::os::unix::fs::PermissionsExt;
+    std::fs::metadata(p).unwrap_or_else(|e| panic!("{}: {e}", p.display())).permissions().mode() & 0o777
+}
+
+#[test]
+fn releases_stay_below_their_root_and_private_files_are_owner_only() {
+    let dir = tempfile::tempdir().unwrap();
+    let p = world(
+        dir.path(),
+        10.0,
+        None,
+        "  - evaluate: {name: quality, synthetic: syn, workload: all-2way, private_output: private/quality.json}",
+    );
+    let yaml = std::fs::read_to_string(&p)
+        .unwrap()
+        .replace("output: out/{release_id}", "output: out/{release_id}\nstaging: stage/{release_id}");
+    std::fs::write(&p, yaml).unwrap();
+    let run = |id: &str| dpflow().args(["run", p.to_str().unwrap(), "--release-id", id]).output().unwrap();
+    let charges = || match Ledger::open(dir.path().join("ledger.sqlite")) {
+        Ok(l) => l.history(None).unwrap().len(),
+        Err(_) => 0,
+    };
+    // Release ids are one safe path segment: refused before anything is charged.
+    for bad in ["../../escape", "a/b", "..", "", "x\\y", "/abs"] {
+        let out = run(bad);
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert!(!out.status.success() && err.contains("release id"), "{bad:?}: {err}");
+    }
+    assert_eq!(charges(), 0);
+    assert!(!dir.path().join("escape").exists());
+    // A symbolic link below the output root is never written through, and
+    // refusing it charges nothing.
+    let elsewhere = tempfile::tempdir().unwrap();
+    std::fs::create_dir_all(dir.path().join("out")).unwrap();
+    std::os::unix::fs::symlink(elsewhere.path(), dir.path().join("out/linked")).unwrap();
+    let out = run("linked");
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(!out.status.success() && err.contains("symbolic link"), "{err}");
+    assert_eq!(charges(), 0);
+    assert_eq!(std::fs::read_dir(elsewhere.path()).unwrap().count(), 0, "nothing written through the link");
+    // A good release: the ledger, the staging area and the curator-only report are owner-only.
+    let out = run("good");
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    assert_eq!(mode(&dir.path().join("ledger.sqlite")), 0o600);
+    assert_eq!(mode(&dir.path().join("stage")), 0o700, "staging parent created owner-only");
+    assert_eq!(mode(&dir.path().join("private/quality.json")), 0o600);
+    assert!(dir.path().join("out/good/manifest.json").exists());
+    assert_eq!(charges(), 1);
 }
 
 #[test]

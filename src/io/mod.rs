@@ -4,11 +4,13 @@
 //! Reads always stream record batches: nothing here loads a whole file.
 
 mod error;
+pub mod private;
 mod read;
 mod store;
 mod write;
 
 pub use error::IoError;
+pub use private::{write_private_bytes, write_private_file};
 pub use read::{InputFormat, ensure_exists, open_input, open_inputs, read_header_names};
 pub use store::{memory_store, register_stores_for, resolve_url, session_context, store_for};
 pub use write::{ParquetSink, read_bytes, write_bytes, write_csv_stream, write_parquet_stream, write_stream};

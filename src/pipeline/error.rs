@@ -88,6 +88,37 @@ pub enum PipelineError {
         /// By how much.
         source: BudgetError,
     },
+    /// A release id that is not one safe path segment (it names staging
+    /// and output directories, so `../` or `/` could leave their root).
+    #[error(
+        "release id {id:?} is not allowed: {why}; use letters, digits, '.', '-' and '_' (at most 128, not `.` or `..`)"
+    )]
+    BadReleaseId {
+        /// The id as given.
+        id: String,
+        /// What is wrong.
+        why: &'static str,
+    },
+    /// An output would be written through a symbolic link below its root
+    /// (it could point anywhere), so nothing is written there.
+    #[error(
+        "{path} is a symbolic link below the release root {root}; outputs and staging are never written through \
+         links (they could point outside the root): remove the link or point the pipeline's output at its target"
+    )]
+    SymlinkInRoot {
+        /// The link.
+        path: String,
+        /// The root it is below.
+        root: String,
+    },
+    /// An output or staging location that is not below its template's root.
+    #[error("{path} is not below its root {root}; check the pipeline's output and staging templates")]
+    OutsideRoot {
+        /// The location.
+        path: String,
+        /// The root.
+        root: String,
+    },
     /// `--unsafe-seed` on a pipeline (which always charges its ledger).
     #[error("{}", crate::privacy::SEEDED_LEDGER_REFUSAL)]
     UnsafeSeed,

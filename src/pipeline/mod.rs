@@ -3,6 +3,7 @@
 //! `dpflow schedule` cron scheduler.
 
 mod error;
+pub mod paths;
 pub mod run;
 pub mod schedule;
 pub mod spec;

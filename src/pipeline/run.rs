@@ -24,9 +24,12 @@ use serde::Serialize;
 use sha2::Digest;
 
 use super::error::{BoxError, PipelineError};
+use super::paths::{prepare_staging, refuse_links_below, template_root};
 use super::spec::{Pipeline, Step};
 use crate::dataset::Dataset;
-use crate::io::{IoError, read_bytes, register_stores_for, resolve_url, session_context, store_for, write_bytes};
+use crate::io::{
+    IoError, read_bytes, register_stores_for, resolve_url, session_context, store_for, write_bytes, write_private_bytes,
+};
 use crate::privacy::{Budget, ChargeStatus, Ledger, LedgerError, MechanismRecord, PrivacyFilter, PrivacyLoss};
 use crate::sql::{Catalog, PrivacyUnit, SqlEngine, TableEntry};
 
@@ -151,6 +154,8 @@ fn step_error(step: &str, source: BoxError) -> PipelineError {
 struct Locations {
     output: String,
     staging: String,
+    /// The output template's root: nothing is published through a link below it.
+    output_root: String,
 }
 
 impl Pipeline {
@@ -313,12 +318,20 @@ impl Pipeline {
         let when = opts.date.unwrap_or(started).with_timezone(&self.timezone);
         let date = when.format("%Y-%m-%d").to_string();
         let release_id = opts.release_id.clone().unwrap_or_else(|| format!("{}-{}", self.name, date));
+        if let Some(why) = super::spec::release_id_problem(&release_id) {
+            return Err(PipelineError::BadReleaseId { id: release_id, why });
+        }
         let output = template(&self.output, self, &release_id, &date);
         let staging = match &self.staging {
             Some(s) => join(&template(s, self, &release_id, &date), &release_id),
             None => join(&join(&output, "_staging"), &release_id),
         };
-        let loc = Locations { output, staging };
+        let output_root = template_root(&self.output).to_string();
+        let staging_root = self.staging.as_deref().map_or(output_root.as_str(), template_root).to_string();
+        // Before anything is charged: no link below a root (paths.rs).
+        refuse_links_below(&output_root, &output)?;
+        refuse_links_below(&staging_root, &staging)?;
+        let loc = Locations { output, staging, output_root };
         let ctx = session_context();
         let manifest_url = join(&loc.output, "manifest.json");
         if exists(&ctx, &manifest_url).await? {
@@ -348,6 +361,10 @@ impl Pipeline {
         };
         // Fresh staging area (a previous crash may have left partial outputs).
         delete_prefix(&ctx, &loc.staging).await?;
+        if self.staging.is_none() {
+            prepare_staging(&join(&loc.output, "_staging"))?;
+        }
+        prepare_staging(&loc.staging)?;
         let step_records = match self.run_steps(&ctx, &loc, opts, progress).await {
             Ok(r) => r,
             Err(e) => {
@@ -488,7 +505,7 @@ impl Pipeline {
                         source,
                     })?;
                     // Curator-only: written to a private place, never published.
-                    write_bytes(ctx, private_output, json).await?;
+                    write_private_bytes(ctx, private_output, json).await?;
                     records.push(serde_json::json!({
                         "step": name, "kind": "evaluate", "note": "curator-only evaluation written to a private location; not part of the release",
                     }));
@@ -533,6 +550,7 @@ impl Pipeline {
                 let rel = o.as_str().unwrap_or_default();
                 let src = join(&loc.staging, rel);
                 let dst = join(&loc.output, rel);
+                refuse_links_below(&loc.output_root, &dst)?;
                 let bytes = read_bytes(ctx, &src).await?;
                 let sha = hex::encode(sha2::Sha256::digest(&bytes));
                 let n = bytes.len() as u64;
@@ -562,6 +580,7 @@ impl Pipeline {
             unsafe_seed: opts.unsafe_seed,
         };
         let manifest_url = join(&loc.output, "manifest.json");
+        refuse_links_below(&loc.output_root, &manifest_url)?;
         // Last: its presence means the release is complete.
         let json = serde_json::to_vec_pretty(&manifest).map_err(|source| PipelineError::Json {
             action: "encoding",

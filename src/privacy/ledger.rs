@@ -84,6 +84,14 @@ pub enum LedgerError {
     /// `init` on an existing file.
     #[error("ledger {0} already exists")]
     Exists(String),
+    /// The ledger file cannot be created.
+    #[error("cannot create ledger {path}; check that its directory exists and is writable")]
+    Create {
+        /// The file.
+        path: String,
+        /// Why.
+        source: std::io::Error,
+    },
     /// Unknown dataset.
     #[error("dataset {dataset:?} is not in ledger {path} (known: {known})")]
     UnknownDataset {
@@ -381,6 +389,21 @@ impl Ledger {
             return Err(LedgerError::Exists(p));
         }
         let sql = |e| LedgerError::Sql { path: p.clone(), source: e };
+        // Owner-only from the first byte: the file is created 0600 here (SQLite
+        // gives its -wal and -shm files the database's mode), and `create_new`
+        // also makes two concurrent creates fail cleanly instead of sharing it.
+        {
+            use std::os::unix::fs::OpenOptionsExt;
+            std::fs::OpenOptions::new()
+                .write(true)
+                .create_new(true)
+                .mode(crate::io::private::PRIVATE_FILE_MODE)
+                .open(&path)
+                .map_err(|e| match e.kind() {
+                    std::io::ErrorKind::AlreadyExists => LedgerError::Exists(p.clone()),
+                    _ => LedgerError::Create { path: p.clone(), source: e },
+                })?;
+        }
         let mut conn =
             Connection::open_with_flags(&path, OpenFlags::SQLITE_OPEN_READ_WRITE | OpenFlags::SQLITE_OPEN_CREATE)
                 .map_err(sql)?;
