@@ -121,3 +121,44 @@ async fn missing_inputs_are_errors_not_empty_tables() {
         assert!(format!("{err:#}").contains("does not exist"), "{loc}: {err:#}");
     }
 }
+
+/// Found by hand and kept in fuzz/corpus/parquet: the Parquet reader (59.x)
+/// panicked on a footer that claims more metadata than the file holds
+/// (exit 101). Every malformed footer now gets an error naming the file,
+/// from the library and from `dpflow inspect`, and nothing panics.
+#[test]
+fn files_that_are_not_parquet_get_an_error_naming_them() {
+    let dir = tempfile::tempdir().unwrap();
+    let domain = concat!(env!("CARGO_MANIFEST_DIR"), "/sample_data/adult/adult.domain.yaml");
+    let cases: [(&str, &[u8], &str); 4] = [
+        ("garbage.parquet", b"PAR1garbagePAR1", "claims more metadata than the file holds"),
+        ("short.parquet", b"PAR1", "shorter than a Parquet header and footer"),
+        ("csv.parquet", b"a,b\n1,2\n3,4\n5,6\n", "does not end with the Parquet magic"),
+        ("empty.parquet", b"", "shorter than a Parquet header and footer"),
+    ];
+    for (name, bytes, want) in cases {
+        let f = dir.path().join(name);
+        std::fs::write(&f, bytes).unwrap();
+        let out = std::process::Command::new(env!("CARGO_BIN_EXE_dpflow"))
+            .args(["inspect", f.to_str().unwrap(), "--domain", domain])
+            .output()
+            .unwrap();
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert_eq!(out.status.code(), Some(1), "{name}: {err}");
+        assert!(
+            err.contains(name) && err.contains("is not a valid Parquet file") && err.contains(want),
+            "{name}: {err}"
+        );
+        assert!(!err.contains("internal error") && !err.contains("panicked"), "{name}: {err}");
+    }
+    // A prefix holding one bad part among good ones names the bad part.
+    let prefix = dir.path().join("parts");
+    std::fs::create_dir(&prefix).unwrap();
+    std::fs::write(prefix.join("part-1.parquet"), b"PAR1garbagePAR1").unwrap();
+    let out = std::process::Command::new(env!("CARGO_BIN_EXE_dpflow"))
+        .args(["inspect", &format!("{}/", prefix.display()), "--domain", domain, "--input-format", "parquet"])
+        .output()
+        .unwrap();
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(err.contains("part-1.parquet") && err.contains("not a valid Parquet file"), "{err}");
+}
