@@ -413,3 +413,22 @@ async fn avg_var_and_quantile_noise_match_their_stated_scales() {
     let z = 2.0 * w + 512.0;
     dpflow::udfs::noise::testing::chi_square_test_counts(&observed, &[w / z, 512.0 / z, w / z], 1e-4);
 }
+
+/// Found by the SQL privacy audit (tests/dp_audit_sql.rs): a query whose only
+/// DP call is a quantile, without GROUP BY, built an aggregate of nothing,
+/// which DataFusion refuses, after the charge: every such query failed (and
+/// was charged). It now answers, with exactly one committed charge.
+#[tokio::test]
+async fn a_lone_quantile_without_group_by_answers_and_is_charged_once() {
+    let dir = tempfile::tempdir().unwrap();
+    let cat = Catalog::load(world(dir.path(), Some("{epsilon: 10.0}"))).unwrap();
+    let mut e = SqlEngine::open(cat, None).await.unwrap();
+    let r = e.query("SELECT dp_quantile(x, 0.5, 0, 100, epsilon => 1.0) AS q FROM keyed", None).await.unwrap();
+    let q = column_f64(&r.batches, "q");
+    assert_eq!(q.len(), 1);
+    assert!(q[0].is_some_and(|v| (0.0..=100.0).contains(&v)), "{q:?}");
+    let l = dpflow::privacy::Ledger::open(dir.path().join("ledger.sqlite")).unwrap();
+    let h = l.history(Some("keyed")).unwrap();
+    assert_eq!(h.len(), 1);
+    assert_eq!(h[0].status, dpflow::privacy::ChargeStatus::Committed);
+}

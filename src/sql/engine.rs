@@ -71,6 +71,10 @@ pub struct SqlEngine {
     /// The analyst queries are charged for (`dpflow serve`): each charge must
     /// also fit their grant in the ledger.
     pub(super) analyst: Option<String>,
+    /// Releases per read in an audit session ([`SqlEngine::audit_releases`]); 1 otherwise.
+    pub(super) audit_repeats: usize,
+    /// The audit releases after the first.
+    pub(super) audit_out: Vec<Vec<RecordBatch>>,
 }
 
 /// What an analyst has left on one ledger dataset (`SHOW dp_budget`).
@@ -145,6 +149,8 @@ impl SqlEngine {
             precharged: false,
             wide_from: 1 << 32,
             analyst: None,
+            audit_repeats: 1,
+            audit_out: Vec::new(),
         })
     }
 
@@ -222,6 +228,38 @@ impl SqlEngine {
     /// The mechanisms a query would charge (plans it; reads no data).
     pub async fn cost(&mut self, sql: &str, budget: Option<Budget>) -> Result<Vec<MechanismRecord>> {
         Ok(self.query_inner(sql, budget, true).await?.mechanisms)
+    }
+
+    /// **Privacy audits only** (tests/dp_audit.rs): reads the data of a DP
+    /// query once and releases it `k` times with independent noise, through
+    /// the same release code as [`SqlEngine::query`] (partition selection,
+    /// noise, post-processing), so an audit can estimate the mechanism's
+    /// privacy loss from many draws on neighbouring datasets. `k` releases of
+    /// one read cost `k` times the query's budget, so this is refused unless
+    /// the session is seeded (`--unsafe-seed`, output marked unsafe) and has
+    /// no ledger: it can never run on a ledger-backed dataset.
+    #[doc(hidden)]
+    pub async fn audit_releases(
+        &mut self,
+        sql: &str,
+        budget: Option<Budget>,
+        k: usize,
+    ) -> Result<Vec<Vec<RecordBatch>>> {
+        if self.unsafe_seed.is_none() || self.ledger.is_some() || self.precharged || k == 0 {
+            return Err(SqlError::Internal(
+                "audit releases need a seeded session without a ledger (privacy audits only)".into(),
+            ));
+        }
+        self.audit_repeats = k;
+        self.audit_out.clear();
+        let first = self.query_inner(sql, budget, false).await;
+        self.audit_repeats = 1;
+        let mut all = vec![first?.batches];
+        all.append(&mut self.audit_out);
+        if all.len() != k {
+            return Err(SqlError::Internal("this query kind has no audit releases (only dp_* aggregates)".into()));
+        }
+        Ok(all)
     }
 
     /// Tests only: re-aggregate with 128-bit sums from `n` summed values per

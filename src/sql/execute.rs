@@ -47,15 +47,25 @@ impl SqlEngine {
         let n_logical = n_helpers + usize::from(selection.is_some());
         let (exact, order) =
             self.exact_helpers(keyed, entry, &bounded, planned, unit, selection.is_some(), n_logical).await?;
-        let keys = self.released_keys(agg, domain_keys, selection, &exact, order, n_helpers)?;
         let hist = self.quantile_histograms(keyed, &bounded, planned).await?;
-        // Noise, once.
         let ci_requests = ci_requests(plan, planned, self.catalog.confidence);
-        let (columns, ci_cols) = self.noise(g, planned, &keys, &exact, &hist, &ci_requests, n_logical)?;
-        let final_plan = post_process(plan, agg, columns, ci_cols, &ci_requests)?;
-        let schema = super::engine::output_schema(&final_plan);
-        let out = self.ctx.execute_logical_plan(final_plan).await?.collect().await?;
-        Ok((schema, out.into_iter().map(rename_dp_columns).collect()))
+        // Noise, once per release: once, except in an audit session
+        // (`SqlEngine::audit_releases`), which releases the same exact
+        // aggregates again with independent noise.
+        let mut first = None;
+        for _ in 0..self.audit_repeats.max(1) {
+            let keys = self.released_keys(agg, domain_keys.as_deref(), selection, &exact, &order, n_helpers)?;
+            let (columns, ci_cols) = self.noise(g, planned, &keys, &exact, &hist, &ci_requests, n_logical)?;
+            let final_plan = post_process(plan, agg, columns, ci_cols, &ci_requests)?;
+            let schema = super::engine::output_schema(&final_plan);
+            let out = self.ctx.execute_logical_plan(final_plan).await?.collect().await?;
+            let batches: Vec<RecordBatch> = out.into_iter().map(rename_dp_columns).collect();
+            match first {
+                None => first = Some((schema, batches)),
+                Some(_) => self.audit_out.push(batches),
+            }
+        }
+        Ok(first.expect("at least one release"))
     }
 
     /// The exact helper aggregates of every DP call per group key, as exact
@@ -137,6 +147,12 @@ impl SqlEngine {
                     (j, n_logical + i, s)
                 })
                 .collect();
+            if helpers.is_empty() && agg.group_expr.is_empty() {
+                // Only quantiles, without GROUP BY: there is nothing to aggregate here
+                // (their histograms are a pass of their own), and DataFusion refuses an
+                // aggregate of nothing, which used to fail such a query after its charge.
+                return Ok((exact, order));
+            }
             let helper_plan =
                 LogicalPlanBuilder::from(bounded.clone()).aggregate(agg.group_expr.clone(), helpers)?.build()?;
             let batches = self.ctx.execute_logical_plan(helper_plan).await?.collect().await?;
@@ -178,15 +194,15 @@ impl SqlEngine {
     fn released_keys(
         &mut self,
         agg: &Aggregate,
-        domain_keys: Option<Vec<Vec<ScalarValue>>>,
+        domain_keys: Option<&[Vec<ScalarValue>]>,
         selection: Option<&Selection>,
         exact: &Exact,
-        order: Vec<Vec<ScalarValue>>,
+        order: &[Vec<ScalarValue>],
         n_helpers: usize,
     ) -> Result<Vec<Vec<ScalarValue>>> {
         Ok(match (domain_keys, selection) {
             (Some(k), _) => k
-                .into_iter()
+                .iter()
                 .map(|key| {
                     key.iter()
                         .zip(agg.schema.fields().iter())
@@ -203,15 +219,15 @@ impl SqlEngine {
                 let mut kept = Vec::new();
                 // Draw in key order, not in the engine's (partition-dependent) row order, so seeded runs
                 // reproduce on any machine and the released order says nothing about the data layout.
-                let mut order = order;
+                let mut order: Vec<&Vec<ScalarValue>> = order.iter().collect();
                 order.sort_by(|a, b| a.partial_cmp(b).unwrap_or(std::cmp::Ordering::Equal));
                 for key in order {
-                    let units = exact.get(&key).map_or(0, |v| v[n_helpers]);
+                    let units = exact.get(key).map_or(0, |v| v[n_helpers]);
                     // Unit counts are integers: discrete Laplace noise of scale b (exact, no floats),
                     // kept when above the integer threshold τ of the discrete tail.
                     let noisy = units + sampler.sample(&mut self.rng);
                     if noisy > *tau {
-                        kept.push(key);
+                        kept.push(key.clone());
                     }
                 }
                 kept
