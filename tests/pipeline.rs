@@ -406,24 +406,35 @@ fn start_weed() -> Option<Weed> {
 
 #[test]
 fn releases_read_partitioned_parquet_from_s3_and_write_to_s3() {
+    const SECRET: &str = "dpflow-planted-secret-7f3a9c1e";
     let Some(weed) = start_weed() else { return };
     let dir = tempfile::tempdir().unwrap();
     let env = [
         ("AWS_ENDPOINT_URL", format!("http://127.0.0.1:{}", weed.s3)),
         ("AWS_ALLOW_HTTP", "true".into()),
         ("AWS_ACCESS_KEY_ID", "dpflow".into()),
-        ("AWS_SECRET_ACCESS_KEY", "dpflow".into()),
+        // A planted secret: credentials come from the standard AWS variables
+        // only, and must appear in no output, log or published file, even at
+        // the most verbose log level.
+        ("AWS_SECRET_ACCESS_KEY", SECRET.into()),
         ("AWS_REGION", "us-east-1".into()),
+        ("RUST_LOG", "trace".into()),
     ];
-    let cmd = |args: &[&str]| {
+    let run_with = |args: &[&str], env: &[(&str, String)]| {
         let mut c = dpflow();
         c.args(args);
-        for (k, v) in &env {
+        for (k, v) in env {
             c.env(k, v);
         }
         let out = c.output().unwrap();
-        assert!(out.status.success(), "{args:?}: {}", String::from_utf8_lossy(&out.stderr));
-        String::from_utf8_lossy(&out.stdout).to_string()
+        let (stdout, stderr) = (String::from_utf8_lossy(&out.stdout), String::from_utf8_lossy(&out.stderr));
+        assert!(!stdout.contains(SECRET) && !stderr.contains(SECRET), "{args:?} printed the secret key");
+        (out.status.success(), stdout.to_string(), stderr.to_string())
+    };
+    let cmd = |args: &[&str]| {
+        let (ok, stdout, stderr) = run_with(args, &env);
+        assert!(ok, "{args:?}: {stderr}");
+        stdout
     };
     // Benchmark data from the bench crate's generator, written locally and
     // uploaded with a plain S3 PUT (dpflow itself only reads it from S3).
@@ -496,6 +507,19 @@ fn releases_read_partitioned_parquet_from_s3_and_write_to_s3() {
     assert!(again.contains("already complete"), "{again}");
     let l = Ledger::open(dir.path().join("ledger.sqlite")).unwrap();
     assert_eq!(l.history(None).unwrap().len(), 1);
+    // Nothing written holds the secret: the ledger and the published files.
+    let manifest =
+        cmd(&["inspect", &format!("s3://dpflow/releases/{date}/syn.parquet"), "--domain", dom.to_str().unwrap()]);
+    assert!(!manifest.contains(SECRET));
+    assert!(
+        !std::fs::read(dir.path().join("ledger.sqlite")).unwrap().windows(SECRET.len()).any(|w| w == SECRET.as_bytes())
+    );
+    // Failures print no secret either: a server that refuses connections,
+    // and one that is up but gets a rerun of a new release.
+    let mut down = env.clone();
+    down[0].1 = format!("http://127.0.0.1:{}", free_port());
+    let (ok, _, stderr) = run_with(&["run", p.to_str().unwrap(), "--release-id", "s3-down"], &down);
+    assert!(!ok && !stderr.is_empty());
 }
 
 #[test]
