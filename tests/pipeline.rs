@@ -310,6 +310,53 @@ fn scheduler_shuts_down_gracefully_on_sigterm() {
     }
 }
 
+/// The scheduler's claim is an OS file lock (flock), not a pid file: a second
+/// scheduler process is refused while the first lives, and a scheduler killed
+/// with SIGKILL (which leaves its lock file and pid behind) blocks nobody.
+#[test]
+fn two_scheduler_processes_never_run_one_pipeline_and_a_killed_one_blocks_nobody() {
+    let dir = tempfile::tempdir().unwrap();
+    // Once a year: the schedulers only wait.
+    let p = world(dir.path(), 100.0, Some("0 0 3 1 1 *"), "");
+    let state = dir.path().join("state");
+    let start = || {
+        dpflow()
+            .args(["schedule", p.to_str().unwrap(), "--state-dir", state.to_str().unwrap()])
+            .stdout(Stdio::null())
+            .stderr(Stdio::piped())
+            .spawn()
+            .unwrap()
+    };
+    let lock = state.join("small.lock");
+    let wait_for_lock = || {
+        let t = Instant::now();
+        while !lock.exists() {
+            assert!(t.elapsed() < Duration::from_secs(60), "the scheduler never took its lock");
+            std::thread::sleep(Duration::from_millis(50));
+        }
+    };
+    let mut first = start();
+    wait_for_lock();
+    let (code, err) = wait_with_timeout(start(), Duration::from_secs(60));
+    assert_ne!(code, Some(0));
+    assert!(err.contains("another scheduler holds the lock"), "{err}");
+    // SIGKILL: no cleanup runs, the lock file and its pid stay behind.
+    first.kill().unwrap();
+    first.wait().unwrap();
+    assert!(lock.exists(), "SIGKILL leaves the lock file");
+    let mut third = start();
+    // It takes the lock: its own pid replaces the stale one in the file.
+    let t = Instant::now();
+    while std::fs::read_to_string(&lock).unwrap_or_default().trim() != third.id().to_string() {
+        assert!(third.try_wait().unwrap().is_none(), "a stale lock file blocked a new scheduler");
+        assert!(t.elapsed() < Duration::from_secs(60), "the new scheduler never took the lock");
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    // SAFETY: sending SIGTERM to our own child process.
+    unsafe { libc::kill(third.id() as i32, libc::SIGTERM) };
+    assert_eq!(wait_with_timeout(third, Duration::from_secs(60)).0, Some(0));
+}
+
 fn wait_with_timeout(mut child: std::process::Child, t: Duration) -> (Option<i32>, String) {
     let start = Instant::now();
     loop {
