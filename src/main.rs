@@ -11,7 +11,7 @@ fn withhold_panic_messages() {
         eprintln!(
             "error: internal error in dpflow{at} (a bug; please report it with this location). Its message is \
              withheld because it may quote protected data. A reservation this run made stays counted as spent \
-             (`dpflow budget history`); data may have been read, so settle it with `dpflow budget resolve ID \
+             (`dpflow budget history`); data may have been read, so settle it with `dpflow budget resolve --charge ID \
              --as failed`, never `released`."
         );
     }));

