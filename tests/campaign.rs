@@ -36,8 +36,10 @@ use sha2::Digest;
 mod common;
 use common::Weed;
 
-/// The dataset's total budget (ε) in the campaign's ledger.
-const TOTAL_EPSILON: f64 = 1.0e6;
+/// The dataset's total ε per campaign run: small enough that the campaign
+/// exhausts it (a completed release costs about 0.55 and about a third of the runs complete), so the
+/// no-overspend invariant is tested at the limit, not far from it.
+const EPSILON_PER_RUN: f64 = 0.1;
 
 #[derive(Default, Debug, serde::Serialize)]
 struct Tally {
@@ -45,6 +47,7 @@ struct Tally {
     completed: usize,
     already_complete: usize,
     failed_cleanly: usize,
+    refused_for_budget: usize,
     sigkills: usize,
     s3_faults: usize,
     disk_full: usize,
@@ -132,8 +135,10 @@ fn read_published(rt: &tokio::runtime::Runtime, url: &str) -> Option<Vec<u8>> {
 /// Every invariant of the module doc that can be checked after one run.
 fn check_invariants(
     rt: &tokio::runtime::Runtime,
+    total: f64,
     ledger: &Path,
     out_root: &Path,
+    s3: bool,
     manifests: &[String],
     tally: &mut Tally,
 ) -> Result<(), String> {
@@ -144,12 +149,20 @@ fn check_invariants(
         .filter(|c| matches!(c.status, ChargeStatus::Committed | ChargeStatus::Failed | ChargeStatus::Reserved))
         .map(|c| c.cost)
         .sum();
-    if spent > TOTAL_EPSILON + 1e-9 {
-        return Err(format!("overspent: {spent} > {TOTAL_EPSILON}"));
+    // Costs are in the dataset budget's unit (its ε for an (ε, δ) total; the
+    // ledger composes δ with it), and the total is the unit's total.
+    if spent > total + 1e-9 {
+        return Err(format!("overspent: {spent} > {total}"));
     }
     let status = l.status("campaign").map_err(|e| e.to_string())?;
-    if status.remaining < -1e-9 {
-        return Err(format!("negative remaining budget {}", status.remaining));
+    if status.remaining < -1e-9 || (status.spent + status.remaining - total).abs() > 1e-6 {
+        return Err(format!(
+            "the ledger's own position is wrong: spent {} remaining {}",
+            status.spent, status.remaining
+        ));
+    }
+    if (status.spent - spent).abs() > 1e-6 {
+        return Err(format!("the ledger's spent {} is not the sum of its charges {spent}", status.spent));
     }
     let mut live: BTreeMap<&str, usize> = BTreeMap::new();
     for c in &history {
@@ -170,8 +183,36 @@ fn check_invariants(
             let id = release.file_name().to_string_lossy().to_string();
             let published =
                 std::fs::read_dir(release.path()).into_iter().flatten().flatten().any(|f| f.file_name() != "_staging");
+            // A staging area left by a crash is owner-only.
+            for st in std::fs::read_dir(release.path().join("_staging")).into_iter().flatten().flatten() {
+                use std::os::unix::fs::PermissionsExt;
+                let m = st.metadata().map(|m| m.permissions().mode() & 0o777).unwrap_or(0o700);
+                if m != 0o700 {
+                    return Err(format!("staging area {} has mode {m:o}, not 0700", st.path().display()));
+                }
+            }
             if published && !committed.contains(id.as_str()) {
                 return Err(format!("{} holds published files without a committed charge", release.path().display()));
+            }
+        }
+    }
+    // The same for S3 outputs: every object below releases/{pipeline}/{release}/
+    // outside the staging area belongs to a committed release.
+    if s3 {
+        let objects = rt.block_on(async {
+            use futures::TryStreamExt;
+            let ctx = dpflow::io::session_context();
+            let url = url::Url::parse("s3://dpflow/releases/").unwrap();
+            dpflow::io::register_stores_for(&ctx, &url).unwrap();
+            let store = dpflow::io::store_for(&ctx, &url).unwrap();
+            let prefix = object_store::path::Path::from("releases");
+            store.list(Some(&prefix)).map_ok(|m| m.location.to_string()).try_collect::<Vec<_>>().await
+        });
+        let objects = objects.map_err(|e| format!("listing S3 releases: {e}"))?;
+        for o in objects {
+            let parts: Vec<&str> = o.split('/').collect();
+            if parts.len() >= 4 && parts[3] != "_staging" && !committed.contains(parts[2]) {
+                return Err(format!("s3://dpflow/{o} is published without a committed charge"));
             }
         }
     }
@@ -207,10 +248,11 @@ fn randomized_releases_with_faults_keep_every_invariant() {
     let d = dir.path();
     world(d);
     let ledger = d.join("ledger.sqlite");
+    let total = EPSILON_PER_RUN * runs as f64;
     let init = Command::new(env!("CARGO_BIN_EXE_dpflow"))
         .args(["budget", "--ledger", ledger.to_str().unwrap(), "init", "--dataset", "campaign", "--epsilon"])
-        .arg(TOTAL_EPSILON.to_string())
-        .args(["--delta", "0.5"])
+        .arg(total.to_string())
+        .args(["--delta", &format!("{}", 1e-6 * runs as f64)])
         .output()
         .unwrap();
     assert!(init.status.success(), "{}", String::from_utf8_lossy(&init.stderr));
@@ -345,6 +387,7 @@ fn randomized_releases_with_faults_keep_every_invariant() {
         } else if !injected || !matches!(fault, Fault::Kill(_)) {
             tally.failed_cleanly += 1;
             assert!(!stderr.trim().is_empty(), "run {run}: failed without a message");
+            tally.refused_for_budget += usize::from(stderr.contains("budget exceeded"));
             let first = stderr.lines().find(|l| l.starts_with("error")).unwrap_or("").to_string();
             // Group messages by their shape (paths and numbers vary).
             let shape: String = first.chars().map(|c| if c.is_ascii_digit() { '#' } else { c }).take(90).collect();
@@ -362,11 +405,15 @@ fn randomized_releases_with_faults_keep_every_invariant() {
             };
             let m = format!("{cbase}/{release}/manifest.json");
             assert!(read_published(&rt, &m).is_none(), "run {run}: published with a corrupt ledger");
+            assert!(
+                std::fs::read_dir(d.join("out/corrupt")).map_or(true, |mut r| r.next().is_none()),
+                "run {run}: files written under a corrupt ledger"
+            );
         }
         let all: Vec<String> = manifests.iter().cloned().collect();
         // Only this run's manifest can have changed: check it every run, all of them every 50 runs.
         let now: Vec<String> = if run % 50 == 49 { all } else { vec![format!("{base}/{release}/manifest.json")] };
-        if let Err(e) = check_invariants(&rt, &ledger, &d.join("out"), &now, &mut tally) {
+        if let Err(e) = check_invariants(&rt, total, &ledger, &d.join("out"), weed.is_some(), &now, &mut tally) {
             panic!("run {run} ({}): invariant violated: {e}\nstdout: {stdout}\nstderr: {stderr}", p.display());
         }
     }
@@ -390,7 +437,7 @@ fn randomized_releases_with_faults_keep_every_invariant() {
         tally.resolved_at_end += 1;
     }
     let all: Vec<String> = manifests.iter().cloned().collect();
-    check_invariants(&rt, &ledger, &d.join("out"), &all, &mut tally).unwrap();
+    check_invariants(&rt, total, &ledger, &d.join("out"), weed.is_some(), &all, &mut tally).unwrap();
     tally.seconds = started.elapsed().as_secs_f64();
     let summary = serde_json::to_string_pretty(&tally).unwrap();
     eprintln!("campaign (seed {seed}): {summary}");
@@ -401,4 +448,112 @@ fn randomized_releases_with_faults_keep_every_invariant() {
         std::fs::write(f, summary).unwrap();
     }
     assert!(tally.completed > 0, "no release ever completed");
+    if runs >= 40 {
+        assert!(tally.refused_for_budget > 0, "the campaign never reached the budget's limit");
+    }
+}
+
+/// 8 `dpflow run` and 8 `dpflow sql` processes at once on one ledger and one
+/// dataset, with random budgets, until the dataset's budget runs out: the
+/// ledger never overspends, every answered query and every completed release
+/// has exactly one committed charge, and nothing is left reserved.
+#[test]
+fn concurrent_runs_and_queries_never_overspend_one_ledger() {
+    let per_process = env_usize("DPFLOW_CONCURRENCY_PER_PROCESS", 15);
+    let dir = tempfile::tempdir().unwrap();
+    let d = dir.path().to_path_buf();
+    world(&d);
+    let ledger = d.join("ledger.sqlite");
+    let total = 70.0;
+    let init = Command::new(env!("CARGO_BIN_EXE_dpflow"))
+        .args(["budget", "--ledger", ledger.to_str().unwrap(), "init", "--dataset", "campaign", "--epsilon"])
+        .arg(total.to_string())
+        .args(["--delta", "0.5"])
+        .output()
+        .unwrap();
+    assert!(init.status.success());
+    std::fs::write(
+        d.join("catalog.yaml"),
+        format!("ledger: {}\ntables:\n  campaign: {{location: data.csv, domain: domain.yaml}}\n", ledger.display()),
+    )
+    .unwrap();
+    let mut handles = Vec::new();
+    for w in 0..16u64 {
+        let d = d.clone();
+        let ledger = ledger.clone();
+        handles.push(std::thread::spawn(move || {
+            let mut rng = Prng::seed_from_u64(1000 + w);
+            let mut answered = Vec::new();
+            for i in 0..per_process {
+                let eps = (rng.random_range(5..=60) as f64) / 100.0;
+                if w < 8 {
+                    let name = format!("c{w}");
+                    let p = d.join(format!("{name}.yaml"));
+                    std::fs::write(
+                        &p,
+                        format!(
+                            "name: {name}\nledger: {}\ndataset: {{name: campaign, sources: [data.csv], domain: domain.yaml}}\nbudget: {{epsilon: {eps}}}\noutput: out/{{name}}/{{release_id}}\nsteps:\n  - sql: {{name: n, query: \"SELECT g, dp_count(*) AS n FROM campaign GROUP BY g\", budget: {{epsilon: {eps}}}, output: n.csv}}\n",
+                            ledger.display()
+                        ),
+                    )
+                    .unwrap();
+                    let id = format!("{name}-{i}");
+                    let out = Command::new(env!("CARGO_BIN_EXE_dpflow"))
+                        .current_dir(&d)
+                        .args(["run", p.to_str().unwrap(), "--release-id", &id])
+                        .output()
+                        .unwrap();
+                    if out.status.success() {
+                        answered.push(id);
+                    } else {
+                        let e = String::from_utf8_lossy(&out.stderr);
+                        assert!(
+                            e.contains("budget exceeded") && !e.contains("internal error") && !e.contains("after reading"),
+                            "run {id} failed for another reason than the budget: {e}"
+                        );
+                    }
+                } else {
+                    let out = Command::new(env!("CARGO_BIN_EXE_dpflow"))
+                        .current_dir(&d)
+                        .args(["sql", "--catalog", "catalog.yaml", "-e"])
+                        .arg(format!("SELECT dp_count(*, epsilon => {eps}) AS n FROM campaign"))
+                        .output()
+                        .unwrap();
+                    if out.status.success() {
+                        answered.push(format!("sql-{w}-{i}"));
+                    } else {
+                        let e = String::from_utf8_lossy(&out.stderr);
+                        assert!(
+                            e.contains("budget exceeded") && !e.contains("internal error") && !e.contains("after reading"),
+                            "query failed for another reason than the budget: {e}"
+                        );
+                    }
+                }
+            }
+            answered
+        }));
+    }
+    let answered: Vec<String> = handles.into_iter().flat_map(|h| h.join().unwrap()).collect();
+    let l = Ledger::open(&ledger).unwrap();
+    let history = l.history(Some("campaign")).unwrap();
+    let committed = history.iter().filter(|c| c.status == ChargeStatus::Committed).count();
+    let spent: f64 = history.iter().filter(|c| c.status != ChargeStatus::Released).map(|c| c.cost).sum();
+    eprintln!(
+        "concurrency: {} attempts, {} answered, {} charges committed, spent {spent:.3} of {total}",
+        16 * per_process,
+        answered.len(),
+        committed
+    );
+    assert!(spent <= total + 1e-9, "overspent: {spent} > {total}");
+    assert_eq!(committed, answered.len(), "every answer has exactly one committed charge");
+    assert!(history.iter().all(|c| c.status != ChargeStatus::Reserved), "a reservation was left open");
+    // Pipelines: one manifest per completed release, each naming its charge.
+    for id in answered.iter().filter(|a| !a.starts_with("sql-")) {
+        let name = id.split('-').next().unwrap();
+        let m = d.join(format!("out/{name}/{id}/manifest.json"));
+        let v: serde_json::Value = serde_json::from_slice(&std::fs::read(&m).unwrap()).unwrap();
+        let c = l.charge(v["ledger_charge"].as_i64().unwrap()).unwrap();
+        assert_eq!((c.status, c.release_id.as_str()), (ChargeStatus::Committed, id.as_str()));
+    }
+    assert!(total - spent < 0.6, "the budget was not exhausted: the test did not reach the limit");
 }

@@ -23,12 +23,19 @@ pub fn local_path(location: &str) -> Option<PathBuf> {
     (url.scheme() == "file").then(|| url.to_file_path().ok()).flatten()
 }
 
-/// Creates `dir` and its missing parents with mode 0700, and narrows `dir`
-/// itself to 0700 if it already existed wider (a staging area left by an
-/// older version). Existing parents keep their modes.
+/// Creates `dir` with mode 0700 (its missing parents with the usual mode:
+/// they may be published directories), and narrows `dir` to 0700 if it
+/// already existed wider (a staging area left by an older version).
 pub fn create_private_dir(dir: &Path) -> Result<(), IoError> {
     let err = |source| IoError::CreateDir { dir: dir.display().to_string(), source };
-    std::fs::DirBuilder::new().recursive(true).mode(PRIVATE_DIR_MODE).create(dir).map_err(err)?;
+    if let Some(parent) = dir.parent().filter(|p| !p.as_os_str().is_empty()) {
+        std::fs::create_dir_all(parent).map_err(err)?;
+    }
+    match std::fs::DirBuilder::new().mode(PRIVATE_DIR_MODE).create(dir) {
+        Ok(()) => {}
+        Err(e) if e.kind() == std::io::ErrorKind::AlreadyExists && dir.is_dir() => {}
+        Err(e) => return Err(err(e)),
+    }
     let mode = std::fs::metadata(dir).map_err(err)?.permissions().mode();
     if mode & 0o077 != 0 {
         std::fs::set_permissions(dir, std::fs::Permissions::from_mode(PRIVATE_DIR_MODE)).map_err(err)?;
@@ -79,7 +86,8 @@ mod tests {
         let d = tempfile::tempdir().unwrap();
         let dir = d.path().join("a/b");
         create_private_dir(&dir).unwrap();
-        assert_eq!(mode(&d.path().join("a")), 0o700);
+        // Only the directory itself: a parent may be a published release directory.
+        assert_ne!(mode(&d.path().join("a")), 0o700);
         assert_eq!(mode(&dir), 0o700);
         let f = dir.join("report.json");
         write_private_file(&f, b"{}").unwrap();

@@ -58,6 +58,33 @@ pub fn prepare_staging(staging: &str) -> Result<(), PipelineError> {
     Ok(())
 }
 
+/// Readies a curator-only output before anything is charged: its local
+/// directory exists (created with the usual mode) and the path is not a
+/// directory, so writing it after the read cannot fail for those reasons.
+pub fn prepare_private_output(location: &str) -> Result<(), PipelineError> {
+    let Some(p) = local_path(location) else { return Ok(()) };
+    let err = |source| crate::io::IoError::WritePrivate { path: p.display().to_string(), source };
+    if p.is_dir() {
+        return Err(err(std::io::Error::other("it is a directory")).into());
+    }
+    if let Some(dir) = p.parent() {
+        std::fs::create_dir_all(dir).map_err(err)?;
+    }
+    Ok(())
+}
+
+/// Refuses a staged output name that could leave the release root (the
+/// names come back from the staged step records at publish time, so they
+/// are checked again there, for object stores too).
+pub fn check_output_name(name: &str) -> Result<(), PipelineError> {
+    match super::spec::output_name_problem(name) {
+        None => Ok(()),
+        Some(why) => {
+            Err(PipelineError::OutsideRoot { path: format!("{name:?} ({why})"), root: "the release output".into() })
+        }
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -24,7 +24,7 @@ use serde::Serialize;
 use sha2::Digest;
 
 use super::error::{BoxError, PipelineError};
-use super::paths::{prepare_staging, refuse_links_below, template_root};
+use super::paths::{check_output_name, prepare_private_output, prepare_staging, refuse_links_below, template_root};
 use super::spec::{Pipeline, Step};
 use crate::dataset::Dataset;
 use crate::io::{
@@ -341,7 +341,7 @@ impl Pipeline {
         let mut ledger = self.open_ledger()?;
         let records: Vec<MechanismRecord> = plans.iter().flat_map(|p| p.mechanisms.clone()).collect();
         let existing = ledger.charge_for_release(&self.dataset, &release_id)?;
-        let charge_id = match existing {
+        let (charge_id, fresh) = match existing {
             Some(c) if c.status == ChargeStatus::Committed => {
                 progress("release already charged; publishing its staged outputs");
                 return self.publish(&ctx, &loc, &release_id, c.id, &mut ledger, started, opts, None).await;
@@ -351,7 +351,7 @@ impl Pipeline {
                     if r.resumed {
                         progress("resuming an interrupted release under its existing reservation");
                     }
-                    r.charge_id
+                    (r.charge_id, !r.resumed)
                 }
                 Err(LedgerError::AlreadyCommitted { charge_id, .. }) => {
                     return self.publish(&ctx, &loc, &release_id, charge_id, &mut ledger, started, opts, None).await;
@@ -359,12 +359,20 @@ impl Pipeline {
                 Err(e) => return Err(e.into()),
             },
         };
-        // Fresh staging area (a previous crash may have left partial outputs).
-        delete_prefix(&ctx, &loc.staging).await?;
-        if self.staging.is_none() {
-            prepare_staging(&join(&loc.output, "_staging"))?;
+        // Fresh staging area (a previous crash may have left partial outputs),
+        // owner-only, and the curator-only outputs' directories. Nothing has been
+        // read yet: if this fails, a reservation made by this run goes back to the
+        // budget; a resumed one (an earlier attempt may have read) stays.
+        let staged = match delete_prefix(&ctx, &loc.staging).await {
+            Ok(()) => self.prepare_local(&loc),
+            Err(e) => Err(e),
+        };
+        if let Err(e) = staged {
+            if fresh {
+                ledger.release(charge_id, "the staging area could not be prepared (before any read)")?;
+            }
+            return Err(e);
         }
-        prepare_staging(&loc.staging)?;
         let step_records = match self.run_steps(&ctx, &loc, opts, progress).await {
             Ok(r) => r,
             Err(e) => {
@@ -386,6 +394,21 @@ impl Pipeline {
         ledger.commit(charge_id)?;
         progress("ledger charge committed");
         self.publish(&ctx, &loc, &release_id, charge_id, &mut ledger, started, opts, Some(step_records)).await
+    }
+
+    /// Local directories a release needs, made before anything is charged:
+    /// the owner-only staging area and the curator-only outputs' directories.
+    fn prepare_local(&self, loc: &Locations) -> Result<()> {
+        if self.staging.is_none() {
+            prepare_staging(&join(&loc.output, "_staging"))?;
+        }
+        prepare_staging(&loc.staging)?;
+        for s in &self.steps {
+            if let Step::Evaluate { private_output, .. } = s {
+                prepare_private_output(private_output)?;
+            }
+        }
+        Ok(())
     }
 
     async fn run_steps(
@@ -548,6 +571,7 @@ impl Pipeline {
             let step = s["step"].as_str().unwrap_or_default().to_string();
             for o in s["outputs"].as_array().cloned().unwrap_or_default() {
                 let rel = o.as_str().unwrap_or_default();
+                check_output_name(rel)?;
                 let src = join(&loc.staging, rel);
                 let dst = join(&loc.output, rel);
                 refuse_links_below(&loc.output_root, &dst)?;

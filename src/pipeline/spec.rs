@@ -309,9 +309,14 @@ pub fn release_id_problem(id: &str) -> Option<&'static str> {
 
 /// Why a step's output name (a path relative to the release root) is unsafe,
 /// if it is: outputs stay below the root whatever the name.
-fn output_name_problem(name: &str) -> Option<&'static str> {
+pub(crate) fn output_name_problem(name: &str) -> Option<&'static str> {
     if name.is_empty() || name.len() > 255 {
         return Some("give a file name of 1 to 255 characters, relative to the release's output");
+    }
+    if name == "manifest.json" || name.starts_with('_') {
+        return Some(
+            "`manifest.json` and names starting with `_` are dpflow's own (the manifest, staging, step records)",
+        );
     }
     if name.starts_with('/') {
         return Some("an output is relative to the release's output location, not absolute");
@@ -437,6 +442,7 @@ impl Pipeline {
         }
         let mut steps = Vec::new();
         let mut names = std::collections::HashSet::new();
+        let mut all_outputs: Vec<String> = Vec::new();
         for (i, s) in raw.steps.iter().enumerate() {
             let l = line(&s.referenced);
             let key = |k: &str| format!("steps[{i}].{k}");
@@ -554,7 +560,14 @@ impl Pipeline {
                 Step::Evaluate { .. } => vec![],
             };
             for (k, o) in outputs {
-                if let Some(why) = output_name_problem(o) {
+                // Two outputs must not be one file, or a file and a directory above another.
+                let clash = all_outputs.iter().find(|other: &&String| {
+                    *other == o || o.starts_with(&format!("{other}/")) || other.starts_with(&format!("{o}/"))
+                });
+                let problem = output_name_problem(o).map(str::to_string).or_else(|| {
+                    clash.map(|other| format!("it clashes with the output {other:?} of an earlier step or field"))
+                });
+                if let Some(why) = problem {
                     let kind = match &s.value {
                         RawStep::Sql(_) => "sql",
                         RawStep::Synthesize(_) => "synthesize",
@@ -563,6 +576,7 @@ impl Pipeline {
                     };
                     return Err(err(l, &key(&format!("{kind}.{k}")), format!("{o:?}: {why}")));
                 }
+                all_outputs.push(o.clone());
             }
             if !names.insert(step.name().to_string()) {
                 return Err(err(l, &key("name"), format!("duplicate step name {:?}", step.name())));

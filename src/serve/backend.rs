@@ -188,9 +188,19 @@ impl Session {
             }
             let analyst = client.metadata().get(METADATA_USER).cloned().ok_or_else(no_such_user)?;
             let user = self.shared.users.users.get(&analyst).ok_or_else(no_such_user)?;
+            // Opening lists the tables' files (and checks their footers): an error
+            // can name files the catalog does not (Hive partition values, per-person
+            // file names), so the analyst gets a generic message and the operator's
+            // log gets the details.
             let engine = SqlEngine::open_for_analyst(self.shared.catalog.clone(), &analyst, &user.tables)
                 .await
-                .map_err(|e| sqlstate::from_sql(&e))?;
+                .map_err(|e| {
+                    log::error!("opening the tables of analyst {analyst}: {e}");
+                    sqlstate::error(
+                        sqlstate::SYSTEM,
+                        "the server cannot open your tables; the operator can find why in the server's log",
+                    )
+                })?;
             let mut tables = Vec::new();
             for name in &user.tables {
                 let provider = engine.context().table_provider(name.as_str()).await.map_err(system)?;

@@ -71,9 +71,8 @@ pub struct SqlEngine {
     /// The analyst queries are charged for (`dpflow serve`): each charge must
     /// also fit their grant in the ledger.
     pub(super) analyst: Option<String>,
-    /// Releases per read in an audit session ([`SqlEngine::audit_releases`]); 1 otherwise.
-    pub(super) audit_repeats: usize,
-    /// The audit releases after the first.
+    /// The releases after the first of [`SqlEngine::audit_releases`] (only
+    /// ever filled by it: the repeat count is an argument, never session state).
     pub(super) audit_out: Vec<Vec<RecordBatch>>,
 }
 
@@ -149,7 +148,6 @@ impl SqlEngine {
             precharged: false,
             wide_from: 1 << 32,
             analyst: None,
-            audit_repeats: 1,
             audit_out: Vec::new(),
         })
     }
@@ -227,10 +225,10 @@ impl SqlEngine {
 
     /// The mechanisms a query would charge (plans it; reads no data).
     pub async fn cost(&mut self, sql: &str, budget: Option<Budget>) -> Result<Vec<MechanismRecord>> {
-        Ok(self.query_inner(sql, budget, true).await?.mechanisms)
+        Ok(self.query_inner(sql, budget, true, 1).await?.mechanisms)
     }
 
-    /// **Privacy audits only** (tests/dp_audit.rs): reads the data of a DP
+    /// **Privacy audits only** (tests/dp_audit_sql.rs): reads the data of a DP
     /// query once and releases it `k` times with independent noise, through
     /// the same release code as [`SqlEngine::query`] (partition selection,
     /// noise, post-processing), so an audit can estimate the mechanism's
@@ -250,10 +248,8 @@ impl SqlEngine {
                 "audit releases need a seeded session without a ledger (privacy audits only)".into(),
             ));
         }
-        self.audit_repeats = k;
         self.audit_out.clear();
-        let first = self.query_inner(sql, budget, false).await;
-        self.audit_repeats = 1;
+        let first = self.query_inner(sql, budget, false, k).await;
         let mut all = vec![first?.batches];
         all.append(&mut self.audit_out);
         if all.len() != k {
@@ -280,10 +276,18 @@ impl SqlEngine {
 
     /// Runs (or explains) one query with `budget` (default: the catalog's query budget).
     pub async fn query(&mut self, sql: &str, budget: Option<Budget>) -> Result<QueryResult> {
-        self.query_inner(sql, budget, false).await
+        self.query_inner(sql, budget, false, 1).await
     }
 
-    async fn query_inner(&mut self, sql: &str, budget: Option<Budget>, force_explain: bool) -> Result<QueryResult> {
+    /// Plans, charges and runs `sql`; `releases` is 1 except in
+    /// [`SqlEngine::audit_releases`].
+    async fn query_inner(
+        &mut self,
+        sql: &str,
+        budget: Option<Budget>,
+        force_explain: bool,
+        releases: usize,
+    ) -> Result<QueryResult> {
         let (prepared, checked) = self.plan_checked(sql).await?;
         let (plan, analysis) = match checked {
             Checked::Imputed(plan) => return self.imputed_query(&plan, &prepared, budget, force_explain).await,
@@ -316,7 +320,8 @@ impl SqlEngine {
         }
         // Reserve before touching data; refuse if it does not fit.
         let reservation = self.reserve(&entry.ledger_dataset, &records)?;
-        let outcome = self.execute(&plan, &agg, &entry, unit.as_ref(), &planned, domain_keys, selection.as_ref()).await;
+        let outcome =
+            self.execute(&plan, &agg, &entry, unit.as_ref(), &planned, domain_keys, selection.as_ref(), releases).await;
         self.settle(outcome, reservation, records)
     }
 

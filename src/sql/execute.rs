@@ -38,6 +38,7 @@ impl SqlEngine {
         planned: &[Planned],
         domain_keys: Option<Vec<Vec<ScalarValue>>>,
         selection: Option<&Selection>,
+        releases: usize,
     ) -> Result<(SchemaRef, Vec<RecordBatch>)> {
         let g = agg.group_expr.len();
         // Float keys canonical (one zero, one NaN) for grouping, bounding and ranking alike.
@@ -49,11 +50,11 @@ impl SqlEngine {
             self.exact_helpers(keyed, entry, &bounded, planned, unit, selection.is_some(), n_logical).await?;
         let hist = self.quantile_histograms(keyed, &bounded, planned).await?;
         let ci_requests = ci_requests(plan, planned, self.catalog.confidence);
-        // Noise, once per release: once, except in an audit session
-        // (`SqlEngine::audit_releases`), which releases the same exact
-        // aggregates again with independent noise.
+        // Noise, once per release: one release, except for
+        // `SqlEngine::audit_releases`, which releases the same exact aggregates
+        // again with independent noise (seeded sessions without a ledger only).
         let mut first = None;
-        for _ in 0..self.audit_repeats.max(1) {
+        for _ in 0..releases.max(1) {
             let keys = self.released_keys(agg, domain_keys.as_deref(), selection, &exact, &order, n_helpers)?;
             let (columns, ci_cols) = self.noise(g, planned, &keys, &exact, &hist, &ci_requests, n_logical)?;
             let final_plan = post_process(plan, agg, columns, ci_cols, &ci_requests)?;
