@@ -180,12 +180,14 @@ const PARQUET_FOOTER: u64 = 8;
 /// The leading magic `PAR1`.
 const PARQUET_MAGIC: u64 = 4;
 
-/// Checks the footer of every Parquet file the inputs name (the files
-/// DataFusion will list: `.parquet` under a prefix or glob) before DataFusion
-/// decodes any metadata. The Parquet reader (59.x) computes the metadata's
+/// Checks the footer and metadata of every Parquet file the inputs name (the
+/// files DataFusion will list: `.parquet` under a prefix or glob) before
+/// DataFusion decodes them. The Parquet reader (59.x) computes the metadata's
 /// offset as `size - 8 - length` without checking it, and panics on a file
-/// whose footer claims more metadata than the file holds (`PAR1garbagePAR1`).
-/// A footer read is one small range request per file, made concurrently.
+/// whose footer claims more metadata than the file holds (`PAR1garbagePAR1`);
+/// it also panics when a column chunk or page index named by the metadata
+/// lies past the end of the file. Two range requests per file (the footer,
+/// then the metadata), sixteen files at a time.
 async fn check_parquet_footers(ctx: &SessionContext, urls: &[Url], location: &str) -> Result<(), IoError> {
     use datafusion::datasource::listing::ListingTableUrl;
     let state = ctx.state();
@@ -240,6 +242,36 @@ async fn check_parquet_footer(
     let metadata = u64::from(u32::from_le_bytes([tail[0], tail[1], tail[2], tail[3]]));
     if metadata > meta.size - PARQUET_MAGIC - PARQUET_FOOTER {
         return Err(not("its footer claims more metadata than the file holds"));
+    }
+    if &tail[4..] == b"PARE" {
+        // An encrypted footer: its metadata cannot be read without the keys.
+        return Ok(());
+    }
+    // Every range the metadata names must lie inside the file, before the
+    // metadata: the reader fetches them (column chunks, page indexes) and
+    // panics when a store returns fewer bytes than it asked for (found by the
+    // `parquet` fuzz target), or asserts on negative offsets.
+    let meta_start = meta.size - PARQUET_FOOTER - metadata;
+    let bytes = store
+        .get_range(&meta.location, meta_start..meta.size - PARQUET_FOOTER)
+        .await
+        .map_err(|source| IoError::ReadFooter { file: file.clone(), source })?;
+    let decoded = datafusion::parquet::file::metadata::ParquetMetaDataReader::decode_metadata(&bytes)
+        .map_err(|_| not("its metadata cannot be decoded"))?;
+    let inside = |offset: Option<i64>, len: Option<i64>| match (offset, len) {
+        (None, _) | (_, None) => true,
+        (Some(o), Some(l)) => o >= 0 && l >= 0 && o.checked_add(l).is_some_and(|end| end as u64 <= meta_start),
+    };
+    for rg in decoded.row_groups() {
+        for c in rg.columns() {
+            let start = c.dictionary_page_offset().unwrap_or(c.data_page_offset());
+            if !inside(Some(start), Some(c.compressed_size()))
+                || !inside(c.column_index_offset(), c.column_index_length().map(i64::from))
+                || !inside(c.offset_index_offset(), c.offset_index_length().map(i64::from))
+            {
+                return Err(not("its metadata points outside the file"));
+            }
+        }
     }
     Ok(())
 }
