@@ -71,6 +71,16 @@ pub enum EncodeError {
         /// Why it is rejected.
         reason: String,
     },
+    /// A text value that is not valid UTF-8 (a CSV reader can split a
+    /// multi-byte character between two fields and still build the column).
+    #[error(
+        "column {column:?} holds text that is not valid UTF-8; check the file's encoding (convert it to UTF-8) with \
+         `dpflow inspect` (curator-only)"
+    )]
+    InvalidUtf8 {
+        /// Column name.
+        column: String,
+    },
     /// The input column's type cannot be read as this column's kind.
     #[error("column {column:?}: input type {data_type} cannot be read as {kind}")]
     BadType {
@@ -388,6 +398,7 @@ impl BatchEncoder {
 
     /// Encodes one batch.
     pub fn encode(&mut self, batch: &RecordBatch) -> Result<RecordBatch, EncodeError> {
+        self.check_utf8(batch)?;
         let (codes, _, keep) = self.classify_batch(batch, &[])?;
         let outputs: Vec<ArrayRef> = codes.into_iter().map(|c| Arc::new(UInt32Array::from(c)) as ArrayRef).collect();
         let encoded = RecordBatch::try_new(self.output_schema.clone(), outputs).expect("encoded schema matches");
@@ -410,6 +421,7 @@ impl BatchEncoder {
     /// with whole-array kernels and passed through without per-row work
     /// (`fast_typed`); the others are classified row by row.
     pub fn typed(&mut self, batch: &RecordBatch) -> Result<RecordBatch, EncodeError> {
+        self.check_utf8(batch)?;
         let domain = self.domain.clone();
         // The count-only mode (`inspect`) needs every value classified.
         let mut fast: Vec<Option<ArrayRef>> = domain
@@ -500,6 +512,34 @@ impl BatchEncoder {
     /// Columns flagged in `skip` are known to be canonical and in the domain
     /// (only their nulls are counted; their codes and flags are left empty).
     #[allow(clippy::type_complexity)]
+    /// Every text value of the domain's input columns is valid UTF-8. Arrow's
+    /// CSV reader (59.x) checks a record's bytes as a whole, after removing the
+    /// delimiters, so a multi-byte character split by a delimiter passes its
+    /// check while neither field is valid text; reading such a value as `&str`
+    /// is undefined behaviour (found by the `csv` fuzz target). One pass over
+    /// the bytes and the offsets of each text column.
+    fn check_utf8(&self, batch: &RecordBatch) -> Result<(), EncodeError> {
+        fn generic<O: datafusion::arrow::array::OffsetSizeTrait>(
+            a: &datafusion::arrow::array::GenericStringArray<O>,
+        ) -> bool {
+            let Ok(text) = std::str::from_utf8(a.value_data()) else { return false };
+            a.value_offsets().iter().all(|o| o.to_usize().is_some_and(|o| text.is_char_boundary(o)))
+        }
+        for (ci, col) in self.domain.columns().iter().enumerate() {
+            let array = batch.column(self.input_index[ci]);
+            let ok = match array.data_type() {
+                DataType::Utf8 => generic(array.as_string::<i32>()),
+                DataType::LargeUtf8 => generic(array.as_string::<i64>()),
+                DataType::Utf8View => array.to_data().validate_full().is_ok(),
+                _ => true,
+            };
+            if !ok {
+                return Err(EncodeError::InvalidUtf8 { column: col.name.clone() });
+            }
+        }
+        Ok(())
+    }
+
     fn classify_batch(
         &mut self,
         batch: &RecordBatch,
