@@ -508,10 +508,6 @@ impl BatchEncoder {
         Ok(out)
     }
 
-    /// Codes per column, per-row "was clipped" flags, and the rows to keep.
-    /// Columns flagged in `skip` are known to be canonical and in the domain
-    /// (only their nulls are counted; their codes and flags are left empty).
-    #[allow(clippy::type_complexity)]
     /// Every text value of the domain's input columns is valid UTF-8. Arrow's
     /// CSV reader (59.x) checks a record's bytes as a whole, after removing the
     /// delimiters, so a multi-byte character split by a delimiter passes its
@@ -540,6 +536,10 @@ impl BatchEncoder {
         Ok(())
     }
 
+    /// Codes per column, per-row "was clipped" flags, and the rows to keep.
+    /// Columns flagged in `skip` are known to be canonical and in the domain
+    /// (only their nulls are counted; their codes and flags are left empty).
+    #[allow(clippy::type_complexity)]
     fn classify_batch(
         &mut self,
         batch: &RecordBatch,
