@@ -195,6 +195,27 @@ async fn run_once(p: &Pipeline, when: DateTime<Utc>, opts: &ScheduleOptions, sta
     Ok(())
 }
 
+/// The longest single sleep of the scheduler before it reads the wall clock again.
+const MAX_SLEEP: std::time::Duration = std::time::Duration::from_secs(60);
+
+/// The next scheduled time: after `now`, and never at or before the last
+/// slot already run. After the wall clock jumps back, the slot just run is
+/// in the future again; without the second rule it would be run again (its
+/// release id would make that rerun "already complete", but the scheduler
+/// must not pick it).
+fn next_slot(
+    cron: &croner::Cron,
+    tz: &chrono_tz::Tz,
+    now: DateTime<Utc>,
+    last: Option<DateTime<Utc>>,
+) -> std::result::Result<DateTime<Utc>, croner::errors::CronError> {
+    let from = match last {
+        Some(l) if l > now => l,
+        _ => now,
+    };
+    Ok(cron.find_next_occurrence(&from.with_timezone(tz), false)?.with_timezone(&Utc))
+}
+
 async fn pipeline_loop(
     p: Pipeline,
     opts: ScheduleOptions,
@@ -224,25 +245,32 @@ async fn pipeline_loop(
         }
     }
     loop {
-        let now = Utc::now().with_timezone(&p.timezone);
-        let next = cron.find_next_occurrence(&now, false).map_err(|source| PipelineError::Schedule {
-            pipeline: p.name.clone(),
-            problem: "no next run for the schedule",
-            schedule: p.schedule.clone().unwrap_or_default(),
-            source,
+        let next_utc = next_slot(&cron, &p.timezone, Utc::now(), state.last_scheduled).map_err(|source| {
+            PipelineError::Schedule {
+                pipeline: p.name.clone(),
+                problem: "no next run for the schedule",
+                schedule: p.schedule.clone().unwrap_or_default(),
+                source,
+            }
         })?;
-        let next_utc = next.with_timezone(&Utc);
         state.next = Some(next_utc);
         save_state(&opts.state_dir, &state)?;
-        let wait = (next_utc - Utc::now()).to_std().unwrap_or_default();
-        tokio::select! {
-            _ = tokio::time::sleep(wait) => {}
-            _ = shutdown.changed() => {
-                log::info!("{}: shutting down", p.name);
-                state.next = None;
-                save_state(&opts.state_dir, &state)?;
-                return Ok(state);
+        // Sleep in steps of at most a minute and look at the wall clock again:
+        // a timer runs on the monotonic clock, so after the wall clock jumps
+        // forward (NTP, a resumed VM) one long sleep would start the run late.
+        let mut stop = false;
+        while !stop && Utc::now() < next_utc {
+            let wait = (next_utc - Utc::now()).to_std().unwrap_or_default().min(MAX_SLEEP);
+            tokio::select! {
+                _ = tokio::time::sleep(wait) => {}
+                _ = shutdown.changed() => stop = true,
             }
+        }
+        if stop {
+            log::info!("{}: shutting down", p.name);
+            state.next = None;
+            save_state(&opts.state_dir, &state)?;
+            return Ok(state);
         }
         match budget_shortfall(&p).await? {
             None => {}
@@ -314,6 +342,28 @@ pub async fn schedule(pipelines: Vec<Pipeline>, opts: ScheduleOptions) -> Result
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn after_the_clock_jumps_back_the_slot_already_run_is_not_picked_again() {
+        use chrono::TimeZone;
+        let cron = croner::Cron::from_str("0 2 * * *").unwrap();
+        let tz = chrono_tz::UTC;
+        let slot = Utc.with_ymd_and_hms(2026, 11, 23, 2, 0, 0).unwrap();
+        let next_day = Utc.with_ymd_and_hms(2026, 11, 24, 2, 0, 0).unwrap();
+        // Normal: the slot after now.
+        assert_eq!(next_slot(&cron, &tz, slot - chrono::Duration::hours(1), None).unwrap(), slot);
+        // The 02:00 slot ran; the clock then jumps back to 01:30: not 02:00 again.
+        let back = Utc.with_ymd_and_hms(2026, 11, 23, 1, 30, 0).unwrap();
+        assert_eq!(next_slot(&cron, &tz, back, Some(slot)).unwrap(), next_day);
+        // Without the last slot it would have been picked again (what the rule prevents).
+        assert_eq!(next_slot(&cron, &tz, back, None).unwrap(), slot);
+        // A forward jump: the next slot after the new now.
+        let later = Utc.with_ymd_and_hms(2026, 11, 25, 9, 0, 0).unwrap();
+        assert_eq!(
+            next_slot(&cron, &tz, later, Some(slot)).unwrap(),
+            Utc.with_ymd_and_hms(2026, 11, 26, 2, 0, 0).unwrap()
+        );
+    }
 
     #[test]
     fn a_second_lock_fails_while_the_first_is_held_and_succeeds_after_drop() {
