@@ -46,10 +46,9 @@ pub fn create_private_dir(dir: &Path) -> Result<(), IoError> {
 /// Writes `bytes` to a local file with mode 0600: to a new temporary file
 /// beside it (created owner-only), then renamed over it, so readers see the
 /// old file or the whole new one.
-pub fn write_private_file(path: &Path, bytes: &[u8]) -> Result<(), IoError> {
-    let err = |source| IoError::WritePrivate { path: path.display().to_string(), source };
+pub fn write_private_file(path: &Path, bytes: &[u8]) -> std::io::Result<()> {
     let dir = path.parent().filter(|d| !d.as_os_str().is_empty()).unwrap_or(Path::new("."));
-    std::fs::create_dir_all(dir).map_err(err)?;
+    std::fs::create_dir_all(dir)?;
     let name = path.file_name().map(|n| n.to_string_lossy().into_owned()).unwrap_or_default();
     let tmp = dir.join(format!(".{name}.{}.tmp", rand::random::<u64>()));
     let written = (|| {
@@ -61,14 +60,15 @@ pub fn write_private_file(path: &Path, bytes: &[u8]) -> Result<(), IoError> {
     if written.is_err() {
         let _ = std::fs::remove_file(&tmp);
     }
-    written.map_err(err)
+    written
 }
 
 /// Writes a curator-only output: owner-only when local, else through the
 /// object store (whose bucket policy must keep it private).
 pub async fn write_private_bytes(ctx: &SessionContext, location: &str, bytes: Vec<u8>) -> Result<(), IoError> {
     match local_path(location) {
-        Some(p) => write_private_file(&p, &bytes),
+        Some(p) => write_private_file(&p, &bytes)
+            .map_err(|source| IoError::WritePrivate { path: p.display().to_string(), source }),
         None => write_bytes(ctx, location, bytes).await,
     }
 }

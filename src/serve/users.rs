@@ -280,24 +280,9 @@ pub fn add_user(path: impl AsRef<Path>, name: &str, password: &str, roles: &[Str
     }
     raw.users.insert(name.to_string(), RawUser { password: verifier(password).encode(), roles: roles.to_vec() });
     let text = serde_saphyr::to_string(&raw).map_err(|e| invalid(e.to_string()))?;
-    write_private(path, &text).map_err(|source| UsersError::Io { path: p, source })
-}
-
-/// Writes `text` to `path` readable by its owner only (the file holds
-/// verifiers), through a new temporary file beside it (created exclusively
-/// under a random name, so no existing file's permissions carry over).
-fn write_private(path: &Path, text: &str) -> std::io::Result<()> {
-    use std::io::Write;
-    let nonce: u64 = rand::random();
-    let tmp = path.with_extension(format!("tmp-{nonce:016x}"));
-    let mut opts = std::fs::OpenOptions::new();
-    opts.write(true).create_new(true);
-    #[cfg(unix)]
-    std::os::unix::fs::OpenOptionsExt::mode(&mut opts, 0o600);
-    let mut f = opts.open(&tmp)?;
-    f.write_all(text.as_bytes())?;
-    f.sync_all()?;
-    std::fs::rename(&tmp, path)
+    // Owner-only (the file holds verifiers), through a new temporary file
+    // created exclusively beside it, so no existing file's permissions carry over.
+    crate::io::write_private_file(path, text.as_bytes()).map_err(|source| UsersError::Io { path: p, source })
 }
 
 #[cfg(test)]
