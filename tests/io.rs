@@ -162,3 +162,18 @@ fn files_that_are_not_parquet_get_an_error_naming_them() {
     let err = String::from_utf8_lossy(&out.stderr);
     assert!(err.contains("part-1.parquet") && err.contains("not a valid Parquet file"), "{err}");
 }
+
+/// The Parquet checks are remembered per file version in a process, not per
+/// name: a file that changes after it passed is checked again.
+#[tokio::test]
+async fn a_parquet_file_that_changes_after_its_check_is_checked_again() {
+    let dir = tempfile::tempdir().unwrap();
+    let f = dir.path().join("changes.parquet");
+    let domain = concat!(env!("CARGO_MANIFEST_DIR"), "/sample_data/penguins/penguins.domain.yaml");
+    std::fs::copy(concat!(env!("CARGO_MANIFEST_DIR"), "/fuzz/corpus/parquet/seed-plain.parquet"), &f).unwrap();
+    let location = f.to_str().unwrap();
+    assert_eq!(inspect(location, domain, None).await.unwrap().rows, 40);
+    std::fs::write(&f, b"PAR1garbagePAR1").unwrap();
+    let e = inspect(location, domain, None).await.unwrap_err().to_string();
+    assert!(e.contains("not a valid Parquet file"), "{e}");
+}

@@ -187,36 +187,62 @@ const PARQUET_MAGIC: u64 = 4;
 /// whose footer claims more metadata than the file holds (`PAR1garbagePAR1`);
 /// it also panics when a column chunk or page index named by the metadata
 /// lies past the end of the file. Two range requests per file (the footer,
-/// then the metadata), sixteen files at a time.
+/// then the metadata), sixteen files at a time, once per version of a file
+/// in a process: a pipeline opens its dataset for each step and `dpflow
+/// serve` for each session, and only listing is repeated.
 async fn check_parquet_footers(ctx: &SessionContext, urls: &[Url], location: &str) -> Result<(), IoError> {
     use datafusion::datasource::listing::ListingTableUrl;
+    let open_err = |source| IoError::OpenInput { format: "Parquet", location: location.to_string(), source };
     let state = ctx.state();
     let mut files = Vec::new();
     for url in urls {
-        let listing = ListingTableUrl::parse(url.as_str()).map_err(|source| IoError::OpenInput {
-            format: "Parquet",
-            location: location.to_string(),
-            source,
-        })?;
+        let listing = ListingTableUrl::parse(url.as_str()).map_err(open_err)?;
         let store = store_for(ctx, url)?;
         let metas: Vec<_> = listing
             .list_all_files(&state, store.as_ref(), ".parquet")
             .await
-            .map_err(|source| IoError::OpenInput { format: "Parquet", location: location.to_string(), source })?
+            .map_err(open_err)?
             .try_collect()
             .await
-            .map_err(|source| IoError::OpenInput { format: "Parquet", location: location.to_string(), source })?;
+            .map_err(open_err)?;
         let base = &url[..url::Position::BeforePath];
-        files.extend(metas.into_iter().map(|m| (store.clone(), format!("{base}/{}", m.location), m)));
+        let checked = checked_parquet_files().lock();
+        files.extend(
+            metas
+                .into_iter()
+                .map(|m| (store.clone(), format!("{base}/{}", m.location), m))
+                .filter(|(_, file, m)| !checked.contains(&file_version(file, m))),
+        );
     }
     // Sixteen requests at a time (a stream's `buffer_unordered` here makes the
     // server's futures fail the `Send` check: a known compiler limitation).
     let mut files = files.into_iter().peekable();
     while files.peek().is_some() {
-        let batch: Vec<_> = files.by_ref().take(16).map(|(s, f, m)| check_parquet_footer(s, f, m)).collect();
-        futures::future::try_join_all(batch).await?;
+        let batch: Vec<_> = files.by_ref().take(16).collect();
+        let versions: Vec<_> = batch.iter().map(|(_, f, m)| file_version(f, m)).collect();
+        futures::future::try_join_all(batch.into_iter().map(|(s, f, m)| check_parquet_footer(s, f, m))).await?;
+        let mut checked = checked_parquet_files().lock();
+        if checked.len() > 1_000_000 {
+            checked.clear();
+        }
+        checked.extend(versions);
     }
     Ok(())
+}
+
+/// One version of a file: its URL, size, modification time and e-tag.
+type FileVersion = (String, u64, chrono::DateTime<chrono::Utc>, Option<String>);
+
+fn file_version(file: &str, m: &object_store::ObjectMeta) -> FileVersion {
+    (file.to_string(), m.size, m.last_modified, m.e_tag.clone())
+}
+
+/// The file versions whose footers and metadata passed the checks in this
+/// process (cleared past a million entries).
+fn checked_parquet_files() -> &'static parking_lot::Mutex<std::collections::HashSet<FileVersion>> {
+    static CHECKED: std::sync::OnceLock<parking_lot::Mutex<std::collections::HashSet<FileVersion>>> =
+        std::sync::OnceLock::new();
+    CHECKED.get_or_init(Default::default)
 }
 
 /// One file's footer check (see [`check_parquet_footers`]).
