@@ -10,7 +10,7 @@
 //! point anywhere (another release's directory, `/etc`). Local staging areas
 //! are owner-only (0700): they hold outputs before they are published.
 
-use std::path::{Path, PathBuf};
+use std::path::PathBuf;
 
 use super::error::PipelineError;
 use crate::io::private::{create_private_dir, local_path};
@@ -53,12 +53,12 @@ pub fn refuse_links_below(root: &str, location: &str) -> Result<(), PipelineErro
 /// it; a staging area in an object store is left to its bucket policy.
 pub fn prepare_staging(staging: &str) -> Result<(), PipelineError> {
     if let Some(p) = local_path(staging) {
-        create_private_dir(Path::new(&p))?;
+        create_private_dir(&p)?;
     }
     Ok(())
 }
 
-/// Readies a curator-only output before anything is charged: its local
+/// Readies a curator-only output before any data is read: its local
 /// directory exists (created with the usual mode) and the path is not a
 /// directory, so writing it after the read cannot fail for those reasons.
 pub fn prepare_private_output(location: &str) -> Result<(), PipelineError> {

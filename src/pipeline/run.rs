@@ -363,11 +363,7 @@ impl Pipeline {
         // owner-only, and the curator-only outputs' directories. Nothing has been
         // read yet: if this fails, a reservation made by this run goes back to the
         // budget; a resumed one (an earlier attempt may have read) stays.
-        let staged = match delete_prefix(&ctx, &loc.staging).await {
-            Ok(()) => self.prepare_local(&loc),
-            Err(e) => Err(e),
-        };
-        if let Err(e) = staged {
+        if let Err(e) = delete_prefix(&ctx, &loc.staging).await.and_then(|()| self.prepare_local(&loc)) {
             if fresh {
                 ledger.release(charge_id, "the staging area could not be prepared (before any read)")?;
             }
@@ -396,8 +392,8 @@ impl Pipeline {
         self.publish(&ctx, &loc, &release_id, charge_id, &mut ledger, started, opts, Some(step_records)).await
     }
 
-    /// Local directories a release needs, made before anything is charged:
-    /// the owner-only staging area and the curator-only outputs' directories.
+    /// Local directories a release needs, made before any data is read: the
+    /// owner-only staging area and the curator-only outputs' directories.
     fn prepare_local(&self, loc: &Locations) -> Result<()> {
         if self.staging.is_none() {
             prepare_staging(&join(&loc.output, "_staging"))?;

@@ -385,9 +385,6 @@ impl Ledger {
     pub fn create(path: impl AsRef<Path>) -> Result<Self, LedgerError> {
         let path = path.as_ref().to_path_buf();
         let p = path.display().to_string();
-        if path.exists() {
-            return Err(LedgerError::Exists(p));
-        }
         let sql = |e| LedgerError::Sql { path: p.clone(), source: e };
         // Owner-only from the first byte: the file is created 0600 here (SQLite
         // gives its -wal and -shm files the database's mode), and `create_new`
