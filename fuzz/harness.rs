@@ -141,6 +141,9 @@ pub fn parquet(data: &[u8]) {
     use object_store::{ObjectStoreExt, PutPayload};
     let store = dpflow::io::memory_store();
     let path = object_store::path::Path::from("fuzz/input.parquet");
+    // A decoder's panic inside the guarded scan is an error, as in the binary
+    // (the hook in front of libFuzzer's aborting one lets it unwind).
+    dpflow_udfs::unwind::install_hook();
     runtime().block_on(async {
         store.put(&path, PutPayload::from(data.to_vec())).await.expect("memory store");
         let domain = fixtures().join("penguins.domain.yaml");

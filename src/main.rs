@@ -7,7 +7,10 @@ mod cli;
 /// (docs/RELIABILITY.md). A release already charged stays charged.
 fn withhold_panic_messages() {
     std::panic::set_hook(Box::new(|info| {
-        let at = info.location().map(|l| format!(" at {}:{}", l.file(), l.line())).unwrap_or_default();
+        let at = info
+            .location()
+            .map(|l| format!(" at {}:{}", dpflow_udfs::unwind::short_path(l.file()), l.line()))
+            .unwrap_or_default();
         eprintln!(
             "error: internal error in dpflow{at} (a bug; please report it with this location). Its message is \
              withheld because it may quote protected data. A reservation this run made stays counted as spent \
@@ -19,6 +22,9 @@ fn withhold_panic_messages() {
 
 fn main() {
     withhold_panic_messages();
+    // A panic inside a guarded stream (a decoder meeting a corrupt file)
+    // becomes an error of that run, reported through the usual path.
+    dpflow_udfs::unwind::install_hook();
     let cli = cli::Cli::parse();
     // Only dpflow's own log lines are ever printed, at any level: third-party
     // crates log plans with exact statistics (row counts from Parquet footers),
@@ -48,7 +54,7 @@ fn main() {
         match cli::run(cli).await {
             Ok(code) => code,
             Err(e) => {
-                eprintln!("error: {e:#}");
+                eprintln!("error: {}", cli::error_text(&e));
                 1
             }
         }

@@ -54,3 +54,39 @@ fn csv_corpus() {
 fn parquet_corpus() {
     replay("parquet", harness::parquet);
 }
+
+/// The Parquet file whose data page makes the reader panic (arrow-buffer
+/// 59.3.2, `bit_chunk_iterator.rs:224`), queried through the binary with a
+/// ledger: the query touching the broken column fails the ordinary way after
+/// its charge (exit 1, charge `failed`, nothing left reserved, no panic
+/// report), where it used to crash with exit 101 and an open reservation.
+#[test]
+fn a_decoder_panic_in_a_dp_query_is_a_charged_failure_not_a_crash() {
+    use dpflow::privacy::{ChargeStatus, Ledger};
+    let d = tempfile::tempdir().unwrap();
+    let corpus = Path::new(env!("CARGO_MANIFEST_DIR")).join("fuzz/corpus/parquet");
+    std::fs::copy(corpus.join("parquet-data-page-bit-chunk-out-of-bounds.parquet"), d.path().join("t.parquet"))
+        .unwrap();
+    std::fs::copy(harness::fixtures().join("penguins.domain.yaml"), d.path().join("t.yaml")).unwrap();
+    let catalog = d.path().join("catalog.yaml");
+    std::fs::write(
+        &catalog,
+        "ledger: ledger.sqlite\ncreate_ledger_if_missing:\n  t: {epsilon: 10.0}\nquery_budget: {epsilon: 1.0}\n\
+         tables:\n  t:\n    location: t.parquet\n    domain: t.yaml\n",
+    )
+    .unwrap();
+    let out = std::process::Command::new(env!("CARGO_BIN_EXE_dpflow"))
+        .args(["sql", "--catalog", catalog.to_str().unwrap(), "-e", "SELECT dp_count(bill_length_mm) FROM t"])
+        .env("RUST_LOG", "trace")
+        .output()
+        .unwrap();
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(1), "{stderr}");
+    assert!(stderr.contains("failed after reading protected data"), "{stderr}");
+    assert!(!stderr.contains("internal error") && !stderr.contains("out of bounds"), "{stderr}");
+    let ledger = Ledger::open(d.path().join("ledger.sqlite")).unwrap();
+    let h = ledger.history(Some("t")).unwrap();
+    assert_eq!(h.len(), 1);
+    assert_eq!(h[0].status, ChargeStatus::Failed, "charged, never refunded");
+    assert_eq!(ledger.status("t").unwrap().open_reservations, 0);
+}

@@ -55,6 +55,23 @@ pub enum Command {
 }
 
 /// Runs a parsed command line.
+/// An error and its causes on one line, as `{:#}` prints them, except that a
+/// cause already quoted by the message before it is not printed again (most
+/// library errors quote their source, and DataFusion's `External` does too).
+pub fn error_text(e: &anyhow::Error) -> String {
+    let mut out = String::new();
+    for cause in e.chain() {
+        let text = cause.to_string();
+        if !out.contains(&text) {
+            if !out.is_empty() {
+                out.push_str(": ");
+            }
+            out.push_str(&text);
+        }
+    }
+    out
+}
+
 pub async fn run(cli: Cli) -> Result<i32> {
     match cli.command {
         Command::Inspect(a) => inspect::run(a).await,
@@ -100,5 +117,25 @@ impl InputArgs {
     /// Opens the input as a dataset named `name`.
     pub fn open(&self, name: &str) -> Result<dpflow::dataset::Dataset> {
         Ok(dpflow::dataset::Dataset::open(name, &self.input, self.input_format, &self.domain)?)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::error_text;
+
+    #[derive(Debug, thiserror::Error)]
+    #[error("reading x.parquet: {source}")]
+    struct Quoting {
+        source: std::io::Error,
+    }
+
+    #[test]
+    fn error_text_prints_a_quoted_cause_once_and_keeps_context() {
+        let inner = std::io::Error::other("bad page");
+        let e = anyhow::Error::new(Quoting { source: inner }).context("step counts");
+        assert_eq!(error_text(&e), "step counts: reading x.parquet: bad page");
+        let plain = anyhow::anyhow!("a").context("b");
+        assert_eq!(error_text(&plain), "b: a");
     }
 }

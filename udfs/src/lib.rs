@@ -19,6 +19,7 @@ pub mod noise;
 pub mod rowsafe;
 pub mod session;
 pub mod synth;
+pub mod unwind;
 
 /// Implements `Debug` for a type holding exact (unnoised) statistics or
 /// protected values as a placeholder, so that no log line or panic message

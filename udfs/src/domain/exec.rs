@@ -152,6 +152,8 @@ impl ExecutionPlan for EncodeExec {
             }
             .map_err(|e| DataFusionError::Execution(e.to_string()))
         });
-        Ok(Box::pin(RecordBatchStreamAdapter::new(schema, stream)))
+        // The scan under this operator decodes the input (Parquet, CSV):
+        // a decoder's panic on a corrupt file ends the stream with an error.
+        Ok(crate::unwind::catch_unwind(Box::pin(RecordBatchStreamAdapter::new(schema, stream))))
     }
 }
