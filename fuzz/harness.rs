@@ -155,7 +155,25 @@ pub fn parquet(data: &[u8]) {
         .await
         {
             Ok(r) => show("parquet", &format!("{} rows", r.rows)),
-            Err(e) => show("error", &e.to_string()),
+            Err(e) => {
+                let text = e.to_string();
+                keep_caught_panic(&text, data);
+                show("error", &text)
+            }
         }
     });
+}
+
+/// With `DPFLOW_FUZZ_CAUGHT=DIR`, keeps one input per distinct location of a
+/// caught decoder panic (`dpflow_udfs::unwind`) in DIR, named after the
+/// location: the panics dpflow survives, to report upstream.
+fn keep_caught_panic(error: &str, data: &[u8]) {
+    let Some(dir) = std::env::var_os("DPFLOW_FUZZ_CAUGHT") else { return };
+    let Some(at) = error.split("panicked at ").nth(1).and_then(|r| r.split_whitespace().next()) else { return };
+    let name: String = at.chars().map(|c| if c.is_ascii_alphanumeric() || c == '.' { c } else { '_' }).collect();
+    let path = Path::new(&dir).join(name);
+    if !path.exists() {
+        let _ = std::fs::create_dir_all(&dir);
+        let _ = std::fs::write(path, data);
+    }
 }
