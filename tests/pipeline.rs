@@ -558,3 +558,132 @@ fn impute_step_releases_statistics_of_imputed_data_charged_to_the_dataset() {
     let h = l.history(None).unwrap();
     assert_eq!(h.len(), 1);
 }
+
+/// libfaketime, which moves the wall clock of a process it is preloaded
+/// into (Debian's `libfaketime`); `None` when it is not installed (a panic
+/// when DPFLOW_REQUIRE_FAKETIME is set, as in CI).
+fn libfaketime() -> Option<PathBuf> {
+    let found =
+        ["/usr/lib/x86_64-linux-gnu/faketime/libfaketime.so.1", "/usr/lib/aarch64-linux-gnu/faketime/libfaketime.so.1"]
+            .iter()
+            .map(PathBuf::from)
+            .find(|p| p.exists());
+    if found.is_none() {
+        assert!(
+            std::env::var_os("DPFLOW_REQUIRE_FAKETIME").is_none(),
+            "DPFLOW_REQUIRE_FAKETIME is set but libfaketime is not installed (apt-get install faketime)"
+        );
+        eprintln!("libfaketime is not installed (apt-get install faketime): clock-jump test not run");
+    }
+    found
+}
+
+/// The wall clock of a running scheduler jumps back 10 s (during a release),
+/// then forward an hour (an NTP step, a resumed VM), through libfaketime's
+/// offset file; the monotonic clock is left alone, as it is on a real machine. The
+/// scheduler must never start a slot twice or out of order (after the jump
+/// back, the slots it already ran are in the future again), must not burst
+/// through the hour of slots it "missed" after the jump forward, and must
+/// follow the new clock; every release is committed once and the ledger
+/// holds exactly the releases the scheduler started.
+#[test]
+fn scheduler_never_reruns_or_bursts_when_the_wall_clock_jumps() {
+    let Some(faketime) = libfaketime() else { return };
+    let dir = tempfile::tempdir().unwrap();
+    // SQL only, every two seconds: fast releases, plenty of budget.
+    let p = world(dir.path(), 100.0, Some("*/2 * * * * *"), "");
+    let yaml: String = std::fs::read_to_string(&p)
+        .unwrap()
+        .lines()
+        .filter(|l| !l.contains("synthesize"))
+        .map(|l| format!("{l}\n"))
+        .collect();
+    std::fs::write(&p, yaml.replace("budget: {epsilon: 0.3, delta: 1.0e-6}", "budget: {epsilon: 0.1}")).unwrap();
+    let offset = dir.path().join("faketime");
+    std::fs::write(&offset, "+0\n").unwrap();
+    let state = dir.path().join("state");
+    let log = dir.path().join("scheduler.log");
+    let mut child = dpflow()
+        .args(["schedule", p.to_str().unwrap(), "--state-dir", state.to_str().unwrap()])
+        .env("LD_PRELOAD", &faketime)
+        .env("FAKETIME_TIMESTAMP_FILE", &offset)
+        .env("FAKETIME_NO_CACHE", "1")
+        .env("FAKETIME_DONT_FAKE_MONOTONIC", "1")
+        .env("RUST_LOG", "info")
+        .stdout(Stdio::null())
+        .stderr(std::fs::File::create(&log).unwrap())
+        .spawn()
+        .unwrap();
+    let ledger_path = dir.path().join("ledger.sqlite");
+    let committed = || -> Vec<String> {
+        let Ok(l) = Ledger::open(&ledger_path) else { return vec![] };
+        l.history(Some("small")).unwrap().into_iter().map(|c| c.release_id).collect()
+    };
+    let wait_for = |n: usize| {
+        let t = Instant::now();
+        while committed().len() < n {
+            assert!(t.elapsed() < Duration::from_secs(90), "fewer than {n} releases: {:?}", committed());
+            std::thread::sleep(Duration::from_millis(100));
+        }
+    };
+    wait_for(2);
+    // Back 10 s while a release runs: when it ends, the slots just run are in
+    // the future again (a jump during the sleep is absorbed by the wait for
+    // the slot already chosen).
+    let starts = || std::fs::read_to_string(&log).unwrap_or_default().matches("starting release ").count();
+    let (n, t) = (starts(), Instant::now());
+    while starts() == n {
+        assert!(t.elapsed() < Duration::from_secs(30), "no release started");
+        std::thread::sleep(Duration::from_millis(5));
+    }
+    std::fs::write(&offset, "-10\n").unwrap();
+    let before_back = committed().len();
+    std::thread::sleep(Duration::from_secs(5));
+    let after_back = committed().len();
+    assert!(after_back <= before_back + 1, "releases ran while the clock replayed their slots: {:?}", committed());
+    // Forward an hour: about 1,800 slots are skipped, not run.
+    std::fs::write(&offset, "+3600\n").unwrap();
+    let jumped = chrono::Utc::now() + chrono::Duration::seconds(3600);
+    let t = Instant::now();
+    wait_for(after_back + 2);
+    std::thread::sleep(Duration::from_secs(4));
+    let real = t.elapsed().as_secs_f64();
+    // SAFETY: sending SIGTERM to our own child process.
+    unsafe { libc::kill(child.id() as i32, libc::SIGTERM) };
+    let t = Instant::now();
+    while child.try_wait().unwrap().is_none() {
+        assert!(t.elapsed() < Duration::from_secs(60), "the scheduler did not stop");
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    let ids = committed();
+    let after_forward = ids.len() - after_back;
+    assert!(
+        (after_forward as f64) <= real / 2.0 + 3.0,
+        "{after_forward} releases in {real:.1} s after the jump forward: a burst of missed slots"
+    );
+    // Slot times in ledger order: strictly increasing (no slot twice, none out
+    // of order), and the last ones on the new clock.
+    let slot = |id: &str| {
+        chrono::NaiveDateTime::parse_from_str(id.trim_start_matches("small-"), "%Y%m%dT%H%M%S").unwrap().and_utc()
+    };
+    let slots: Vec<_> = ids.iter().map(|id| slot(id)).collect();
+    assert!(slots.windows(2).all(|w| w[0] < w[1]), "slots out of order or repeated: {ids:?}");
+    assert!(
+        *slots.last().unwrap() >= jumped - chrono::Duration::seconds(2),
+        "the scheduler did not follow the clock: {ids:?}"
+    );
+    let ledger = Ledger::open(&ledger_path).unwrap();
+    assert!(ledger.history(Some("small")).unwrap().iter().all(|c| c.status == ChargeStatus::Committed));
+    // The scheduler started each slot once, and only the ones in the ledger.
+    let text = std::fs::read_to_string(&log).unwrap();
+    let mut started: Vec<&str> = text
+        .lines()
+        .filter_map(|l| l.split("starting release ").nth(1))
+        .filter_map(|r| r.split_whitespace().next())
+        .collect();
+    let n = started.len();
+    started.sort_unstable();
+    started.dedup();
+    assert_eq!(started.len(), n, "a slot was started twice:\n{text}");
+    assert_eq!(n, ids.len(), "started releases and ledger charges differ:\n{text}");
+}

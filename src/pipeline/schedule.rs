@@ -174,6 +174,7 @@ async fn run_once(p: &Pipeline, when: DateTime<Utc>, opts: &ScheduleOptions, sta
         unsafe_seed: opts.unsafe_seed,
         date: Some(when),
     };
+    log::info!("{}: starting release {release_id} (scheduled for {when})", p.name);
     let outcome = p.run(&ro, &|m| log::info!("{}: {m}", p.name)).await;
     state.last_scheduled = Some(when);
     state.last_release_id = Some(release_id);
