@@ -130,8 +130,15 @@ async fn missing_inputs_are_errors_not_empty_tables() {
 fn files_that_are_not_parquet_get_an_error_naming_them() {
     let dir = tempfile::tempdir().unwrap();
     let domain = concat!(env!("CARGO_MANIFEST_DIR"), "/sample_data/adult/adult.domain.yaml");
-    let cases: [(&str, &[u8], &str); 4] = [
+    let cases: [(&str, &[u8], &str); 5] = [
         ("garbage.parquet", b"PAR1garbagePAR1", "claims more metadata than the file holds"),
+        // Found by the `parquet` fuzz target: an embedded Arrow schema with a
+        // field of type NONE made arrow-ipc panic while DataFusion inferred it.
+        (
+            "arrow-schema.parquet",
+            include_bytes!("../fuzz/corpus/parquet/crash-arrow-schema-type-none.parquet"),
+            "embedded Arrow schema",
+        ),
         ("short.parquet", b"PAR1", "shorter than a Parquet header and footer"),
         ("csv.parquet", b"a,b\n1,2\n3,4\n5,6\n", "does not end with the Parquet magic"),
         ("empty.parquet", b"", "shorter than a Parquet header and footer"),

@@ -299,5 +299,19 @@ async fn check_parquet_footer(
             }
         }
     }
-    Ok(())
+    // The schema DataFusion infers next: the Parquet schema and, when the
+    // writer embedded one, the Arrow schema (IPC flatbuffers under
+    // `ARROW:schema`). arrow-ipc 59.x reaches `unimplemented!` on a field of
+    // type NONE (found by the `parquet` fuzz target); the conversion is
+    // deterministic, so doing it here, guarded, first, means DataFusion's
+    // own call cannot panic.
+    let fm = decoded.file_metadata();
+    let arrow_schema = dpflow_udfs::unwind::guarded(|| {
+        datafusion::parquet::arrow::parquet_to_arrow_schema(fm.schema_descr(), fm.key_value_metadata())
+    });
+    match arrow_schema {
+        Ok(Ok(_)) => Ok(()),
+        Ok(Err(_)) => Err(not("its schema cannot be converted to Arrow types")),
+        Err(_) => Err(not("its embedded Arrow schema (`ARROW:schema`) cannot be read")),
+    }
 }
