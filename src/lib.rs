@@ -8,6 +8,7 @@
 //! engine (samplers, operators, UDFs) is in [`dpflow_udfs`].
 #![warn(missing_docs)]
 
+pub mod analyze;
 pub mod dataset;
 pub mod domain;
 pub mod eval;

@@ -1,5 +1,6 @@
 //! The `dpflow` command line.
 
+mod analyze;
 mod budget;
 mod impute;
 mod inspect;
@@ -52,9 +53,10 @@ pub enum Command {
     Impute(impute::ImputeArgs),
     /// Missing-data tools: inject MCAR/MAR/MNAR missingness (evaluation only).
     Missing(missing::MissingArgs),
+    /// Run an analysis (mean, proportion, OLS, logistic) on each synthetic set and combine the results (Rubin's rules).
+    Analyze(analyze::AnalyzeArgs),
 }
 
-/// Runs a parsed command line.
 /// An error and its causes on one line, as `{:#}` prints them, except that a
 /// cause already quoted by the message before it is not printed again (most
 /// library errors quote their source, and DataFusion's `External` does too).
@@ -72,9 +74,11 @@ pub fn error_text(e: &anyhow::Error) -> String {
     out
 }
 
+/// Runs a parsed command line.
 pub async fn run(cli: Cli) -> Result<i32> {
     match cli.command {
         Command::Inspect(a) => inspect::run(a).await,
+        Command::Analyze(a) => analyze::run(a).await,
         Command::Budget(a) => budget::run(a).await,
         Command::Synth(a) => synth::run(a).await,
         Command::Sample(a) => synth::sample(a).await,

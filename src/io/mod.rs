@@ -11,6 +11,6 @@ mod write;
 
 pub use error::IoError;
 pub use private::{write_private_bytes, write_private_file};
-pub use read::{InputFormat, ensure_exists, open_input, open_inputs, read_header_names};
+pub use read::{InputFormat, ensure_exists, open_input, open_inputs, open_released, read_header_names};
 pub use store::{memory_store, register_stores_for, resolve_url, session_context, store_for};
 pub use write::{ParquetSink, read_bytes, write_bytes, write_csv_stream, write_parquet_stream, write_stream};

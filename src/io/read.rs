@@ -175,6 +175,33 @@ pub async fn open_inputs(
     }
 }
 
+/// Opens a released (public) table: synthetic sets, published outputs. No
+/// domain is needed: CSV types are inferred from the file, which is fine for
+/// data that is already public and wrong for protected data (use
+/// [`open_input`] there). Parquet files get the same footer checks.
+pub async fn open_released(
+    ctx: &SessionContext,
+    location: &str,
+    format: Option<InputFormat>,
+) -> Result<DataFrame, IoError> {
+    let url = resolve_url(location)?;
+    register_stores_for(ctx, &url)?;
+    ensure_exists(ctx, &url, location).await?;
+    let open_err = |format| move |source| IoError::OpenInput { format, location: location.to_string(), source };
+    match format.unwrap_or_else(|| InputFormat::detect(location)) {
+        InputFormat::Parquet => {
+            check_parquet_footers(ctx, std::slice::from_ref(&url), location).await?;
+            ctx.read_parquet(url.to_string(), ParquetReadOptions::default()).await.map_err(open_err("Parquet"))
+        }
+        InputFormat::Csv => {
+            let ext = extension_of(&url);
+            ctx.read_csv(url.to_string(), CsvReadOptions::new().has_header(true).file_extension(&ext))
+                .await
+                .map_err(open_err("CSV"))
+        }
+    }
+}
+
 /// The Parquet footer: the metadata length (u32, little-endian) and the magic.
 const PARQUET_FOOTER: u64 = 8;
 /// The leading magic `PAR1`.
