@@ -150,7 +150,8 @@ impl Dataset {
             location: self.location.clone(),
             columns: all.iter().map(|c| c.to_string()).collect(),
         })?;
-        let plan = df.create_physical_plan().await.map_err(self.plan_err())?;
+        let plan =
+            dpflow_udfs::unwind::catch_unwind_future(df.create_physical_plan()).await.map_err(self.plan_err())?;
         let encoded: Arc<dyn ExecutionPlan> =
             Arc::new(EncodeExec::try_new(plan, Arc::new(self.domain().clone())).map_err(self.plan_err())?);
         if columns.is_empty() {

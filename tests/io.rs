@@ -130,7 +130,7 @@ async fn missing_inputs_are_errors_not_empty_tables() {
 fn files_that_are_not_parquet_get_an_error_naming_them() {
     let dir = tempfile::tempdir().unwrap();
     let domain = concat!(env!("CARGO_MANIFEST_DIR"), "/sample_data/adult/adult.domain.yaml");
-    let cases: [(&str, &[u8], &str); 5] = [
+    let cases: [(&str, &[u8], &str); 6] = [
         ("garbage.parquet", b"PAR1garbagePAR1", "claims more metadata than the file holds"),
         // Found by the `parquet` fuzz target: an embedded Arrow schema with a
         // field of type NONE made arrow-ipc panic while DataFusion inferred it.
@@ -138,6 +138,13 @@ fn files_that_are_not_parquet_get_an_error_naming_them() {
             "arrow-schema.parquet",
             include_bytes!("../fuzz/corpus/parquet/crash-arrow-schema-type-none.parquet"),
             "embedded Arrow schema",
+        ),
+        // Found by the same target: a negative row-group row count, which
+        // DataFusion's statistics sum (a debug build's overflow panic).
+        (
+            "row-count.parquet",
+            include_bytes!("../fuzz/corpus/parquet/crash-negative-row-count.parquet"),
+            "impossible row count",
         ),
         ("short.parquet", b"PAR1", "shorter than a Parquet header and footer"),
         ("csv.parquet", b"a,b\n1,2\n3,4\n5,6\n", "does not end with the Parquet magic"),

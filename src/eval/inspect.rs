@@ -60,7 +60,8 @@ pub async fn inspect(input: &str, domain_path: &str, format: Option<InputFormat>
         .map_err(|source| EvalError::Encode { input: input.to_string(), source })?
         .count_only();
     let read = |source| EvalError::Read { input: input.to_string(), source };
-    let mut stream = dpflow_udfs::unwind::catch_unwind(df.execute_stream().await.map_err(read)?);
+    let planned = dpflow_udfs::unwind::catch_unwind_future(df.execute_stream()).await.map_err(read)?;
+    let mut stream = dpflow_udfs::unwind::catch_unwind(planned);
     while let Some(batch) = stream.next().await {
         let batch = batch.map_err(read)?;
         encoder.encode(&batch).map_err(|source| EvalError::Encode { input: input.to_string(), source })?;

@@ -315,6 +315,26 @@ async fn check_parquet_footer(
         (None, _) | (_, None) => true,
         (Some(o), Some(l)) => o >= 0 && l >= 0 && o.checked_add(l).is_some_and(|end| end as u64 <= meta_start),
     };
+    // Row counts and sizes: DataFusion sums them into file statistics with
+    // plain `+` and `*` (`statistics_from_parquet_metadata`), which panics
+    // on overflow in a debug build (found by the `parquet` fuzz target: a
+    // negative row count cast to usize). Counts must be non-negative and
+    // their totals far from overflow (2⁵² rows; sizes within i64).
+    let mut rows: i64 = 0;
+    let mut uncompressed: Vec<i64> = Vec::new();
+    for rg in decoded.row_groups() {
+        rows = rows
+            .checked_add(rg.num_rows())
+            .filter(|&r| rg.num_rows() >= 0 && r <= 1 << 52 && rg.total_byte_size() >= 0)
+            .ok_or_else(|| not("its metadata gives an impossible row count or size"))?;
+        uncompressed.resize(uncompressed.len().max(rg.columns().len()), 0);
+        for (total, c) in uncompressed.iter_mut().zip(rg.columns()) {
+            *total = total
+                .checked_add(c.uncompressed_size())
+                .filter(|_| c.uncompressed_size() >= 0)
+                .ok_or_else(|| not("its metadata gives an impossible column size"))?;
+        }
+    }
     for rg in decoded.row_groups() {
         for c in rg.columns() {
             let start = c.dictionary_page_offset().unwrap_or(c.data_page_offset());

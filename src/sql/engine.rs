@@ -453,7 +453,10 @@ impl SqlEngine {
             .filter(col("__n").gt(lit(1i64)))?
             .limit(0, Some(1))?
             .build()?;
-        let b = self.ctx.execute_logical_plan(dup).await?.collect().await?;
+        let b = dpflow_udfs::unwind::catch_unwind_future(async {
+            self.ctx.execute_logical_plan(dup).await?.collect().await
+        })
+        .await?;
         if b.iter().any(|b| b.num_rows() > 0) {
             let list = join.keys.iter().map(|k| format!("{k}")).collect::<Vec<_>>().join(", ");
             return Err(Refusal::new(

@@ -4,6 +4,7 @@
 //! quantile histograms, the noise of [`super::release`], and the user's
 //! post-processing over the released table.
 
+use dpflow_udfs::unwind::catch_unwind_future;
 use std::collections::HashMap;
 use std::sync::Arc;
 
@@ -59,7 +60,8 @@ impl SqlEngine {
             let (columns, ci_cols) = self.noise(g, planned, &keys, &exact, &hist, &ci_requests, n_logical)?;
             let final_plan = post_process(plan, agg, columns, ci_cols, &ci_requests)?;
             let schema = super::engine::output_schema(&final_plan);
-            let out = self.ctx.execute_logical_plan(final_plan).await?.collect().await?;
+            let out =
+                catch_unwind_future(async { self.ctx.execute_logical_plan(final_plan).await?.collect().await }).await?;
             let batches: Vec<RecordBatch> = out.into_iter().map(rename_dp_columns).collect();
             match first {
                 None => first = Some((schema, batches)),
@@ -156,7 +158,9 @@ impl SqlEngine {
             }
             let helper_plan =
                 LogicalPlanBuilder::from(bounded.clone()).aggregate(agg.group_expr.clone(), helpers)?.build()?;
-            let batches = self.ctx.execute_logical_plan(helper_plan).await?.collect().await?;
+            let batches =
+                catch_unwind_future(async { self.ctx.execute_logical_plan(helper_plan).await?.collect().await })
+                    .await?;
             // Exact integers per key (counts, and sums): never rounded through f64.
             exact.clear();
             order.clear();
@@ -263,7 +267,8 @@ impl SqlEngine {
                     .filter(arg.clone().is_not_null())?
                     .aggregate(groups, vec![count(lit(1)).alias("__n")])?
                     .build()?;
-                let hb = self.ctx.execute_logical_plan(hp).await?.collect().await?;
+                let hb =
+                    catch_unwind_future(async { self.ctx.execute_logical_plan(hp).await?.collect().await }).await?;
                 let mut m: HashMap<Vec<ScalarValue>, Vec<f64>> = HashMap::new();
                 for b in &hb {
                     for r in 0..b.num_rows() {

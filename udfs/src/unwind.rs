@@ -23,6 +23,7 @@
 
 use std::any::Any;
 use std::cell::{Cell, RefCell};
+use std::future::Future;
 use std::panic::AssertUnwindSafe;
 use std::pin::Pin;
 use std::sync::Once;
@@ -107,6 +108,19 @@ fn caught(payload: Box<dyn Any + Send>) -> EnginePanic {
     EnginePanic { location: LOCATION.with(|slot| slot.borrow_mut().take()) }
 }
 
+/// Runs a DataFusion future (planning, `collect`) so that a panic while it
+/// is polled on this thread becomes a [`EnginePanic`] error: planning reads
+/// file metadata (statistics, schemas) and can meet the same corrupt input
+/// as a scan.
+pub async fn catch_unwind_future<T>(f: impl Future<Output = Result<T>>) -> Result<T> {
+    let mut f = std::pin::pin!(f);
+    std::future::poll_fn(move |cx| match guarded(|| f.as_mut().poll(cx)) {
+        Ok(poll) => poll,
+        Err(panic) => Poll::Ready(Err(DataFusionError::External(Box::new(panic)))),
+    })
+    .await
+}
+
 struct CatchUnwind {
     schema: SchemaRef,
     inner: Option<SendableRecordBatchStream>,
@@ -172,6 +186,15 @@ mod tests {
         assert_eq!(out.len(), 3);
         assert!(out.iter().all(|b| b.is_ok()));
         assert_eq!(GUARDED.with(Cell::get), 0);
+    }
+
+    #[tokio::test]
+    async fn a_panicking_future_is_an_error() {
+        install_hook();
+        let r: Result<u32> = catch_unwind_future(async { panic!("value 99") }).await;
+        let e = r.unwrap_err().to_string();
+        assert!(e.contains("panicked at") && !e.contains("99"), "{e}");
+        assert_eq!(catch_unwind_future(async { Ok(7) }).await.unwrap(), 7);
     }
 
     #[test]
