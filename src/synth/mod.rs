@@ -15,6 +15,7 @@ mod error;
 pub mod independent;
 pub mod mst;
 pub mod mwem;
+pub mod napsu;
 pub mod privbayes;
 pub mod run;
 pub mod structure;

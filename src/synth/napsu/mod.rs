@@ -1,0 +1,28 @@
+//! NAPSU-MQ: noise-aware synthetic data from marginal queries (003 §4,
+//! Alg. 1, App. C–E; `../shared/papers/NOTES.md` §6).
+//!
+//! The mechanism releases the chosen full marginals once with the Gaussian
+//! mechanism; everything after is post-processing of those noisy
+//! statistics: a maximum-entropy model in canonical parameters
+//! ([`canonical`]), whose likelihood under the central limit theorem needs
+//! the model's query mean and covariance ([`moments`]), a posterior over
+//! its parameters, and m synthetic sets, each from its own posterior draw.
+//!
+//! Built so far: the canonical parametrisation and the moments μ(θ), Σ(θ)
+//! (both checked against enumeration of the joint distribution). The
+//! likelihood, the Laplace approximation, NUTS and the synthesizer itself
+//! are the next steps (issue 16).
+
+pub mod canonical;
+pub mod moments;
+
+pub use canonical::CanonicalFeatures;
+pub use moments::MaxEnt;
+
+/// Why NAPSU-MQ cannot run.
+#[derive(Debug, thiserror::Error)]
+pub enum NapsuError {
+    /// The queries are malformed or too large.
+    #[error("NAPSU-MQ queries: {0}")]
+    Query(String),
+}
