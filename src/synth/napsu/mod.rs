@@ -8,12 +8,14 @@
 //! the model's query mean and covariance ([`moments`]), a posterior over
 //! its parameters, and m synthetic sets, each from its own posterior draw.
 //!
-//! Built so far: the canonical parametrisation and the moments μ(θ), Σ(θ)
-//! (both checked against enumeration of the joint distribution). The
-//! likelihood, the Laplace approximation, NUTS and the synthesizer itself
-//! are the next steps (issue 16).
+//! Built so far: the canonical parametrisation, the moments μ(θ), Σ(θ)
+//! (both checked against enumeration of the joint distribution) and the
+//! log-posterior with its exact gradient ([`likelihood`], checked against
+//! finite differences). The Laplace approximation, NUTS and the
+//! synthesizer itself are the next steps (issue 16).
 
 pub mod canonical;
+pub mod likelihood;
 pub mod moments;
 
 pub use canonical::CanonicalFeatures;
@@ -25,4 +27,7 @@ pub enum NapsuError {
     /// The queries are malformed or too large.
     #[error("NAPSU-MQ queries: {0}")]
     Query(String),
+    /// Inference met a numerical failure.
+    #[error("NAPSU-MQ inference: {0}")]
+    Numerical(String),
 }

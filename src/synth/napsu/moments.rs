@@ -16,7 +16,24 @@ use nalgebra::{DMatrix, DVector};
 
 use super::canonical::CanonicalFeatures;
 use crate::pgm::factor::{Factor, for_each_triple, strides};
-use crate::pgm::model::GraphicalModel;
+use crate::pgm::model::{Beliefs, GraphicalModel};
+
+/// μ(θ), Σ(θ) and the model quantities behind them.
+#[derive(Debug, Clone)]
+pub struct Moments {
+    /// E[a(x)].
+    pub mu: DVector<f64>,
+    /// Cov[a(x)].
+    pub sigma: DMatrix<f64>,
+    /// p(x | θ) as a graphical model.
+    pub model: GraphicalModel,
+    /// Its calibrated beliefs.
+    pub beliefs: Beliefs,
+    /// The marginal (probabilities) of each query scope.
+    pub marginals: Vec<Factor>,
+    /// The joint marginal over S_k ∪ S_l for k < l, in order (0,1), (0,2), …
+    pub joints: Vec<Factor>,
+}
 
 /// The maximum-entropy model of a set of marginal queries.
 #[derive(Debug, Clone, PartialEq)]
@@ -75,8 +92,16 @@ impl MaxEnt {
 
     /// μ(θ) = E[a(x)] and Σ(θ) = Cov[a(x)].
     pub fn moments(&self, theta: &[f64]) -> (DVector<f64>, DMatrix<f64>) {
+        let m = self.moments_full(theta);
+        (m.mu, m.sigma)
+    }
+
+    /// μ and Σ with what they were computed from (the calibrated model and
+    /// the joint marginal of each pair of scopes), which the gradient reuses.
+    pub fn moments_full(&self, theta: &[f64]) -> Moments {
         let f = &self.features;
-        let beliefs = self.model(theta).beliefs();
+        let model = self.model(theta);
+        let beliefs = model.beliefs();
         let marginals: Vec<Factor> = f.scopes.iter().map(|s| beliefs.marginal_any(s, &f.sizes)).collect();
         let mut mu = DVector::zeros(self.width);
         for (k, m) in marginals.iter().enumerate() {
@@ -88,6 +113,7 @@ impl MaxEnt {
                 sigma[(self.offsets[k] + i, self.offsets[k] + i)] += p;
             }
         }
+        let mut joints = Vec::new();
         for k in 0..f.scopes.len() {
             for l in k + 1..f.scopes.len() {
                 let (sk, sl) = (&f.scopes[k], &f.scopes[l]);
@@ -108,9 +134,10 @@ impl MaxEnt {
                         sigma[(ol + j, ok + i)] = sigma[(ok + i, ol + j)];
                     }
                 }
+                joints.push(joint);
             }
         }
-        (mu, sigma)
+        Moments { mu, sigma, model, beliefs, marginals, joints }
     }
 
     /// a(x) of one full assignment (the stacked one-hot marginal indicators).
