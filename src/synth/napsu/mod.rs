@@ -11,10 +11,12 @@
 //! Built so far: the canonical parametrisation, the moments μ(θ), Σ(θ)
 //! (both checked against enumeration of the joint distribution) and the
 //! log-posterior with its exact gradient ([`likelihood`], checked against
-//! finite differences). The Laplace approximation, NUTS and the
-//! synthesizer itself are the next steps (issue 16).
+//! finite differences), and the Laplace approximation ([`laplace`]: L-BFGS
+//! mode with restarts, Hessian from the gradient). NUTS, multiple
+//! synthesis and the synthesizer itself are the next steps (issue 16).
 
 pub mod canonical;
+pub mod laplace;
 pub mod likelihood;
 pub mod moments;
 
