@@ -11,14 +11,17 @@
 //! Built so far: the canonical parametrisation, the moments μ(θ), Σ(θ)
 //! (both checked against enumeration of the joint distribution) and the
 //! log-posterior with its exact gradient ([`likelihood`], checked against
-//! finite differences), and the Laplace approximation ([`laplace`]: L-BFGS
-//! mode with restarts, Hessian from the gradient). NUTS, multiple
-//! synthesis and the synthesizer itself are the next steps (issue 16).
+//! finite differences), the Laplace approximation ([`laplace`]: L-BFGS
+//! mode with restarts, Hessian from the gradient) and NUTS ([`nuts`]:
+//! `nuts-rs` chains on threads, split-R̂ and ESS). The measurement, the
+//! synthesizer with multiple synthesis, its release record and the
+//! command-line and pipeline options are the next steps (issue 16).
 
 pub mod canonical;
 pub mod laplace;
 pub mod likelihood;
 pub mod moments;
+pub mod nuts;
 
 pub use canonical::CanonicalFeatures;
 pub use moments::MaxEnt;
