@@ -16,7 +16,7 @@ use serde_json::json;
 
 use dpflow::dataset::Dataset;
 use dpflow::io::session_context;
-use dpflow_bench::{bench_data, knn_experiment, peak_rss_mb, pgm};
+use dpflow_bench::{bench_data, knn_experiment, napsu_toy, peak_rss_mb, pgm};
 
 /// dpflow-bench: benchmark data and measurements for dpflow (not a release tool).
 #[derive(Debug, Parser)]
@@ -103,6 +103,24 @@ enum BenchCommand {
         #[arg(long)]
         csv: Option<String>,
     },
+    /// 003 §5.1's toy experiment: coverage of NA+MI (NAPSU-MQ, Laplace, Rubin's rules) intervals.
+    NapsuToy {
+        /// ε values (comma-separated).
+        #[arg(long, value_delimiter = ',', default_value = "0.1,0.5,1")]
+        epsilon: Vec<f64>,
+        /// Repeats per ε.
+        #[arg(long, default_value_t = 200)]
+        repeats: usize,
+        /// Records.
+        #[arg(long, default_value_t = 2000)]
+        n: usize,
+        /// Synthetic sets per repeat.
+        #[arg(long, default_value_t = 100)]
+        m: usize,
+        /// Seed (simulation only).
+        #[arg(long, default_value_t = 0)]
+        seed: u64,
+    },
     /// Donor search + L1(D) timing on a bench-data file (imputes `income`).
     KnnSpeed {
         /// bench-data Parquet.
@@ -188,6 +206,10 @@ async fn run(command: BenchCommand) -> Result<()> {
             let mut summary = serde_json::to_value(&r)?;
             summary.as_object_mut().expect("object").remove("estimates");
             println!("{}", serde_json::to_string_pretty(&summary)?);
+        }
+        BenchCommand::NapsuToy { epsilon, repeats, n, m, seed } => {
+            let r = napsu_toy::run(&epsilon, repeats, n, m, seed)?;
+            println!("{}", serde_json::to_string_pretty(&json!({ "n": n, "m": m, "results": r }))?);
         }
         BenchCommand::PlainSql { input, query } => {
             let ctx = session_context();
