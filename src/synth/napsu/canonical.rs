@@ -90,6 +90,23 @@ impl CanonicalFeatures {
         Ok(Self { sizes: sizes.to_vec(), scopes: clean, subsets, offsets, home, len })
     }
 
+    /// The feature of subset `i` at `cell` (row-major over the subset's
+    /// attributes), or `None` when the assignment has a 0 (the reference).
+    pub fn feature_at(&self, i: usize, cell: usize) -> Option<usize> {
+        let (mut rest, mut idx, mut mult) = (cell, 0usize, 1usize);
+        for &a in self.subsets[i].iter().rev() {
+            let s = self.sizes[a];
+            let digit = rest % s;
+            rest /= s;
+            if digit == 0 {
+                return None;
+            }
+            idx += (digit - 1) * mult;
+            mult *= s - 1;
+        }
+        Some(self.offsets[i] + idx)
+    }
+
     /// The feature indices that are 1 at the cell `x` (a full assignment).
     pub fn active(&self, x: &[usize]) -> Vec<usize> {
         let mut out = Vec::new();

@@ -197,24 +197,9 @@ pub fn feature_expectations(me: &MaxEnt, beliefs: &Beliefs) -> Vec<f64> {
     for (i, t) in f.subsets.iter().enumerate() {
         let marg = beliefs.marginal(t).unwrap_or_else(|| beliefs.marginal_any(t, &f.sizes));
         let total: f64 = marg.values.iter().sum();
-        let shape = &marg.shape;
         for (cell, p) in marg.values.iter().enumerate() {
-            let mut rest = cell;
-            let mut idx = 0usize;
-            let mut mult = 1usize;
-            let mut zero = false;
-            for &s in shape.iter().rev() {
-                let digit = rest % s;
-                rest /= s;
-                if digit == 0 {
-                    zero = true;
-                    break;
-                }
-                idx += (digit - 1) * mult;
-                mult *= s - 1;
-            }
-            if !zero {
-                out[f.offsets[i] + idx] = p / total;
+            if let Some(j) = f.feature_at(i, cell) {
+                out[j] = p / total;
             }
         }
     }

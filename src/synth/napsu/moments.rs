@@ -64,25 +64,10 @@ impl MaxEnt {
         let mut m = GraphicalModel::uniform(&f.sizes, &f.scopes, 1.0);
         for (i, t) in f.subsets.iter().enumerate() {
             let mut phi = Factor::zeros(t, &f.sizes);
-            let shape = phi.shape.clone();
             for (cell, v) in phi.values.iter_mut().enumerate() {
-                // Row-major digits of `cell`; only assignments without a 0 carry θ.
-                let mut rest = cell;
-                let mut idx = 0usize;
-                let mut mult = 1usize;
-                let mut zero = false;
-                for &s in shape.iter().rev() {
-                    let digit = rest % s;
-                    rest /= s;
-                    if digit == 0 {
-                        zero = true;
-                        break;
-                    }
-                    idx += (digit - 1) * mult;
-                    mult *= s - 1;
-                }
-                if !zero {
-                    *v = theta[f.offsets[i] + idx];
+                // Only assignments without a 0 carry θ.
+                if let Some(j) = f.feature_at(i, cell) {
+                    *v = theta[j];
                 }
             }
             m.potentials[f.home[i]].add_assign_sub(&phi);
