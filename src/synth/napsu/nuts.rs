@@ -164,15 +164,15 @@ pub fn sample<D: LogDensity + Sync>(
                 let settings = &settings;
                 s.spawn(move || -> Result<ChainDraws, NapsuError> {
                     let math = CpuMath::new(Normalised { density, laplace });
-                    let fail = |e: anyhow::Error| NapsuError::Numerical(format!("NUTS chain {c}: {e}"));
-                    let mut chain = settings.new_chain(c as u64, math, &mut r).map_err(fail)?;
+                    let fail = |e: String| NapsuError::Numerical(format!("NUTS chain {c}: {e}"));
+                    let mut chain = settings.new_chain(c as u64, math, &mut r).map_err(|e| fail(e.to_string()))?;
                     // Start near the mode, jittered so chains differ.
                     let start: Vec<f64> = (0..d).map(|j| 0.1 * (((c * 31 + j * 17) % 13) as f64 / 6.0 - 1.0)).collect();
-                    chain.set_position(&start).map_err(fail)?;
+                    chain.set_position(&start).map_err(|e| fail(e.to_string()))?;
                     let mut kept = Vec::with_capacity(opts.draws as usize);
                     let mut divergences = 0;
                     for _ in 0..opts.warmup + opts.draws {
-                        let (z, info) = chain.draw().map_err(fail)?;
+                        let (z, info) = chain.draw().map_err(|e| fail(e.to_string()))?;
                         if !info.tuning {
                             divergences += u64::from(info.diverging);
                             let l = &laplace.cov_chol;
