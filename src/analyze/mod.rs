@@ -226,16 +226,7 @@ pub struct Analysis {
 
 /// Reads the sets and runs every analysis on them.
 pub async fn analyze(sets: &Sets, analyses: &[AnalysisSpec], opts: &Options) -> Result<Vec<Analysis>, AnalyzeError> {
-    if analyses.is_empty() {
-        return Err(AnalyzeError::Spec("no analysis given".into()));
-    }
-    if !(opts.alpha > 0.0 && opts.alpha < 1.0) {
-        return Err(AnalyzeError::Spec(format!(
-            "the interval level must be between 0 and 1 (got {})",
-            1.0 - opts.alpha
-        )));
-    }
-    let models = analyses.iter().map(|a| a.model()).collect::<Result<Vec<_>, _>>()?;
+    let models = models(analyses, opts)?;
     let mut columns: Vec<String> = Vec::new();
     for (f, _, _) in &models {
         for c in f.columns() {
@@ -254,8 +245,24 @@ pub fn analyze_batches(
     analyses: &[AnalysisSpec],
     opts: &Options,
 ) -> Result<Vec<Analysis>, AnalyzeError> {
-    let models = analyses.iter().map(|a| a.model()).collect::<Result<Vec<_>, _>>()?;
-    run(data, analyses, &models, opts)
+    run(data, analyses, &models(analyses, opts)?, opts)
+}
+
+/// Checks the request and binds each analysis to its model (before any set is read).
+fn models(
+    analyses: &[AnalysisSpec],
+    opts: &Options,
+) -> Result<Vec<(Formula, ResponseKind, Option<String>)>, AnalyzeError> {
+    if analyses.is_empty() {
+        return Err(AnalyzeError::Spec("no analysis given".into()));
+    }
+    if !(opts.alpha > 0.0 && opts.alpha < 1.0) {
+        return Err(AnalyzeError::Spec(format!(
+            "the interval level must be between 0 and 1 (got {})",
+            1.0 - opts.alpha
+        )));
+    }
+    analyses.iter().map(|a| a.model()).collect()
 }
 
 fn run(
@@ -332,15 +339,7 @@ fn run(
             }
             let q: Vec<f64> = kept.iter().map(|p| p[0]).collect();
             let u: Vec<f64> = kept.iter().map(|p| p[1]).collect();
-            let rule_here = match rule {
-                Rule::Single if kept.len() > 1 => {
-                    return Err(AnalyzeError::Spec(format!(
-                        "{m} sets with the single-set rule; use `fully-synthetic` (NAPSU-MQ) or `dips` (002)"
-                    )));
-                }
-                r => r,
-            };
-            let combined = combine::combine(term, &q, &u, rule_here, opts.alpha, per_set[0].df)?;
+            let combined = combine::combine(term, &q, &u, rule, opts.alpha, per_set[0].df)?;
             terms.push(TermResult { term: term.clone(), combined, excluded: pairs.len() - kept.len(), per_set: pairs });
         }
         out.push(Analysis { analysis: spec.clone(), rule, level: 1.0 - opts.alpha, sets: summaries, terms });

@@ -111,9 +111,6 @@ pub(super) async fn run(a: AnalyzeArgs) -> Result<i32> {
         }
         None => Sets::Locations(a.sets.clone()),
     };
-    if !(a.level > 0.0 && a.level < 1.0) {
-        bail!("--level must be between 0 and 1 (got {})", a.level);
-    }
     let rule = a.rule.map(|r| match r {
         RuleArg::FullySynthetic => Rule::FullySynthetic { syn_over_original: 1.0 },
         RuleArg::Dips => Rule::Dips,
