@@ -171,3 +171,201 @@ fn the_command_prints_tables_json_and_csv_and_explains_bad_requests() {
     let out = dpflow().args(["analyze", "/nonexistent/set.parquet", "--mean", "y"]).output().unwrap();
     assert!(String::from_utf8_lossy(&out.stderr).contains("/nonexistent/set.parquet"));
 }
+
+/// 2000 people: x1, x2 independent fair coins, y = "yes" with probability
+/// logistic(x1 == "hi"); the 003 §5.1 toy as a table.
+fn toy_world(dir: &Path) -> dpflow::dataset::Dataset {
+    use rand::{RngExt, SeedableRng};
+    let mut rng = rand::rngs::SmallRng::seed_from_u64(11);
+    let mut s = String::from("x1,x2,y\n");
+    for _ in 0..2000 {
+        let x1 = rng.random_range(0.0..1.0) < 0.5;
+        let x2 = rng.random_range(0.0..1.0) < 0.5;
+        let p = 1.0 / (1.0 + (-(f64::from(u8::from(x1)))).exp());
+        let y = rng.random_range(0.0..1.0) < p;
+        let lvl = |b: bool| if b { "hi" } else { "lo" };
+        s += &format!("{},{},{}\n", lvl(x1), lvl(x2), if y { "yes" } else { "no" });
+    }
+    std::fs::write(dir.join("toy.csv"), s).unwrap();
+    std::fs::write(
+        dir.join("toy.yaml"),
+        "columns:\n  - {name: x1, kind: categorical, values: [lo, hi]}\n  - {name: x2, kind: categorical, values: [lo, hi]}\n  - {name: y, kind: categorical, values: ['no', 'yes']}\n",
+    )
+    .unwrap();
+    dpflow::dataset::Dataset::open(
+        "toy",
+        dir.join("toy.csv").to_str().unwrap(),
+        None,
+        dir.join("toy.yaml").to_str().unwrap(),
+    )
+    .unwrap()
+}
+
+fn napsu_request(
+    dir: &Path,
+    workload: &str,
+    multiple: usize,
+    ledger: Option<(String, String)>,
+) -> dpflow::synth::run::SynthRequest {
+    dpflow::synth::run::SynthRequest {
+        dataset: toy_world(dir),
+        mechanism: dpflow::synth::run::Mechanism::NapsuMq,
+        budget: dpflow::privacy::Budget::Zcdp { rho: 0.5 },
+        workload: workload.into(),
+        rows: None,
+        out: dir.join("syn.parquet").display().to_string(),
+        model_out: None,
+        record_out: Some(dir.join("rec.json").display().to_string()),
+        ledger,
+        release_id: None,
+        unsafe_seed: None,
+        options: dpflow::synth::SynthOptions { multiple, ..Default::default() },
+        decode: dpflow::udfs::domain::DecodeMode::Uniform,
+        missing: dpflow::missing::Strategy::Reproduce,
+        missing_options: Default::default(),
+        amplification: None,
+    }
+}
+
+/// NAPSU-MQ end to end: the three 2-way marginals charged once (ρ adds
+/// up), the noisy statistics in the record, m sets in one file with a
+/// `_set` column, analysed with Rubin's rules; then `--from-record` with
+/// NUTS re-runs inference on the saved statistics and charges nothing.
+#[tokio::test]
+async fn napsu_mq_writes_m_noise_aware_sets_that_analyze_combines_and_from_record_spends_nothing() {
+    use dpflow::synth::napsu::release::{Inference, NapsuOptions};
+    use dpflow::synth::napsu::synthesize::{Post, from_record};
+    let dir = tempfile::tempdir().unwrap();
+    let ledger_path = dir.path().join("l.sqlite");
+    let ledger = dpflow::privacy::Ledger::create(&ledger_path).unwrap();
+    ledger.add_dataset("toy", "row", dpflow::privacy::Budget::Zcdp { rho: 1.0 }).unwrap();
+    drop(ledger);
+    let ledger_arg = Some((ledger_path.display().to_string(), "toy".to_string()));
+    let req = napsu_request(dir.path(), "marginals:x1,y;x2,y;x1,x2", 5, ledger_arg);
+    let ctx = dpflow::io::session_context();
+    let record = dpflow::synth::run::run_synth(&ctx, &req, &|_| {}).await.unwrap();
+
+    // The charge: three Gaussian measurements whose ρ add up to the budget.
+    let spent = dpflow::privacy::Ledger::open(&ledger_path).unwrap().status("toy").unwrap().spent;
+    assert!((spent - 0.5).abs() < 1e-9, "{spent}");
+    assert_eq!(record.mechanisms.len(), 3);
+    assert!((record.rho_spent - 0.5).abs() < 1e-9);
+    let napsu = record.napsu.as_ref().unwrap();
+    assert_eq!(napsu.statistics.queries, vec![vec!["x1", "y"], vec!["x2", "y"], vec!["x1", "x2"]]);
+    assert_eq!(napsu.statistics.statistics.len(), 12);
+    assert!((napsu.statistics.sigma - (3.0f64 / (2.0 * 0.5)).sqrt()).abs() < 1e-12);
+    assert!((napsu.statistics.rows - 2000.0).abs() < 20.0, "{}", napsu.statistics.rows);
+    let inference = napsu.inference.as_ref().unwrap();
+    assert_eq!(inference.parameters, 3 + 3);
+    assert_eq!(
+        (record.multiple, record.noise_aware, record.set_column.as_deref()),
+        (Some(5), Some(true), Some("_set"))
+    );
+    // The record on disk is the one returned (the statistics were saved first, then completed).
+    let on_disk: dpflow::synth::run::SynthRecord =
+        serde_json::from_slice(&std::fs::read(dir.path().join("rec.json")).unwrap()).unwrap();
+    let saved = &on_disk.napsu.as_ref().unwrap().statistics;
+    assert_eq!(
+        (&saved.statistics, &saved.queries, saved.sigma),
+        (&napsu.statistics.statistics, &napsu.statistics.queries, napsu.statistics.sigma)
+    );
+    assert!(on_disk.napsu.as_ref().unwrap().inference.is_some());
+
+    // Five sets of n̂ rows, numbered 1..5.
+    ctx.register_parquet("syn", &req.out, Default::default()).await.unwrap();
+    let sets = ctx
+        .sql("SELECT _set, count(*) AS n FROM syn GROUP BY _set ORDER BY _set")
+        .await
+        .unwrap()
+        .collect()
+        .await
+        .unwrap();
+    let batch = datafusion::arrow::compute::concat_batches(&sets[0].schema(), &sets).unwrap();
+    assert_eq!(batch.num_rows(), 5);
+    use datafusion::arrow::array::AsArray;
+    let ids: Vec<i32> = batch.column(0).as_primitive::<datafusion::arrow::datatypes::Int32Type>().values().to_vec();
+    assert_eq!(ids, vec![1, 2, 3, 4, 5]);
+
+    // Rubin's rules over the sets: the x1 effect (true log-odds 1) is found.
+    let logistic = spec(EstimatorKind::Logistic, Some("y == 'yes' ~ x1 + x2"), None, None);
+    let sets = Sets::Column { location: req.out.clone(), column: "_set".into() };
+    let out = analyze(&sets, std::slice::from_ref(&logistic), &Options::default()).await.unwrap();
+    assert_eq!(out[0].rule, Rule::FullySynthetic { syn_over_original: 1.0 });
+    let x1 = out[0].terms.iter().find(|t| t.term.starts_with("x1")).unwrap();
+    assert_eq!(x1.combined.m, 5);
+    // x1's reference level is "hi" (first sorted): the coefficient of x1[T.lo] is −1.
+    assert!(x1.term == "x1[T.lo]", "{}", x1.term);
+    assert!((x1.combined.estimate + 1.0).abs() < 0.5, "{:?}", x1.combined);
+    assert!(x1.combined.ci_low < x1.combined.estimate && x1.combined.estimate < x1.combined.ci_high);
+
+    // --from-record with NUTS: post-processing only.
+    let options = NapsuOptions {
+        inference: Inference::Nuts,
+        nuts: dpflow::synth::napsu::nuts::NutsOptions { chains: 2, warmup: 200, draws: 200, ..Default::default() },
+        ..Default::default()
+    };
+    let out2 = dir.path().join("syn-nuts.parquet").display().to_string();
+    let post = Post {
+        out: &out2,
+        rows: Some(300),
+        multiple: 3,
+        options: &options,
+        decode: dpflow::udfs::domain::DecodeMode::Uniform,
+        unsafe_seed: Some(1),
+    };
+    let again = from_record(&ctx, dir.path().join("rec.json").to_str().unwrap(), None, &post, &|_| {}).await.unwrap();
+    let inference = again.napsu.as_ref().unwrap().inference.as_ref().unwrap();
+    assert_eq!(inference.method, Inference::Nuts);
+    assert!(inference.max_rhat.unwrap() < 1.05, "{inference:?}");
+    assert_eq!(again.napsu.as_ref().unwrap().from_record.as_deref(), dir.path().join("rec.json").to_str());
+    assert_eq!(again.rows, 300);
+    let n: usize = ctx.read_parquet(&out2, Default::default()).await.unwrap().count().await.unwrap();
+    assert_eq!(n, 900);
+    let spent_after = dpflow::privacy::Ledger::open(&ledger_path).unwrap().status("toy").unwrap().spent;
+    assert_eq!(spent_after, spent, "post-processing charged the ledger");
+}
+
+/// Bad queries are refused before anything is charged, with what to change.
+#[tokio::test]
+async fn napsu_mq_refuses_bad_queries_before_charging() {
+    let dir = tempfile::tempdir().unwrap();
+    let ledger_path = dir.path().join("l.sqlite");
+    let ledger = dpflow::privacy::Ledger::create(&ledger_path).unwrap();
+    ledger.add_dataset("toy", "row", dpflow::privacy::Budget::Zcdp { rho: 1.0 }).unwrap();
+    drop(ledger);
+    let ctx = dpflow::io::session_context();
+    let ledger_arg = || Some((ledger_path.display().to_string(), "toy".to_string()));
+    let cases: [(&str, usize, &str); 4] = [
+        ("marginals:x1,zz", 1000, "unknown column \"zz\""),
+        ("marginals:x1,y;y,x1", 1000, "given twice"),
+        ("marginals:x1,x1", 1000, "twice"),
+        ("marginals:x1,x2,y", 3, "more than 3 canonical features"),
+    ];
+    for (workload, cap, want) in cases {
+        let mut req = napsu_request(dir.path(), workload, 2, ledger_arg());
+        req.options.napsu.max_features = cap;
+        let e = dpflow::synth::run::run_synth(&ctx, &req, &|_| {}).await.unwrap_err().to_string();
+        assert!(e.contains(want), "{workload}: {e}");
+    }
+    let mut req = napsu_request(dir.path(), "marginals:x1,y", 2, ledger_arg());
+    req.missing = dpflow::missing::Strategy::Adaptive;
+    let e = dpflow::synth::run::run_synth(&ctx, &req, &|_| {}).await.unwrap_err().to_string();
+    assert!(e.contains("not supported"), "{e}");
+    let status = dpflow::privacy::Ledger::open(&ledger_path).unwrap().status("toy").unwrap();
+    assert_eq!(status.spent, 0.0);
+}
+
+/// Other synthesizers draw m sets from one model and say they are not noise-aware.
+#[tokio::test]
+async fn multiple_sets_from_one_model_are_marked_not_noise_aware() {
+    let dir = tempfile::tempdir().unwrap();
+    let mut req = napsu_request(dir.path(), "all-2way", 3, None);
+    req.mechanism = dpflow::synth::run::Mechanism::Mst;
+    req.rows = Some(100);
+    req.unsafe_seed = Some(3);
+    let ctx = dpflow::io::session_context();
+    let record = dpflow::synth::run::run_synth(&ctx, &req, &|_| {}).await.unwrap();
+    assert_eq!((record.multiple, record.noise_aware, record.rows), (Some(3), Some(false), 100));
+    let n: usize = ctx.read_parquet(&req.out, Default::default()).await.unwrap().count().await.unwrap();
+    assert_eq!(n, 300);
+}

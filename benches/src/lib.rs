@@ -5,6 +5,7 @@
 
 pub mod bench_data;
 pub mod knn_experiment;
+pub mod napsu_adult;
 pub mod napsu_toy;
 pub mod pgm;
 

@@ -16,7 +16,7 @@ use serde_json::json;
 
 use dpflow::dataset::Dataset;
 use dpflow::io::session_context;
-use dpflow_bench::{bench_data, knn_experiment, napsu_toy, peak_rss_mb, pgm};
+use dpflow_bench::{bench_data, knn_experiment, napsu_adult, napsu_toy, peak_rss_mb, pgm};
 
 /// dpflow-bench: benchmark data and measurements for dpflow (not a release tool).
 #[derive(Debug, Parser)]
@@ -121,6 +121,36 @@ enum BenchCommand {
         #[arg(long, default_value_t = 0)]
         seed: u64,
     },
+    /// 003 §5.2 / App. E: NAPSU-MQ on Adult-reduced, coverage of the real-data logistic coefficients.
+    NapsuAdult {
+        /// The UCI Adult file.
+        #[arg(long, default_value = "sample_data/adult/adult.data")]
+        input: String,
+        /// ε values (comma-separated).
+        #[arg(long, value_delimiter = ',', default_value = "0.1,0.3,0.5,1")]
+        epsilon: Vec<f64>,
+        /// Repeats per ε.
+        #[arg(long, default_value_t = 20)]
+        repeats: usize,
+        /// Synthetic sets per repeat (003 App. E: 100).
+        #[arg(long, default_value_t = 100)]
+        m: usize,
+        /// Use NUTS (4 chains, 800 warm-up, 2000 draws, depth 12) instead of Laplace.
+        #[arg(long)]
+        nuts: bool,
+        /// NUTS warm-up per chain.
+        #[arg(long, default_value_t = 800)]
+        warmup: u64,
+        /// NUTS draws per chain.
+        #[arg(long, default_value_t = 2000)]
+        draws: u64,
+        /// L-BFGS iterations (003 App. D: 6000 for Adult).
+        #[arg(long, default_value_t = 6000)]
+        max_iters: u64,
+        /// Seed (simulation only).
+        #[arg(long, default_value_t = 0)]
+        seed: u64,
+    },
     /// Donor search + L1(D) timing on a bench-data file (imputes `income`).
     KnnSpeed {
         /// bench-data Parquet.
@@ -210,6 +240,11 @@ async fn run(command: BenchCommand) -> Result<()> {
         BenchCommand::NapsuToy { epsilon, repeats, n, m, seed } => {
             let r = napsu_toy::run(&epsilon, repeats, n, m, seed)?;
             println!("{}", serde_json::to_string_pretty(&json!({ "n": n, "m": m, "results": r }))?);
+        }
+        BenchCommand::NapsuAdult { input, epsilon, repeats, m, nuts, warmup, draws, max_iters, seed } => {
+            let nuts = nuts.then_some(dpflow::synth::napsu::nuts::NutsOptions { warmup, draws, ..Default::default() });
+            let r = napsu_adult::run(&input, &epsilon, repeats, m, nuts, max_iters, seed, &|m| eprintln!("{m}"))?;
+            println!("{}", serde_json::to_string_pretty(&r)?);
         }
         BenchCommand::PlainSql { input, query } => {
             let ctx = session_context();

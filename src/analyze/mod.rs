@@ -438,3 +438,31 @@ fn split_by(
     }
     Ok(out)
 }
+
+/// The combined estimates as CSV: one row per coefficient of every analysis
+/// (`analysis,term,estimate,std_error,ci_low,ci_high,df,m,rule,level`; `df`
+/// is `inf` for the normal reference).
+pub fn to_csv(results: &[Analysis]) -> String {
+    let quote =
+        |s: &str| if s.contains([',', '"', '\n']) { format!("\"{}\"", s.replace('"', "\"\"")) } else { s.into() };
+    let mut out = String::from("analysis,term,estimate,std_error,ci_low,ci_high,df,m,rule,level\n");
+    for r in results {
+        for t in &r.terms {
+            let c = &t.combined;
+            out += &format!(
+                "{},{},{},{},{},{},{},{},{},{}\n",
+                quote(&r.analysis.describe()),
+                quote(&t.term),
+                c.estimate,
+                c.std_error,
+                c.ci_low,
+                c.ci_high,
+                c.df.map_or("inf".into(), |d| format!("{d:.1}")),
+                c.m,
+                r.rule.name(),
+                r.level
+            );
+        }
+    }
+    out
+}

@@ -126,7 +126,7 @@ pub(super) async fn run(a: AnalyzeArgs) -> Result<i32> {
     let results = analyze(&sets, &analyses, &opts).await?;
     match a.format {
         AnalyzeFormat::Json => println!("{}", serde_json::to_string_pretty(&results)?),
-        AnalyzeFormat::Csv => print!("{}", csv(&results)),
+        AnalyzeFormat::Csv => print!("{}", dpflow::analyze::to_csv(&results)),
         AnalyzeFormat::Table => print!("{}", table(&results)),
     }
     Ok(0)
@@ -134,31 +134,6 @@ pub(super) async fn run(a: AnalyzeArgs) -> Result<i32> {
 
 fn df_text(df: Option<f64>) -> String {
     df.map_or("inf".into(), |d| format!("{d:.1}"))
-}
-
-fn csv(results: &[Analysis]) -> String {
-    let quote =
-        |s: &str| if s.contains([',', '"', '\n']) { format!("\"{}\"", s.replace('"', "\"\"")) } else { s.into() };
-    let mut out = String::from("analysis,term,estimate,std_error,ci_low,ci_high,df,m,rule,level\n");
-    for r in results {
-        for t in &r.terms {
-            let c = &t.combined;
-            out += &format!(
-                "{},{},{},{},{},{},{},{},{},{}\n",
-                quote(&r.analysis.describe()),
-                quote(&t.term),
-                c.estimate,
-                c.std_error,
-                c.ci_low,
-                c.ci_high,
-                df_text(c.df),
-                c.m,
-                r.rule.name(),
-                r.level
-            );
-        }
-    }
-    out
 }
 
 fn table(results: &[Analysis]) -> String {

@@ -10,24 +10,57 @@ use super::budget::BudgetSpec;
 use dpflow::dataset::Dataset;
 use dpflow::io::{session_context, write_stream};
 use dpflow::synth::SynthOptions;
+use dpflow::synth::napsu::release::NapsuOptions;
+use dpflow::synth::napsu::synthesize::Post;
 use dpflow::synth::run::{Mechanism, SavedModel, SynthRequest, run_synth, synthetic_exec};
 use dpflow_udfs::domain::DecodeMode;
 
 /// Arguments of `dpflow synth`.
 #[derive(Debug, Args)]
 pub struct SynthArgs {
-    /// Input data and its public domain.
+    /// Input data and its public domain (not with --from-record).
     #[command(flatten)]
-    pub data: InputArgs,
+    pub data: Option<InputArgs>,
     /// Synthesizer.
-    #[arg(long, value_enum)]
-    pub mechanism: Mechanism,
+    #[arg(long, value_enum, required_unless_present = "from_record")]
+    pub mechanism: Option<Mechanism>,
     /// Budget of this release.
     #[command(flatten)]
     pub budget: BudgetSpec,
-    /// Workload: all-Kway[:max-cells=N], target:COL, skewed[:seed=S], file:PATH.
+    /// Workload: all-Kway[:max-cells=N], target:COL, skewed[:seed=S], file:PATH, marginals:a,b;b,c.
     #[arg(long, default_value = "all-3way")]
     pub workload: String,
+    /// The marginals NAPSU-MQ measures, e.g. 'age,income; race,income' (same as --workload marginals:...).
+    #[arg(long, conflicts_with = "from_record")]
+    pub queries: Option<String>,
+    /// Synthetic sets to write, in one file with a `_set` column (1..m) when m > 1. napsu-mq draws
+    /// each from its own posterior sample (noise-aware: analyse with `dpflow analyze`); the other
+    /// mechanisms draw all m from one model, and the record says they are not noise-aware.
+    #[arg(long, default_value_t = 1)]
+    pub multiple: usize,
+    /// napsu-mq: posterior inference (laplace: seconds; nuts: exact up to Monte Carlo error).
+    #[arg(long, value_enum, default_value_t)]
+    pub inference: dpflow::synth::napsu::release::Inference,
+    /// napsu-mq: most canonical features (parameters) allowed.
+    #[arg(long, default_value_t = 1000)]
+    pub max_features: usize,
+    /// napsu-mq: NUTS chains (each on its own thread).
+    #[arg(long, default_value_t = 4)]
+    pub nuts_chains: usize,
+    /// napsu-mq: NUTS warm-up draws per chain.
+    #[arg(long, default_value_t = 800)]
+    pub nuts_warmup: u64,
+    /// napsu-mq: NUTS kept draws per chain.
+    #[arg(long, default_value_t = 2000)]
+    pub nuts_draws: u64,
+    /// napsu-mq: publish NUTS draws even when R̂ > 1.05 (post-processing, so it is safe, but the
+    /// intervals may be wrong).
+    #[arg(long)]
+    pub allow_unconverged: bool,
+    /// napsu-mq: re-run inference and generation on the noisy statistics saved in this release
+    /// record, with the settings given here. Reads no data and spends nothing.
+    #[arg(long, conflicts_with_all = ["ledger", "dataset", "epsilon", "delta", "rho", "mechanism"])]
+    pub from_record: Option<String>,
     /// Rows to generate (default: the model's noisy estimate of the row count).
     #[arg(long)]
     pub rows: Option<u64>,
@@ -97,20 +130,76 @@ fn spinner() -> ProgressBar {
     pb
 }
 
+fn napsu_options(a: &SynthArgs) -> NapsuOptions {
+    NapsuOptions {
+        inference: a.inference,
+        max_features: a.max_features,
+        allow_unconverged: a.allow_unconverged,
+        nuts: dpflow::synth::napsu::nuts::NutsOptions {
+            chains: a.nuts_chains,
+            warmup: a.nuts_warmup,
+            draws: a.nuts_draws,
+            ..Default::default()
+        },
+        ..Default::default()
+    }
+}
+
+/// `--from-record`: post-processing only.
+async fn from_record(a: &SynthArgs, path: &str) -> Result<i32> {
+    if a.data.is_some() {
+        anyhow::bail!("--from-record reads no data: drop --input and --domain");
+    }
+    let options = napsu_options(a);
+    let post = Post {
+        out: &a.out,
+        rows: a.rows,
+        multiple: a.multiple,
+        options: &options,
+        decode: if a.midpoints { DecodeMode::Midpoint } else { DecodeMode::Uniform },
+        unsafe_seed: a.unsafe_seed,
+    };
+    let pb = spinner();
+    let ctx = session_context();
+    let progress = |m: &str| {
+        log::info!("{m}");
+        pb.set_message(m.to_string());
+    };
+    let record =
+        dpflow::synth::napsu::synthesize::from_record(&ctx, path, a.record_out.as_deref(), &post, &progress).await;
+    pb.finish_and_clear();
+    let record = record?;
+    eprintln!(
+        "napsu-mq (from {path}, spent nothing): wrote {} set(s) of {} rows to {} (inference {:.1}s, generation {:.1}s)",
+        a.multiple, record.rows, a.out, record.seconds.fit, record.seconds.generate
+    );
+    Ok(0)
+}
+
 pub(super) async fn run(a: SynthArgs) -> Result<i32> {
+    if let Some(path) = a.from_record.clone() {
+        return from_record(&a, &path).await;
+    }
+    let (Some(data), Some(mechanism)) = (&a.data, a.mechanism) else {
+        anyhow::bail!("give the data (--input and --domain) and --mechanism, or --from-record FILE");
+    };
     if a.unsafe_seed.is_some() {
         eprintln!("WARNING: --unsafe-seed makes the noise reproducible: this output is NOT differentially private.");
     }
     if a.ledger.is_none() {
         eprintln!("note: no --ledger given: this release's privacy cost is not recorded in a budget ledger.");
     }
-    let dataset = a.data.open(a.dataset.as_deref().unwrap_or("data"))?;
+    let dataset = data.open(a.dataset.as_deref().unwrap_or("data"))?;
     let budget = a.budget.budget()?;
+    let workload = match &a.queries {
+        Some(q) => format!("marginals:{q}"),
+        None => a.workload.clone(),
+    };
     let req = SynthRequest {
         dataset,
-        mechanism: a.mechanism,
+        mechanism,
         budget,
-        workload: a.workload.clone(),
+        workload,
         rows: a.rows,
         out: a.out.clone(),
         model_out: a.model_out.clone(),
@@ -124,6 +213,8 @@ pub(super) async fn run(a: SynthArgs) -> Result<i32> {
             confidence: a.confidence,
             rounds: a.rounds,
             degree: a.degree,
+            multiple: a.multiple,
+            napsu: napsu_options(&a),
         },
         decode: if a.midpoints { DecodeMode::Midpoint } else { DecodeMode::Uniform },
         missing: a.missing,
@@ -154,10 +245,37 @@ pub(super) async fn run(a: SynthArgs) -> Result<i32> {
         (Some(e), Some(s)) => format!("ε spent {s:.6} of {e:.6}"),
         _ => format!("ρ spent {:.6} of {:.6}", record.rho_spent, record.rho),
     };
+    let sets = match record.multiple {
+        Some(m) => format!("{m} sets of {} rows", record.rows),
+        None => format!("{} rows", record.rows),
+    };
     eprintln!(
-        "{}: wrote {} rows to {} ({spent}; missing: {}; fit {:.1}s, generation {:.1}s)",
-        record.mechanism, record.rows, a.out, record.missing, record.seconds.fit, record.seconds.generate
+        "{}: wrote {sets} to {} ({spent}; missing: {}; fit {:.1}s, generation {:.1}s)",
+        record.mechanism, a.out, record.missing, record.seconds.fit, record.seconds.generate
     );
+    if record.noise_aware == Some(true) {
+        eprintln!(
+            "the sets are noise-aware: analyse them with `dpflow analyze {} --set-column _set --logistic FORMULA` (or \
+             --ols, --mean, --proportion)",
+            a.out
+        );
+    }
+    if record.noise_aware == Some(false) {
+        eprintln!(
+            "note: the {} sets come from one model: they are not noise-aware, and intervals combined across them \
+             ignore the DP noise (napsu-mq's sets are noise-aware)",
+            record.multiple.unwrap_or(1)
+        );
+    }
+    if let Some(i) = record.napsu.as_ref().and_then(|n| n.inference.as_ref())
+        && let Some(r) = i.max_rhat
+    {
+        eprintln!(
+            "NUTS: largest R̂ {r:.3}, smallest ESS {:.0}, {} divergences",
+            i.min_ess.unwrap_or(f64::NAN),
+            i.divergences.unwrap_or(0)
+        );
+    }
     if let Some(amp) = &record.amplification {
         eprintln!(
             "ground truth under MCAR: ε̄ = {:.4} (nominal {:.4}, δ = {:.1e}; paper-style factor {:.3})",

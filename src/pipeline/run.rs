@@ -259,7 +259,7 @@ impl Pipeline {
                     (
                         "synthesize",
                         vec![MechanismRecord {
-                            mechanism: format!("{mechanism:?}").to_lowercase(),
+                            mechanism: mechanism.synthesizer(&Default::default()).name().to_string(),
                             target: format!("synthetic data ({name})"),
                             sensitivity: None,
                             noise: None,
@@ -273,6 +273,8 @@ impl Pipeline {
                     crate::impute::planned_records(spec, *estimator).map_err(|e| step_error(name, e.into()))?,
                 ),
                 Step::Evaluate { .. } => ("evaluate", vec![]),
+                // Post-processing of a synthesize step's output.
+                Step::Analyze { .. } => ("analyze", vec![]),
             };
             for m in &mechanisms {
                 filter.charge(&m.loss).map_err(|source| PipelineError::OverBudget {
@@ -419,6 +421,7 @@ impl Pipeline {
             .map_err(|e| PipelineError::Tables { file: self.path.display().to_string(), source: e.into() })?;
         let mut records = Vec::new();
         let mut synth_outputs: std::collections::HashMap<String, String> = Default::default();
+        let mut synth_sets: std::collections::HashMap<String, (Option<String>, bool)> = Default::default();
         for step in &self.steps {
             let t = Instant::now();
             progress(&format!("step {}", step.name()));
@@ -449,7 +452,17 @@ impl Pipeline {
                     iters,
                     max_model_size,
                     missing,
+                    multiple,
+                    napsu,
                 } => {
+                    let is_napsu = *mechanism == crate::synth::run::Mechanism::NapsuMq;
+                    // napsu-mq saves its noisy statistics (published with the release); the
+                    // others' records live in the pipeline's step record.
+                    let record_out = if is_napsu {
+                        join(&loc.staging, &super::spec::napsu_record_name(output))
+                    } else {
+                        String::new()
+                    };
                     let req = crate::synth::run::SynthRequest {
                         dataset: self.dataset()?,
                         mechanism: *mechanism,
@@ -458,13 +471,15 @@ impl Pipeline {
                         rows: *rows,
                         out: join(&loc.staging, output),
                         model_out: model_output.as_ref().map(|m| join(&loc.staging, m)),
-                        record_out: Some(String::new()),
+                        record_out: Some(record_out),
                         ledger: None,
                         release_id: None,
                         unsafe_seed: opts.unsafe_seed,
                         options: crate::synth::SynthOptions {
                             iters: *iters,
                             max_model_mb: *max_model_size,
+                            multiple: *multiple,
+                            napsu: napsu.clone(),
                             ..Default::default()
                         },
                         decode: Default::default(),
@@ -477,11 +492,17 @@ impl Pipeline {
                         .map_err(|e| step_error(name, e.into()))?;
                     let mut outs = vec![output.clone()];
                     outs.extend(model_output.iter().cloned());
+                    if is_napsu {
+                        outs.push(super::spec::napsu_record_name(output));
+                    }
                     synth_outputs.insert(name.clone(), join(&loc.staging, output));
+                    synth_sets.insert(name.clone(), (rec.set_column.clone(), rec.noise_aware.unwrap_or(false)));
                     records.push(serde_json::json!({
                         "step": name, "kind": "synthesize", "mechanism": rec.mechanism, "rho": rec.rho,
                         "rho_spent": rec.rho_spent, "rows": rec.rows, "mechanisms": rec.mechanisms,
                         "measurements": rec.fit.measurements, "error_bounds": rec.fit.error_bounds,
+                        "multiple": rec.multiple, "noise_aware": rec.noise_aware, "set_column": rec.set_column,
+                        "inference": rec.napsu.as_ref().and_then(|n| n.inference.clone()),
                         "outputs": outs, "seconds": t.elapsed().as_secs_f64(),
                     }));
                 }
@@ -502,6 +523,35 @@ impl Pipeline {
                     records.push(serde_json::json!({
                         "step": name, "kind": "impute", "estimator": estimator, "mechanisms": mechanisms,
                         "note": "statistics of kNN-imputed data with smooth-sensitivity noise (004); the imputed rows are not released",
+                        "outputs": [output], "seconds": t.elapsed().as_secs_f64(),
+                    }));
+                }
+                Step::Analyze { name, synthetic, analyses, level, output } => {
+                    let location = synth_outputs.get(synthetic).ok_or_else(|| PipelineError::UnknownSynthetic {
+                        step: name.clone(),
+                        synthetic: synthetic.clone(),
+                    })?;
+                    let (set_column, noise_aware) = synth_sets.get(synthetic).cloned().unwrap_or_default();
+                    let sets = match set_column {
+                        Some(column) => crate::analyze::Sets::Column { location: location.clone(), column },
+                        None => crate::analyze::Sets::Locations(vec![location.clone()]),
+                    };
+                    let options = crate::analyze::Options { alpha: 1.0 - level, ..Default::default() };
+                    let results = crate::analyze::analyze(&sets, analyses, &options)
+                        .await
+                        .map_err(|e| step_error(name, e.into()))?;
+                    let csv = crate::analyze::to_csv(&results);
+                    write_bytes(ctx, &join(&loc.staging, output), csv.into_bytes()).await?;
+                    records.push(serde_json::json!({
+                        "step": name, "kind": "analyze", "synthetic": synthetic, "analyses": analyses,
+                        "rule": results.first().map(|r| r.rule.name()), "level": level,
+                        "noise_aware": noise_aware,
+                        "note": if noise_aware {
+                            "estimates combined across noise-aware synthetic sets (post-processing: no budget)"
+                        } else {
+                            "NOT noise-aware: the sets come from one model, so these intervals ignore the DP noise \
+                             (use mechanism napsu-mq with multiple > 1 for valid intervals); post-processing: no budget"
+                        },
                         "outputs": [output], "seconds": t.elapsed().as_secs_f64(),
                     }));
                 }

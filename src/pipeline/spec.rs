@@ -73,6 +73,21 @@ enum RawStep {
     Synthesize(RawSynth),
     Impute(RawImpute),
     Evaluate(RawEval),
+    Analyze(RawAnalyze),
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct RawAnalyze {
+    name: String,
+    /// The synthesize step whose output is analysed.
+    synthetic: String,
+    analyses: Vec<crate::analyze::AnalysisSpec>,
+    /// Interval coverage (default 0.95).
+    #[serde(default)]
+    level: Option<f64>,
+    /// Output CSV (relative; published with the release).
+    output: String,
 }
 
 #[derive(Debug, Deserialize)]
@@ -118,6 +133,31 @@ struct RawSynth {
     /// Missing-data strategy (reproduce, complete-row, adaptive, impute-first:METHOD).
     #[serde(default)]
     missing: Option<String>,
+    /// The marginals NAPSU-MQ measures (`a,b; b,c`): the workload `marginals:a,b; b,c`.
+    #[serde(default)]
+    queries: Option<String>,
+    /// Synthetic sets in the output (a `_set` column when more than one).
+    #[serde(default = "one_set")]
+    multiple: usize,
+    /// NAPSU-MQ inference: laplace (default) or nuts.
+    #[serde(default)]
+    inference: Option<crate::synth::napsu::release::Inference>,
+    /// NAPSU-MQ's cap on canonical features.
+    #[serde(default)]
+    max_features: Option<usize>,
+    /// NAPSU-MQ: publish NUTS draws with R̂ over 1.05.
+    #[serde(default)]
+    allow_unconverged: bool,
+}
+
+fn one_set() -> usize {
+    1
+}
+
+/// Where a napsu-mq step's release record (its noisy statistics) goes,
+/// next to its output.
+pub fn napsu_record_name(output: &str) -> String {
+    format!("{output}.napsu.json")
 }
 
 fn default_workload() -> String {
@@ -177,6 +217,24 @@ pub enum Step {
         max_model_size: f64,
         /// Missing-data strategy.
         missing: crate::missing::Strategy,
+        /// Synthetic sets (m).
+        multiple: usize,
+        /// NAPSU-MQ's inference settings.
+        napsu: crate::synth::napsu::release::NapsuOptions,
+    },
+    /// Estimates combined across a synthesize step's sets (post-processing:
+    /// no budget of its own).
+    Analyze {
+        /// Step name.
+        name: String,
+        /// Name of the synthesize step analysed.
+        synthetic: String,
+        /// The analyses.
+        analyses: Vec<crate::analyze::AnalysisSpec>,
+        /// Interval coverage.
+        level: f64,
+        /// Output CSV (relative).
+        output: String,
     },
     /// DP statistics on kNN-imputed data (004): the imputed rows are never published.
     Impute {
@@ -209,7 +267,8 @@ impl Step {
             Step::Sql { name, .. }
             | Step::Synthesize { name, .. }
             | Step::Impute { name, .. }
-            | Step::Evaluate { name, .. } => name,
+            | Step::Evaluate { name, .. }
+            | Step::Analyze { name, .. } => name,
         }
     }
 }
@@ -457,6 +516,18 @@ impl Pipeline {
                     }
                 }
                 RawStep::Synthesize(x) => {
+                    // Synthesizers bound one row's influence, not a person's.
+                    if let Some(u) = d.privacy_unit.as_ref().filter(|u| u.value != "row") {
+                        return Err(err(
+                            l,
+                            &key("synthesize"),
+                            format!(
+                                "the dataset's privacy unit is the column {:?}, but synthesizers bound one row's \
+                                 influence: synthesize from a dataset with one row per person (privacy_unit: row)",
+                                u.value
+                            ),
+                        ));
+                    }
                     let b = x.budget.budget("budget").map_err(|e| err(l, &key("synthesize.budget"), e.to_string()))?;
                     let pure = matches!(
                         x.mechanism,
@@ -475,12 +546,71 @@ impl Pipeline {
                             .parse::<crate::missing::Strategy>()
                             .map_err(|e| err(l, &key("synthesize.missing"), e.to_string()))?,
                     };
-                    crate::synth::Workload::parse(&x.workload, &spec.domain)
-                        .map_err(|e| err(l, &key("synthesize.workload"), chain(&e)))?;
+                    let workload = match &x.queries {
+                        Some(q) => format!("marginals:{q}"),
+                        None => x.workload.clone(),
+                    };
+                    let field = if x.queries.is_some() { "synthesize.queries" } else { "synthesize.workload" };
+                    let parsed = crate::synth::Workload::parse(&workload, &spec.domain)
+                        .map_err(|e| err(l, &key(field), chain(&e)))?;
+                    if x.multiple == 0 || x.multiple > crate::synth::run::MAX_SETS {
+                        return Err(err(
+                            l,
+                            &key("synthesize.multiple"),
+                            format!("must be between 1 and {}", crate::synth::run::MAX_SETS),
+                        ));
+                    }
+                    if x.multiple > 1 && spec.domain.position(crate::synth::run::SET_COLUMN).is_some() {
+                        return Err(err(
+                            l,
+                            &key("synthesize.multiple"),
+                            "the domain has a column named _set, which numbers the sets; rename it".into(),
+                        ));
+                    }
+                    let mut napsu = crate::synth::napsu::release::NapsuOptions {
+                        inference: x.inference.unwrap_or_default(),
+                        allow_unconverged: x.allow_unconverged,
+                        ..Default::default()
+                    };
+                    if let Some(cap) = x.max_features {
+                        napsu.max_features = cap;
+                    }
+                    if x.mechanism == crate::synth::run::Mechanism::NapsuMq {
+                        // NAPSU-MQ's public inputs are checked here, before the release is charged.
+                        if x.model_output.is_some() {
+                            return Err(err(
+                                l,
+                                &key("synthesize.model_output"),
+                                "napsu-mq has no single model: its noisy statistics are published beside the output"
+                                    .into(),
+                            ));
+                        }
+                        if !matches!(
+                            missing,
+                            crate::missing::Strategy::Reproduce | crate::missing::Strategy::CompleteRow
+                        ) {
+                            return Err(err(
+                                l,
+                                &key("synthesize.missing"),
+                                "napsu-mq supports reproduce and complete-row".into(),
+                            ));
+                        }
+                        let model_domain =
+                            if missing.models_nulls() { spec.domain.clone() } else { spec.domain.without_nulls() };
+                        let scopes: Vec<Vec<usize>> = parsed.queries.iter().map(|q| q.attrs.clone()).collect();
+                        crate::synth::napsu::release::max_ent(&model_domain, &scopes, napsu.max_features)
+                            .map_err(|e| err(l, &key(field), e.to_string()))?;
+                    } else if x.queries.is_some() || x.inference.is_some() || x.max_features.is_some() {
+                        return Err(err(
+                            l,
+                            &key("synthesize.queries"),
+                            "queries, inference and max_features are napsu-mq settings".into(),
+                        ));
+                    }
                     Step::Synthesize {
                         name: x.name.clone(),
                         mechanism: x.mechanism,
-                        workload: x.workload.clone(),
+                        workload,
                         rows: x.rows,
                         budget: b,
                         output: x.output.clone(),
@@ -488,6 +618,34 @@ impl Pipeline {
                         iters: x.iters,
                         max_model_size: x.max_model_size,
                         missing,
+                        multiple: x.multiple,
+                        napsu,
+                    }
+                }
+                RawStep::Analyze(x) => {
+                    let level = x.level.unwrap_or(0.95);
+                    if !(level > 0.0 && level < 1.0) {
+                        return Err(err(l, &key("analyze.level"), format!("{level} must be between 0 and 1")));
+                    }
+                    if x.analyses.is_empty() {
+                        return Err(err(l, &key("analyze.analyses"), "give at least one analysis".into()));
+                    }
+                    let synthesized = steps
+                        .iter()
+                        .any(|st: &Step| matches!(st, Step::Synthesize { name, .. } if *name == x.synthetic));
+                    if !synthesized {
+                        return Err(err(
+                            l,
+                            &key("analyze.synthetic"),
+                            format!("{:?} is not the name of an earlier synthesize step", x.synthetic),
+                        ));
+                    }
+                    Step::Analyze {
+                        name: x.name.clone(),
+                        synthetic: x.synthetic.clone(),
+                        analyses: x.analyses.clone(),
+                        level,
+                        output: x.output.clone(),
                     }
                 }
                 RawStep::Impute(x) => {
@@ -550,16 +708,22 @@ impl Pipeline {
                     }
                 }
             };
-            let outputs: Vec<(&str, &String)> = match &step {
-                Step::Sql { output, .. } | Step::Impute { output, .. } => vec![("output", output)],
-                Step::Synthesize { output, model_output, .. } => {
-                    let mut v = vec![("output", output)];
-                    v.extend(model_output.iter().map(|m| ("model_output", m)));
+            let outputs: Vec<(&str, String)> = match &step {
+                Step::Sql { output, .. } | Step::Impute { output, .. } | Step::Analyze { output, .. } => {
+                    vec![("output", output.clone())]
+                }
+                Step::Synthesize { output, model_output, mechanism, .. } => {
+                    let mut v = vec![("output", output.clone())];
+                    v.extend(model_output.iter().map(|m| ("model_output", m.clone())));
+                    if *mechanism == crate::synth::run::Mechanism::NapsuMq {
+                        // Its noisy statistics are published beside the sets.
+                        v.push(("output", napsu_record_name(output)));
+                    }
                     v
                 }
                 Step::Evaluate { .. } => vec![],
             };
-            for (k, o) in outputs {
+            for (k, o) in &outputs {
                 // Two outputs must not be one file, or a file and a directory above another.
                 let clash = all_outputs.iter().find(|other: &&String| {
                     *other == o || o.starts_with(&format!("{other}/")) || other.starts_with(&format!("{o}/"))
@@ -573,6 +737,7 @@ impl Pipeline {
                         RawStep::Synthesize(_) => "synthesize",
                         RawStep::Impute(_) => "impute",
                         RawStep::Evaluate(_) => "evaluate",
+                        RawStep::Analyze(_) => "analyze",
                     };
                     return Err(err(l, &key(&format!("{kind}.{k}")), format!("{o:?}: {why}")));
                 }

@@ -64,6 +64,22 @@ pub enum SynthError {
         /// The column.
         column: String,
     },
+    /// A `marginals:` workload naming a column twice in one marginal.
+    #[error("workload {spec:?}: a marginal names column {column:?} twice")]
+    WorkloadRepeat {
+        /// The workload spec.
+        spec: String,
+        /// The column.
+        column: String,
+    },
+    /// A `marginals:` workload giving the same marginal twice.
+    #[error("workload {spec:?}: the marginal {marginal:?} is given twice (in some order); list each once")]
+    WorkloadDuplicate {
+        /// The workload spec.
+        spec: String,
+        /// The marginal as written.
+        marginal: String,
+    },
     /// A workload file that cannot be read.
     #[error("reading workload file {path}")]
     ReadWorkload {
@@ -99,7 +115,10 @@ pub enum SynthError {
         entry: usize,
     },
     /// An unknown workload spec.
-    #[error("unknown workload {0:?} (use all-Kway[:max-cells=N], target:COL, skewed[:seed=S] or file:PATH)")]
+    #[error(
+        "unknown workload {0:?} (use all-Kway[:max-cells=N], target:COL, skewed[:seed=S], file:PATH or \
+         marginals:a,b;b,c)"
+    )]
     UnknownWorkload(String),
     /// A workload without marginals.
     #[error("workload {0:?} has no marginals (is max-cells too small?)")]
@@ -219,6 +238,93 @@ pub enum SynthError {
     /// The OS random source.
     #[error(transparent)]
     Rng(#[from] getrandom_error::Error),
+    /// `--multiple` out of range.
+    #[error("--multiple must be between 1 and 10000 (the number of synthetic sets to write)")]
+    NoSets,
+    /// A ledger dataset whose privacy unit is not a row.
+    #[error(
+        "dataset {dataset} counts people by the column {unit:?}, but synthesizers bound one row's influence; \
+         synthesize from a table with one row per person, in a ledger dataset whose unit is row"
+    )]
+    PrivacyUnit {
+        /// The ledger dataset.
+        dataset: String,
+        /// Its unit.
+        unit: String,
+    },
+    /// A release id whose earlier run stopped after reserving.
+    #[error(
+        "release {release_id} has a reservation (charge #{charge}) left by an earlier run that stopped: that run may \
+         have released, so it is not run again under the same charge. Settle it with `dpflow budget resolve` (as \
+         failed: it stays spent) and run with a new --release-id"
+    )]
+    ResumedRelease {
+        /// The release id.
+        release_id: String,
+        /// The charge.
+        charge: i64,
+    },
+    /// napsu-mq with `--model-out`.
+    #[error(
+        "napsu-mq has no single model to save: its m sets come from m posterior draws, and the release record keeps \
+         the noisy statistics they are drawn from (re-use them with --from-record); drop --model-out"
+    )]
+    NapsuModelOut,
+    /// A domain with a column named like the set column.
+    #[error("the domain has a column named _set, which numbers the sets of a --multiple run; rename that column")]
+    SetColumnTaken,
+    /// NAPSU-MQ's model, measurement or post-processing.
+    #[error(transparent)]
+    Napsu(#[from] super::napsu::NapsuError),
+    /// NAPSU-MQ inference that failed after the statistics were released
+    /// and saved: post-processing, so its cause is safe to show.
+    #[error(
+        "{source}\nthe release's noisy statistics are saved in {record}; nothing else was published. Re-run \
+         inference with other settings for free: dpflow synth --from-record {record} --out PATH [--inference nuts] \
+         [--max-features N]"
+    )]
+    NapsuInference {
+        /// The release record holding the statistics.
+        record: String,
+        /// What failed.
+        source: super::napsu::NapsuError,
+    },
+    /// A missing-data strategy NAPSU-MQ does not support.
+    #[error(
+        "napsu-mq models nulls as a value (--missing reproduce) or drops incomplete rows (--missing complete-row); \
+         {0} is not supported"
+    )]
+    NapsuMissing(String),
+    /// NAPSU-MQ without a place for its noisy statistics.
+    #[error(
+        "napsu-mq saves its noisy statistics in the release record before inference; give --record-out PATH (it \
+         cannot be empty)"
+    )]
+    NapsuNeedsRecord,
+    /// A record without NAPSU-MQ statistics given to `--from-record`.
+    #[error(
+        "{path}: not a napsu-mq release record (it has no noisy statistics); --from-record reads the record that dpflow synth --mechanism napsu-mq wrote"
+    )]
+    NotNapsuRecord {
+        /// The file.
+        path: String,
+    },
+    /// A release record that cannot be read.
+    #[error("reading release record {path}")]
+    ReadRecord {
+        /// The location.
+        path: String,
+        /// Why.
+        source: Box<IoError>,
+    },
+    /// A release record that is not JSON of the expected shape.
+    #[error("{path}: not a dpflow synthesis release record")]
+    NotARecord {
+        /// The location.
+        path: String,
+        /// Why.
+        source: serde_json::Error,
+    },
     /// A run that failed after reading protected data (charged, cause withheld).
     #[error(transparent)]
     Failed(#[from] FailureError),

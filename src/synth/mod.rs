@@ -76,11 +76,25 @@ pub struct SynthOptions {
     pub rounds: Option<usize>,
     /// PrivBayes degree k.
     pub degree: usize,
+    /// Synthetic sets to write (m ≥ 1). NAPSU-MQ draws each from its own
+    /// posterior sample (noise-aware); the other synthesizers draw all m
+    /// from their one model (not noise-aware).
+    pub multiple: usize,
+    /// NAPSU-MQ's inference settings.
+    pub napsu: napsu::release::NapsuOptions,
 }
 
 impl Default for SynthOptions {
     fn default() -> Self {
-        Self { iters: 1000, max_model_mb: 80.0, confidence: 0.95, rounds: None, degree: 2 }
+        Self {
+            iters: 1000,
+            max_model_mb: 80.0,
+            confidence: 0.95,
+            rounds: None,
+            degree: 2,
+            multiple: 1,
+            napsu: Default::default(),
+        }
     }
 }
 

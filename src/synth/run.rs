@@ -40,6 +40,11 @@ pub enum Mechanism {
     Privbayes,
     /// PrivBayes's noisy marginals estimated with Private-PGM.
     PrivbayesPgm,
+    /// NAPSU-MQ (003 Alg. 1): the workload's marginals measured once, a
+    /// posterior over the max-entropy model, each synthetic set from its
+    /// own posterior draw (noise-aware multiple synthesis).
+    #[serde(rename = "napsu-mq")]
+    NapsuMq,
 }
 
 impl Mechanism {
@@ -53,6 +58,7 @@ impl Mechanism {
             Mechanism::Independent => Box::new(super::independent::Independent),
             Mechanism::Privbayes => Box::new(pb(false)),
             Mechanism::PrivbayesPgm => Box::new(pb(true)),
+            Mechanism::NapsuMq => Box::new(super::napsu::synthesize::NapsuMq),
         }
     }
 }
@@ -137,6 +143,67 @@ pub fn synthetic_exec(plan: SamplingPlan, rows: u64, seed: u64) -> Result<Arc<dy
     Ok(Arc::new(exec))
 }
 
+/// The column that numbers the sets (1..=m) when a run writes several.
+pub const SET_COLUMN: &str = "_set";
+
+/// Streams synthetic sets of `rows` rows each, one per plan, to `out`. One
+/// plan writes the domain's columns only; several write one file whose
+/// last column, [`SET_COLUMN`] (Int32, 1..=m), says which set a row
+/// belongs to (`dpflow analyze --set-column _set` reads it). One file
+/// rather than m: one location to publish, stage and check in a pipeline,
+/// and the sets still stream one after the other.
+pub async fn write_sets(
+    ctx: &SessionContext,
+    plans: Vec<SamplingPlan>,
+    rows: u64,
+    out: &str,
+    seed: u64,
+    na_rules: Vec<crate::domain::NotApplicable>,
+) -> Result<u64> {
+    use datafusion::arrow::array::{ArrayRef, Int32Array};
+    use datafusion::arrow::datatypes::{DataType, Field, Schema};
+    use datafusion::arrow::record_batch::RecordBatch;
+    use datafusion::physical_plan::stream::RecordBatchStreamAdapter;
+    use futures::StreamExt;
+
+    let m = plans.len();
+    let mut streams = Vec::with_capacity(m);
+    for (i, plan) in plans.into_iter().enumerate() {
+        // Distinct, reproducible per-set seeds from the one seed.
+        let set_seed = seed.wrapping_add((i as u64).wrapping_mul(0x9E37_79B9_7F4A_7C15));
+        let exec = synthetic_exec(plan, rows, set_seed)?;
+        let stream = datafusion::physical_plan::execute_stream(exec, ctx.task_ctx())
+            .map_err(|source| SynthError::Generate { source })?;
+        streams.push(super::structure::enforce_stream(na_rules.clone(), stream));
+    }
+    let Some(first) = streams.first() else {
+        return Err(SynthError::NoSets);
+    };
+    if m == 1 {
+        return Ok(write_stream(ctx, out, streams.remove(0)).await?);
+    }
+    let inner = first.schema();
+    if inner.field_with_name(SET_COLUMN).is_ok() {
+        return Err(SynthError::SetColumnTaken);
+    }
+    let mut fields: Vec<Field> = inner.fields().iter().map(|f| f.as_ref().clone()).collect();
+    fields.push(Field::new(SET_COLUMN, DataType::Int32, false));
+    let schema = Arc::new(Schema::new(fields));
+    let out_schema = schema.clone();
+    let tagged = futures::stream::iter(streams.into_iter().enumerate()).flat_map(move |(i, s)| {
+        let schema = out_schema.clone();
+        s.map(move |batch| {
+            let batch = batch?;
+            let set: ArrayRef = Arc::new(Int32Array::from_value(i as i32 + 1, batch.num_rows()));
+            let mut columns = batch.columns().to_vec();
+            columns.push(set);
+            Ok(RecordBatch::try_new(schema.clone(), columns)?)
+        })
+    });
+    let stream = Box::pin(RecordBatchStreamAdapter::new(schema, tagged));
+    Ok(write_stream(ctx, out, stream).await?)
+}
+
 /// The inputs of one synthesis run.
 #[derive(Debug, Clone)]
 pub struct SynthRequest {
@@ -207,7 +274,7 @@ pub struct SynthRecord {
     pub amplification_note: Option<String>,
     /// Workload spec.
     pub workload: String,
-    /// Rows written.
+    /// Rows written (per set, when there are several).
     pub rows: u64,
     /// Every mechanism invocation with its noise scale and loss.
     pub mechanisms: Vec<MechanismRecord>,
@@ -223,6 +290,21 @@ pub struct SynthRecord {
     /// Ledger charge, if any.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub ledger_charge: Option<i64>,
+    /// Synthetic sets written (absent: one).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub multiple: Option<usize>,
+    /// With several sets: whether each set reflects the uncertainty of the
+    /// DP noise (NAPSU-MQ: each set from its own posterior draw), so
+    /// Rubin's rules give valid intervals; `false` for m sets from one model.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub noise_aware: Option<bool>,
+    /// The column numbering the sets, when there are several.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub set_column: Option<String>,
+    /// NAPSU-MQ: the noisy statistics (saved before inference) and what
+    /// inference did.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub napsu: Option<super::napsu::synthesize::NapsuRecord>,
 }
 
 /// Timing of the phases.
@@ -335,7 +417,7 @@ pub(crate) async fn exact_answers_from(
     Ok((answers, rows))
 }
 
-fn rho_of(budget: &Budget) -> Result<f64> {
+pub(crate) fn rho_of(budget: &Budget) -> Result<f64> {
     budget.as_rho().ok_or(SynthError::NotZcdp)
 }
 
@@ -538,6 +620,10 @@ fn argmax(v: &[f64]) -> u32 {
 /// Runs a synthesis request end to end.
 pub async fn run_synth(ctx: &SessionContext, req: &SynthRequest, progress: &dyn Fn(&str)) -> Result<SynthRecord> {
     budget_check(&req.budget)?;
+    check_sets(req)?;
+    if req.mechanism == Mechanism::NapsuMq {
+        return super::napsu::synthesize::run(ctx, req, progress).await;
+    }
     let synth = req.mechanism.synthesizer(&req.options);
     let budget = fit_share(&req.budget, synth.pure_dp())?;
     let mut rng = DpRng::new(req.unsafe_seed)?;
@@ -560,30 +646,7 @@ pub async fn run_synth(ctx: &SessionContext, req: &SynthRequest, progress: &dyn 
         return Err(SynthError::DpReadRefused { dataset: req.dataset.name.clone(), why });
     }
     // Reserve the whole release budget in the ledger before touching data.
-    let mut ledger_state = None;
-    if let Some((file, ds)) = &req.ledger {
-        let mut ledger = Ledger::open(file)?;
-        let release_id = req
-            .release_id
-            .clone()
-            .unwrap_or_else(|| format!("synth-{}", chrono::Utc::now().format("%Y%m%dT%H%M%S%.3fZ")));
-        let record = MechanismRecord {
-            mechanism: synth.name().to_string(),
-            target: format!("synthetic data of {}", req.dataset.name),
-            sensitivity: None,
-            noise: None,
-            loss: budget.loss(),
-            params: serde_json::json!({ "workload": req.workload, "missing": req.missing.to_string() }),
-        };
-        let r = ledger.reserve(ds, &release_id, &[record], None)?;
-        progress(&format!(
-            "ledger: reserved {:.6} as charge #{} ({:.6} left)",
-            budget.amount(),
-            r.charge_id,
-            r.remaining
-        ));
-        ledger_state = Some((ledger, r.charge_id));
-    }
+    let mut ledger_state = reserve(req, synth.name(), budget, progress)?;
 
     // From here on protected data is read: every outcome is a release, so a
     // failure is charged (status `failed`) and reported without its cause
@@ -660,11 +723,9 @@ pub async fn run_synth(ctx: &SessionContext, req: &SynthRequest, progress: &dyn 
                 rand::Rng::next_u64(&mut r)
             }
         };
-        let exec = synthetic_exec(plan, rows, seed)?;
-        let stream = datafusion::physical_plan::execute_stream(exec, ctx.task_ctx())
-            .map_err(|source| SynthError::Generate { source })?;
-        let stream = super::structure::enforce_stream(na_rules, stream);
-        let written = write_stream(ctx, &req.out, stream).await?;
+        // m sets from the one model: not noise-aware (the record says so).
+        let written = write_sets(ctx, vec![plan; req.options.multiple], rows, &req.out, seed, na_rules).await?;
+        let written = written / req.options.multiple as u64;
         let mut outputs = vec![req.out.clone()];
         if let Some(mo) = &req.model_out {
             let saved = SavedModel {
@@ -731,6 +792,10 @@ pub async fn run_synth(ctx: &SessionContext, req: &SynthRequest, progress: &dyn 
         seconds,
         unsafe_seed: req.unsafe_seed,
         ledger_charge,
+        multiple: (req.options.multiple > 1).then_some(req.options.multiple),
+        noise_aware: (req.options.multiple > 1).then_some(false),
+        set_column: (req.options.multiple > 1).then(|| SET_COLUMN.to_string()),
+        napsu: None,
     };
     let record_path = req.record_out.clone().unwrap_or_else(|| format!("{}.record.json", req.out));
     if !record_path.is_empty() {
@@ -741,6 +806,61 @@ pub async fn run_synth(ctx: &SessionContext, req: &SynthRequest, progress: &dyn 
     Ok(record)
 }
 
-fn budget_check(b: &Budget) -> Result<()> {
+/// Most synthetic sets one run writes.
+pub const MAX_SETS: usize = 10_000;
+
+/// `--multiple`'s public checks, before anything is charged.
+pub(crate) fn check_sets(req: &SynthRequest) -> Result<()> {
+    let m = req.options.multiple;
+    if m == 0 || m > MAX_SETS {
+        return Err(SynthError::NoSets);
+    }
+    if m > 1 && req.dataset.domain().position(SET_COLUMN).is_some() {
+        return Err(SynthError::SetColumnTaken);
+    }
+    Ok(())
+}
+
+/// Reserves the release's whole budget in the ledger, if there is one,
+/// before any data is read.
+pub(crate) fn reserve(
+    req: &SynthRequest,
+    name: &str,
+    budget: Share,
+    progress: &dyn Fn(&str),
+) -> Result<Option<(Ledger, i64)>> {
+    let Some((file, ds)) = &req.ledger else {
+        return Ok(None);
+    };
+    let mut ledger = Ledger::open(file)?;
+    // Synthesizers bound one row's influence, not a person's: a ledger that
+    // counts people by a column would be undercharged (k rows of one person
+    // move a marginal by k).
+    let unit = ledger.dataset(ds)?.privacy_unit;
+    if unit != "row" {
+        return Err(SynthError::PrivacyUnit { dataset: ds.clone(), unit });
+    }
+    let release_id =
+        req.release_id.clone().unwrap_or_else(|| format!("synth-{}", chrono::Utc::now().format("%Y%m%dT%H%M%S%.3fZ")));
+    let record = MechanismRecord {
+        mechanism: name.to_string(),
+        target: format!("synthetic data of {}", req.dataset.name),
+        sensitivity: None,
+        noise: None,
+        loss: budget.loss(),
+        params: serde_json::json!({ "workload": req.workload, "missing": req.missing.to_string() }),
+    };
+    let r = ledger.reserve(ds, &release_id, &[record], None)?;
+    // A run that reads the data again under an earlier run's reservation
+    // would release twice for one charge: the earlier run may have
+    // published before it stopped.
+    if r.resumed {
+        return Err(SynthError::ResumedRelease { release_id, charge: r.charge_id });
+    }
+    progress(&format!("ledger: reserved {:.6} as charge #{} ({:.6} left)", budget.amount(), r.charge_id, r.remaining));
+    Ok(Some((ledger, r.charge_id)))
+}
+
+pub(crate) fn budget_check(b: &Budget) -> Result<()> {
     Ok(b.validate()?)
 }

@@ -52,7 +52,10 @@ impl Workload {
     /// * `all-k` / `all-kway` (e.g. `all-3way`), optional `:max-cells=N`;
     /// * `target:COL` — every 3-way marginal containing COL;
     /// * `skewed[:seed=S]` — 001 §6.1: attribute weights from a squared exponential, 256 triples ∝ product of weights;
-    /// * `file:PATH` — YAML/JSON list of `{attrs: [..], weight: w}`.
+    /// * `file:PATH` — YAML/JSON list of `{attrs: [..], weight: w}`;
+    /// * `marginals:a,b;b,c` — exactly these marginals (weight 1), as NAPSU-MQ
+    ///   measures them; a column repeated in a marginal, or a marginal given
+    ///   twice, is refused.
     pub fn parse(spec: &str, domain: &Domain) -> Result<Self> {
         let d = domain.len();
         let mut parts = spec.split(':');
@@ -125,6 +128,8 @@ impl Workload {
                     Ok(WorkloadQuery { attrs, weight: e.weight })
                 })
                 .collect::<Result<_>>()?
+        } else if head == "marginals" {
+            marginals(spec, &rest.join(":"), domain)?
         } else {
             return Err(SynthError::UnknownWorkload(spec.to_string()));
         };
@@ -157,6 +162,29 @@ impl Workload {
         out.sort_by(|a, b| a.0.len().cmp(&b.0.len()).then(a.0.cmp(&b.0)));
         out
     }
+}
+
+/// The marginals of `list` (`a,b; b,c`), each sorted, in the order given.
+fn marginals(spec: &str, list: &str, domain: &Domain) -> Result<Vec<WorkloadQuery>> {
+    let mut out: Vec<WorkloadQuery> = Vec::new();
+    for part in list.split(';').map(str::trim).filter(|p| !p.is_empty()) {
+        let mut attrs = Vec::new();
+        for name in part.split(',').map(str::trim) {
+            let a = domain
+                .position(name)
+                .ok_or_else(|| SynthError::WorkloadColumn { spec: spec.to_string(), column: name.to_string() })?;
+            if attrs.contains(&a) {
+                return Err(SynthError::WorkloadRepeat { spec: spec.to_string(), column: name.to_string() });
+            }
+            attrs.push(a);
+        }
+        attrs.sort_unstable();
+        if out.iter().any(|q| q.attrs == attrs) {
+            return Err(SynthError::WorkloadDuplicate { spec: spec.to_string(), marginal: part.to_string() });
+        }
+        out.push(WorkloadQuery { attrs, weight: 1.0 });
+    }
+    Ok(out)
 }
 
 /// 001 §6.1 skewed workload: weights w_i = exp(−(i/d·4)²/2)-style squared
@@ -219,5 +247,20 @@ mod tests {
         assert!(Workload::parse("target:zzz", &d).is_err());
         let s = Workload::parse("skewed", &d).unwrap();
         assert_eq!(s.queries.len(), 4);
+    }
+
+    #[test]
+    fn explicit_marginals_are_sorted_and_checked() {
+        let d = domain();
+        let w = Workload::parse("marginals:b,a; c,b ;d", &d).unwrap();
+        let attrs: Vec<Vec<usize>> = w.queries.iter().map(|q| q.attrs.clone()).collect();
+        assert_eq!(attrs, vec![vec![0, 1], vec![1, 2], vec![3]]);
+        let e = Workload::parse("marginals:a,zz", &d).unwrap_err().to_string();
+        assert!(e.contains("unknown column \"zz\""), "{e}");
+        let e = Workload::parse("marginals:a,b,a", &d).unwrap_err().to_string();
+        assert!(e.contains("\"a\" twice"), "{e}");
+        let e = Workload::parse("marginals:a,b;b,a", &d).unwrap_err().to_string();
+        assert!(e.contains("given twice"), "{e}");
+        assert!(Workload::parse("marginals:", &d).is_err());
     }
 }

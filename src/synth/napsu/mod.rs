@@ -8,20 +8,23 @@
 //! the model's query mean and covariance ([`moments`]), a posterior over
 //! its parameters, and m synthetic sets, each from its own posterior draw.
 //!
-//! Built so far: the canonical parametrisation, the moments μ(θ), Σ(θ)
-//! (both checked against enumeration of the joint distribution) and the
-//! log-posterior with its exact gradient ([`likelihood`], checked against
-//! finite differences), the Laplace approximation ([`laplace`]: L-BFGS
-//! mode with restarts, Hessian from the gradient) and NUTS ([`nuts`]:
-//! `nuts-rs` chains on threads, split-R̂ and ESS). The measurement, the
-//! synthesizer with multiple synthesis, its release record and the
-//! command-line and pipeline options are the next steps (issue 16).
+//! The parts: the canonical parametrisation ([`canonical`]), the moments
+//! μ(θ), Σ(θ) ([`moments`]; both checked against enumeration of the joint
+//! distribution), the log-posterior with its exact gradient
+//! ([`likelihood`], checked against finite differences), the Laplace
+//! approximation ([`laplace`]: L-BFGS mode with restarts, Hessian from the
+//! gradient), NUTS ([`nuts`]: `nuts-rs` chains on threads, split-R̂ and
+//! ESS), the saved noisy statistics and the m posterior models
+//! ([`release`]), and the run from data or from a saved record
+//! ([`synthesize`]).
 
 pub mod canonical;
 pub mod laplace;
 pub mod likelihood;
 pub mod moments;
 pub mod nuts;
+pub mod release;
+pub mod synthesize;
 
 pub use canonical::CanonicalFeatures;
 pub use moments::MaxEnt;
