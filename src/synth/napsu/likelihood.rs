@@ -15,7 +15,7 @@
 //! Because a(x) is one-hot within each marginal, g is a sum of functions of
 //! single scopes (h_k: the linear part and the diagonal of M's blocks) and
 //! of pairs of scopes (q_kl = −M_kl on S_k ∪ S_l). For a positive function
-//! f̃ = f + δ on a set U, Cov(f, c) = E[f̃] · (E_p̃[c] − E_p[c]), where p̃ is
+//! f̃ = f + δ on a set U, Cov(f, c) = E[f̃] · (E_p̃(c) − E_p(c)), where p̃ is
 //! the model tilted by f̃ (one more potential, on U), so each term costs one
 //! belief propagation: K for the scopes and K(K − 1)/2 for the pairs, on a
 //! junction tree extended by the pair's union (built once). Checked against
@@ -189,7 +189,7 @@ fn union(a: &[usize], b: &[usize]) -> Vec<usize> {
     u
 }
 
-/// E[c_j] for every canonical feature, from calibrated beliefs (each subset
+/// E(c_j) for every canonical feature, from calibrated beliefs (each subset
 /// lies inside a query scope, hence inside a clique).
 pub fn feature_expectations(me: &MaxEnt, beliefs: &Beliefs) -> Vec<f64> {
     let f = &me.features;

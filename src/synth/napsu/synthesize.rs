@@ -47,7 +47,7 @@ pub struct NapsuRecord {
 }
 
 /// NAPSU-MQ behind the [`Synthesizer`] interface: one model, at the
-/// posterior mode (no multiple synthesis; [`run`] does that).
+/// posterior mode (no multiple synthesis; the crate-private `run` does that).
 #[derive(Debug, Clone, Copy, Default)]
 pub struct NapsuMq;
 
