@@ -120,6 +120,9 @@ enum BenchCommand {
         /// Seed (simulation only).
         #[arg(long, default_value_t = 0)]
         seed: u64,
+        /// Also run these synthesizers with m = 1 and ordinary standard errors (aim, mst).
+        #[arg(long, value_delimiter = ',')]
+        baselines: Vec<String>,
     },
     /// 003 §5.2 / App. E: NAPSU-MQ on Adult-reduced, coverage of the real-data logistic coefficients.
     NapsuAdult {
@@ -237,9 +240,19 @@ async fn run(command: BenchCommand) -> Result<()> {
             summary.as_object_mut().expect("object").remove("estimates");
             println!("{}", serde_json::to_string_pretty(&summary)?);
         }
-        BenchCommand::NapsuToy { epsilon, repeats, n, m, seed } => {
-            let r = napsu_toy::run(&epsilon, repeats, n, m, seed)?;
-            println!("{}", serde_json::to_string_pretty(&json!({ "n": n, "m": m, "results": r }))?);
+        BenchCommand::NapsuToy { epsilon, repeats, n, m, seed, baselines } => {
+            let mechanisms = baselines
+                .iter()
+                .map(|b| match b.as_str() {
+                    "aim" => Ok(dpflow::synth::run::Mechanism::Aim),
+                    "mst" => Ok(dpflow::synth::run::Mechanism::Mst),
+                    other => Err(anyhow::anyhow!("--baselines: {other:?} is not aim or mst")),
+                })
+                .collect::<anyhow::Result<Vec<_>>>()?;
+            let r =
+                if m > 0 || mechanisms.is_empty() { napsu_toy::run(&epsilon, repeats, n, m, seed)? } else { vec![] };
+            let b = napsu_toy::synth_baselines(&mechanisms, &epsilon, repeats, n, seed).await?;
+            println!("{}", serde_json::to_string_pretty(&json!({ "n": n, "m": m, "results": r, "baselines": b }))?);
         }
         BenchCommand::NapsuAdult { input, epsilon, repeats, m, nuts, warmup, draws, max_iters, seed } => {
             let nuts = nuts.then_some(dpflow::synth::napsu::nuts::NutsOptions { warmup, draws, ..Default::default() });
