@@ -262,6 +262,8 @@ pub struct AdultReport {
     pub terms: Vec<String>,
     /// The real-data coefficients (the targets of coverage).
     pub real: Vec<f64>,
+    /// Milliseconds per log-density-and-gradient evaluation.
+    pub gradient_ms: f64,
     /// Per ε.
     pub results: Vec<AdultResult>,
     /// Peak RSS, MB.
@@ -301,6 +303,17 @@ pub fn run(
     let delta = 1.0 / (n as f64 * n as f64);
     let sensitivity = (2.0 * scopes.len() as f64).sqrt();
     let four = [AGE, RACE, SEX, INCOME];
+    // Cost of one log-density-and-gradient evaluation (the unit of every inference step).
+    let gradient_ms = {
+        let post = Posterior::new(me.clone(), exact.clone(), n as f64, 10.0)?;
+        let theta = vec![0.01; me.features.len];
+        let t = Instant::now();
+        for _ in 0..5 {
+            post.log_density_and_gradient(&theta)?;
+        }
+        t.elapsed().as_secs_f64() * 1000.0 / 5.0
+    };
+    progress(&format!("{} parameters; one gradient {gradient_ms:.1} ms", me.features.len));
     let mut results = Vec::new();
     for &epsilon in epsilons {
         let start = Instant::now();
@@ -389,6 +402,7 @@ pub fn run(
         queries: scopes.iter().map(|s| s.iter().map(|&a| COLUMNS[a].to_string()).collect()).collect(),
         terms: terms(&red),
         real,
+        gradient_ms,
         results,
         peak_rss_mb: crate::peak_rss_mb(),
     })
