@@ -369,3 +369,49 @@ async fn multiple_sets_from_one_model_are_marked_not_noise_aware() {
     let n: usize = ctx.read_parquet(&req.out, Default::default()).await.unwrap().count().await.unwrap();
     assert_eq!(n, 300);
 }
+
+/// Review fix: a ledger dataset that counts people by a column is refused
+/// (one person's k rows would move a marginal by k and cost k²ρ), before
+/// anything is charged.
+#[tokio::test]
+async fn synthesis_refuses_a_ledger_whose_privacy_unit_is_a_column() {
+    let dir = tempfile::tempdir().unwrap();
+    let ledger_path = dir.path().join("l.sqlite");
+    let ledger = dpflow::privacy::Ledger::create(&ledger_path).unwrap();
+    ledger.add_dataset("toy", "pid", dpflow::privacy::Budget::Zcdp { rho: 1.0 }).unwrap();
+    drop(ledger);
+    let ctx = dpflow::io::session_context();
+    let req = napsu_request(dir.path(), "marginals:x1,y", 1, Some((ledger_path.display().to_string(), "toy".into())));
+    let e = dpflow::synth::run::run_synth(&ctx, &req, &|_| {}).await.unwrap_err().to_string();
+    assert!(e.contains("counts people by the column \"pid\""), "{e}");
+    let status = dpflow::privacy::Ledger::open(&ledger_path).unwrap().status("toy").unwrap();
+    assert_eq!(status.spent, 0.0);
+}
+
+/// Review fix: a reservation left by an interrupted run under the same
+/// release id is not resumed by a new run (which would read the data and
+/// release again under the one charge).
+#[tokio::test]
+async fn synthesis_refuses_to_resume_an_interrupted_reservation() {
+    let dir = tempfile::tempdir().unwrap();
+    let ledger_path = dir.path().join("l.sqlite");
+    let mut ledger = dpflow::privacy::Ledger::create(&ledger_path).unwrap();
+    ledger.add_dataset("toy", "row", dpflow::privacy::Budget::Zcdp { rho: 1.0 }).unwrap();
+    let record = dpflow::privacy::MechanismRecord {
+        mechanism: "napsu-mq".into(),
+        target: "synthetic data of toy".into(),
+        sensitivity: None,
+        noise: None,
+        loss: dpflow::privacy::PrivacyLoss::Zcdp { rho: 0.5 },
+        params: serde_json::Value::Null,
+    };
+    ledger.reserve("toy", "R", &[record], None).unwrap();
+    drop(ledger);
+    let ctx = dpflow::io::session_context();
+    let mut req =
+        napsu_request(dir.path(), "marginals:x1,y", 1, Some((ledger_path.display().to_string(), "toy".into())));
+    req.release_id = Some("R".into());
+    let e = dpflow::synth::run::run_synth(&ctx, &req, &|_| {}).await.unwrap_err().to_string();
+    assert!(e.contains("left by an earlier run"), "{e}");
+    assert!(!dir.path().join("rec.json").exists(), "the data was read and released again");
+}
