@@ -334,14 +334,7 @@ pub fn run(
                 continue;
             };
             let thetas: Vec<Vec<f64>> = match &nuts {
-                None => (0..m)
-                    .map(|_| {
-                        let z: Vec<f64> = (0..l.mean.len()).map(|_| normal(&mut rng)).collect();
-                        (0..z.len())
-                            .map(|i| l.mean[i] + (0..=i).map(|j| l.cov_chol[(i, j)] * z[j]).sum::<f64>())
-                            .collect()
-                    })
-                    .collect(),
+                None => (0..m).map(|_| l.draw(&mut rng)).collect(),
                 Some(o) => match sample(&post, &l, o, &mut dprng) {
                     Ok(d) => {
                         max_rhat = Some(max_rhat.map_or(d.max_rhat(), |r| r.max(d.max_rhat())));
@@ -406,12 +399,6 @@ pub fn run(
         results,
         peak_rss_mb: crate::peak_rss_mb(),
     })
-}
-
-fn normal(rng: &mut SmallRng) -> f64 {
-    let u1: f64 = rng.random_range(f64::EPSILON..1.0);
-    let u2: f64 = rng.random_range(0.0..1.0);
-    (-2.0 * u1.ln()).sqrt() * (std::f64::consts::TAU * u2).cos()
 }
 
 #[cfg(test)]

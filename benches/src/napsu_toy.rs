@@ -52,13 +52,6 @@ pub struct ToyResult {
     pub seconds: f64,
 }
 
-fn normal(rng: &mut SmallRng) -> f64 {
-    // Box–Muller (simulation only).
-    let u1: f64 = rng.random_range(f64::EPSILON..1.0);
-    let u2: f64 = rng.random_range(0.0..1.0);
-    (-2.0 * u1.ln()).sqrt() * (2.0 * std::f64::consts::PI * u2).cos()
-}
-
 /// The 8 cell probabilities of p(x | θ).
 fn cell_probabilities(me: &MaxEnt, theta: &[f64]) -> Vec<f64> {
     let cells: Vec<[usize; 3]> = (0..8).map(|c| [c >> 2 & 1, c >> 1 & 1, c & 1]).collect();
@@ -145,9 +138,7 @@ pub fn run(epsilons: &[f64], repeats: usize, n: usize, m: usize, seed: u64) -> a
             let mut u: Vec<Vec<f64>> = (0..3).map(|_| Vec::with_capacity(m)).collect();
             let mut ok = true;
             for _ in 0..m {
-                let z: Vec<f64> = (0..l.mean.len()).map(|_| normal(&mut rng)).collect();
-                let theta: Vec<f64> =
-                    (0..z.len()).map(|i| l.mean[i] + (0..=i).map(|j| l.cov_chol[(i, j)] * z[j]).sum::<f64>()).collect();
+                let theta = l.draw(&mut rng);
                 let block = synthetic_block(&cell_probabilities(&me, &theta), n, &mut rng);
                 match estimate(EstimatorKind::Logistic, &[block], "synthetic") {
                     Ok(e) => {

@@ -87,6 +87,24 @@ pub struct Laplace {
 
 /// −log p for argmin, remembering the last evaluation: L-BFGS asks for the
 /// cost and the gradient at the same point, and one evaluation gives both.
+impl Laplace {
+    /// One draw θ = mean + L·z with z standard normal (post-processing of
+    /// DP output, so floating-point sampling is fine here).
+    pub fn draw<R: rand::Rng + ?Sized>(&self, rng: &mut R) -> Vec<f64> {
+        let d = self.mean.len();
+        let z: Vec<f64> = (0..d).map(|_| standard_normal(rng)).collect();
+        (0..d).map(|i| self.mean[i] + (0..=i).map(|j| self.cov_chol[(i, j)] * z[j]).sum::<f64>()).collect()
+    }
+}
+
+/// A standard normal draw (Box–Muller).
+pub fn standard_normal<R: rand::Rng + ?Sized>(rng: &mut R) -> f64 {
+    use rand::RngExt;
+    let u1: f64 = rng.random_range(f64::EPSILON..1.0);
+    let u2: f64 = rng.random_range(0.0..1.0);
+    (-2.0 * u1.ln()).sqrt() * (std::f64::consts::TAU * u2).cos()
+}
+
 struct Negated<'a, D: LogDensity> {
     density: &'a D,
     last: Mutex<Option<Evaluation>>,

@@ -234,13 +234,7 @@ pub fn posterior_models(
         seconds: 0.0,
     };
     let thetas: Vec<Vec<f64>> = match opts.inference {
-        Inference::Laplace => (0..m)
-            .map(|_| {
-                let z: Vec<f64> = (0..parameters).map(|_| standard_normal(rng)).collect();
-                let l = &fit.cov_chol;
-                (0..parameters).map(|i| fit.mean[i] + (0..=i).map(|j| l[(i, j)] * z[j]).sum::<f64>()).collect()
-            })
-            .collect(),
+        Inference::Laplace => (0..m).map(|_| fit.draw(rng)).collect(),
         Inference::Nuts => {
             progress(&format!("napsu-mq: NUTS, {} chains", opts.nuts.chains));
             let draws = sample(&post, &fit, &opts.nuts, rng)?;
@@ -272,15 +266,6 @@ pub fn posterior_models(
         .collect();
     report.seconds = start.elapsed().as_secs_f64();
     Ok((models, report))
-}
-
-/// A standard normal draw (Box–Muller) for the Laplace posterior: this is
-/// post-processing of DP output, so floating-point sampling is fine here.
-fn standard_normal(rng: &mut DpRng) -> f64 {
-    use rand::RngExt;
-    let u1: f64 = rng.random_range(f64::EPSILON..1.0);
-    let u2: f64 = rng.random_range(0.0..1.0);
-    (-2.0 * u1.ln()).sqrt() * (std::f64::consts::TAU * u2).cos()
 }
 
 #[cfg(test)]
