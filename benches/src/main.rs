@@ -147,7 +147,7 @@ enum BenchCommand {
         /// NUTS draws per chain.
         #[arg(long, default_value_t = 2000)]
         draws: u64,
-        /// L-BFGS iterations (003 App. D: 6000 for Adult).
+        /// Mode-search iterations (Fisher scoring; L-BFGS per start when it falls back; 003 App. D: 6000).
         #[arg(long, default_value_t = 6000)]
         max_iters: u64,
         /// Seed (simulation only).

@@ -2,14 +2,17 @@
 //! distribution at the posterior mode with the inverse of the negative
 //! Hessian there as its covariance.
 //!
-//! The mode is found by L-BFGS (`argmin`; 003 App. D runs it to a loss
-//! change below a tolerance, at most 500 iterations, and restarts from
-//! another point when it diverges), then polished by Newton steps until the
-//! Newton decrement says it is within a thousandth of a posterior standard
-//! deviation (see [`mode`]). The Hessian is the central difference of the
-//! exact gradient, symmetrised. A Hessian
-//! that is not positive definite is an error: the approximation would not
-//! be a distribution.
+//! 003 App. D finds the mode with L-BFGS (to a loss change below a
+//! tolerance, at most 500 iterations, restarting from another point when it
+//! diverges). We depart from it for speed, not for a different answer: the
+//! mode is found by Fisher scoring with the likelihood's expected
+//! information (NAPSU-MQ's posterior supplies it almost for free), with
+//! `argmin`'s L-BFGS and restarts as the fallback, and either end point is
+//! polished by Newton steps until the Newton decrement says it is within a
+//! thousandth of a posterior standard deviation (see [`mode`]). The
+//! Hessian is the central difference of the exact gradient, symmetrised,
+//! its columns computed on all cores. A Hessian that is not positive
+//! definite is an error: the approximation would not be a distribution.
 
 use argmin::core::{CostFunction, Executor, Gradient, State, TerminationReason, TerminationStatus};
 use argmin::solver::linesearch::MoreThuenteLineSearch;
@@ -27,7 +30,21 @@ pub trait LogDensity {
     fn dim(&self) -> usize;
     /// log p(x) and ∇ log p(x).
     fn value_and_gradient(&self, x: &[f64]) -> Result<(f64, Vec<f64>), NapsuError>;
+    /// log p(x) alone (line searches); by default from
+    /// [`LogDensity::value_and_gradient`].
+    fn value(&self, x: &[f64]) -> Result<f64, NapsuError> {
+        self.value_and_gradient(x).map(|(v, _)| v)
+    }
+    /// log p(x), ∇ log p(x) and a positive definite stand-in for −∇² log p
+    /// (an expected information) when the density has a cheap one: the mode
+    /// search then starts with Fisher scoring. `None` (the default): L-BFGS.
+    fn with_information(&self, _x: &[f64]) -> Option<Result<Evaluated, NapsuError>> {
+        None
+    }
 }
+
+/// log p, ∇ log p and an information matrix at one point.
+pub type Evaluated = (f64, Vec<f64>, DMatrix<f64>);
 
 impl LogDensity for super::likelihood::Posterior {
     fn dim(&self) -> usize {
@@ -36,12 +53,19 @@ impl LogDensity for super::likelihood::Posterior {
     fn value_and_gradient(&self, x: &[f64]) -> Result<(f64, Vec<f64>), NapsuError> {
         self.log_density_and_gradient(x)
     }
+    fn value(&self, x: &[f64]) -> Result<f64, NapsuError> {
+        self.log_density(x)
+    }
+    fn with_information(&self, x: &[f64]) -> Option<Result<Evaluated, NapsuError>> {
+        Some(self.log_density_gradient_and_fisher(x))
+    }
 }
 
 /// Settings of the mode search.
 #[derive(Debug, Clone, Copy, PartialEq)]
 pub struct LaplaceOptions {
-    /// L-BFGS iterations per start (003 App. D: 500; 6,000 for Adult).
+    /// Iterations of Fisher scoring, and of L-BFGS per start (003 App. D:
+    /// 500; 6,000 for Adult).
     pub max_iters: u64,
     /// L-BFGS stops when the loss changes less than this in an iteration.
     pub tol_cost: f64,
@@ -157,9 +181,16 @@ impl<D: LogDensity> Gradient for Negated<'_, D> {
     }
 }
 
-/// The mode of `density` and the negative Hessian there: L-BFGS from a
-/// start, then Newton steps (FD Hessian, step halving) until the Newton
-/// decrement is below `tol_decrement`; other starts when that fails.
+/// The mode of `density` and the negative Hessian there. When the density
+/// has an information matrix, Fisher scoring from 0 first; otherwise, or
+/// when that fails, L-BFGS from a start. Either end point is then polished
+/// by Newton steps (FD Hessian, step halving) until the Newton decrement is
+/// below `tol_decrement`; other L-BFGS starts when that fails.
+///
+/// Why Fisher scoring: on Adult-reduced (228 parameters, n = 30,162)
+/// L-BFGS took its 500 iterations and ~6,000 evaluations (110 s) to come
+/// near the mode; Fisher scoring's steps are Newton steps up to O(n^{-1/2})
+/// relative terms, so it converges in a few dozen evaluations.
 ///
 /// Why the decrement: L-BFGS's own tests are absolute (loss change,
 /// gradient norm), and with n in the tens of thousands the log-density is
@@ -167,12 +198,21 @@ impl<D: LogDensity> Gradient for Negated<'_, D> {
 /// tolerance (runs end at the iteration cap next to the mode). gᵀH⁻¹g is
 /// the squared distance to the mode in the posterior's own metric, so one
 /// threshold serves every n.
-pub fn mode<D: LogDensity>(
+pub fn mode<D: LogDensity + Sync>(
     density: &D,
     opts: &LaplaceOptions,
 ) -> Result<(Vec<f64>, DMatrix<f64>, u64, usize), NapsuError> {
     let d = density.dim();
     let mut last = String::new();
+    if let Some(first) = density.with_information(&vec![0.0; d]) {
+        match first.map_err(|e| e.to_string()).and_then(|at| fisher_scoring(density, vec![0.0; d], at, opts)) {
+            Ok((x, iterations)) => match polish(density, x, opts) {
+                Ok((x, h)) => return Ok((x, h, iterations, 1)),
+                Err(e) => last = format!("Fisher scoring: {e}"),
+            },
+            Err(e) => last = format!("Fisher scoring: {e}"),
+        }
+    }
     for start in 0..opts.starts.max(1) {
         let init: Vec<f64> = (0..d)
             .map(|i| if start == 0 { 0.0 } else { 0.1 * start as f64 * if i % 2 == 0 { 1.0 } else { -1.0 } })
@@ -220,8 +260,55 @@ pub fn mode<D: LogDensity>(
     )))
 }
 
+/// Fisher scoring from `x` (where `at` was evaluated): steps F⁻¹g with
+/// backtracking (Armijo) until gᵀF⁻¹g is a hundredth of `tol_decrement`,
+/// so that the exact-Hessian check in [`polish`] usually passes at once.
+/// Returns the end point and the iterations taken.
+fn fisher_scoring<D: LogDensity>(
+    density: &D,
+    mut x: Vec<f64>,
+    at: Evaluated,
+    opts: &LaplaceOptions,
+) -> Result<(Vec<f64>, u64), String> {
+    let (mut value, mut grad, mut info) = at;
+    for iteration in 0..opts.max_iters {
+        let chol = info.cholesky().ok_or("the information matrix is not positive definite")?;
+        let step = chol.solve(&nalgebra::DVector::from_column_slice(&grad));
+        let decrement: f64 = step.iter().zip(&grad).map(|(s, g)| s * g).sum();
+        if !decrement.is_finite() {
+            return Err("a step that is not finite".into());
+        }
+        if decrement <= opts.tol_decrement / 100.0 {
+            return Ok((x, iteration));
+        }
+        let mut t = 1.0;
+        let next = loop {
+            let next: Vec<f64> = x.iter().zip(step.iter()).map(|(a, s)| a + t * s).collect();
+            if let Ok(v) = density.value(&next)
+                && v.is_finite()
+                && v >= value + 1e-4 * t * decrement
+            {
+                break next;
+            }
+            t /= 2.0;
+            if t < 1e-10 {
+                // Float noise in log p can hide the last, tiny gains: close
+                // enough is for Newton's exact Hessian to finish.
+                if decrement <= opts.tol_decrement * 100.0 {
+                    return Ok((x, iteration));
+                }
+                return Err(format!("no step increases the log-density (decrement {decrement:.3e})"));
+            }
+        };
+        (value, grad, info) =
+            density.with_information(&next).ok_or("no information matrix")?.map_err(|e| e.to_string())?;
+        x = next;
+    }
+    Err(format!("{} iterations did not converge", opts.max_iters))
+}
+
 /// Newton steps from `x` until gᵀH⁻¹g ≤ `tol_decrement`.
-fn polish<D: LogDensity>(
+fn polish<D: LogDensity + Sync>(
     density: &D,
     mut x: Vec<f64>,
     opts: &LaplaceOptions,
@@ -257,11 +344,11 @@ fn polish<D: LogDensity>(
     Err(format!("{} Newton steps did not reach a decrement of {:e}", opts.newton_steps, opts.tol_decrement))
 }
 
-/// −∇² log p at `x` by central differences of the gradient, symmetrised.
-pub fn negative_hessian<D: LogDensity>(density: &D, x: &[f64]) -> Result<DMatrix<f64>, NapsuError> {
+/// −∇² log p at `x` by central differences of the gradient, symmetrised;
+/// the columns are split over the machine's cores.
+pub fn negative_hessian<D: LogDensity + Sync>(density: &D, x: &[f64]) -> Result<DMatrix<f64>, NapsuError> {
     let d = x.len();
-    let mut h = DMatrix::zeros(d, d);
-    for j in 0..d {
+    let column = |j: usize| -> Result<Vec<f64>, NapsuError> {
         let step = 1e-5 * x[j].abs().max(1.0);
         let mut plus = x.to_vec();
         plus[j] += step;
@@ -269,15 +356,33 @@ pub fn negative_hessian<D: LogDensity>(density: &D, x: &[f64]) -> Result<DMatrix
         minus[j] -= step;
         let (_, gp) = density.value_and_gradient(&plus)?;
         let (_, gm) = density.value_and_gradient(&minus)?;
-        for i in 0..d {
-            h[(i, j)] = -(gp[i] - gm[i]) / (2.0 * step);
+        Ok(gp.iter().zip(&gm).map(|(p, m)| -(p - m) / (2.0 * step)).collect())
+    };
+    let threads = std::thread::available_parallelism().map_or(1, |n| n.get()).clamp(1, d.max(1));
+    type Columns = Vec<(usize, Vec<f64>)>;
+    let columns: Vec<Result<Columns, NapsuError>> = std::thread::scope(|s| {
+        let handles: Vec<_> = (0..threads)
+            .map(|t| {
+                let column = &column;
+                s.spawn(move || (t..d).step_by(threads).map(|j| Ok((j, column(j)?))).collect())
+            })
+            .collect();
+        handles
+            .into_iter()
+            .map(|h| h.join().unwrap_or_else(|_| Err(NapsuError::Numerical("a Hessian thread panicked".into()))))
+            .collect()
+    });
+    let mut h = DMatrix::zeros(d, d);
+    for part in columns {
+        for (j, col) in part? {
+            h.set_column(j, &nalgebra::DVector::from_vec(col));
         }
     }
     Ok((&h + h.transpose()) * 0.5)
 }
 
 /// The Laplace approximation of `density`.
-pub fn laplace<D: LogDensity>(density: &D, opts: &LaplaceOptions) -> Result<Laplace, NapsuError> {
+pub fn laplace<D: LogDensity + Sync>(density: &D, opts: &LaplaceOptions) -> Result<Laplace, NapsuError> {
     let (mean, h, iterations, starts) = mode(density, opts)?;
     let chol = h.cholesky().ok_or_else(|| {
         NapsuError::Numerical(
@@ -365,6 +470,46 @@ mod tests {
         assert!(gap < 1e-3, "marginals of the mode differ by {gap}");
         // Posterior standard deviations shrink like 1/√n: all below 0.2 here.
         assert!((0..truth.len()).all(|i| l.cov[(i, i)].sqrt() < 0.2), "{}", l.cov);
+    }
+
+    /// The posterior without its information matrix, so `mode` uses L-BFGS.
+    struct WithoutInformation<'a>(&'a crate::synth::napsu::likelihood::Posterior);
+
+    impl LogDensity for WithoutInformation<'_> {
+        fn dim(&self) -> usize {
+            self.0.dim()
+        }
+        fn value_and_gradient(&self, x: &[f64]) -> Result<(f64, Vec<f64>), NapsuError> {
+            self.0.log_density_and_gradient(x)
+        }
+    }
+
+    /// Fisher scoring and L-BFGS (both polished by Newton) reach the same
+    /// mode and Hessian on a noisy NAPSU-MQ posterior with a 3-way query.
+    #[test]
+    fn fisher_scoring_and_lbfgs_find_the_same_napsu_mode() {
+        use crate::synth::napsu::{CanonicalFeatures, MaxEnt, likelihood::Posterior};
+        use rand::{RngExt, SeedableRng};
+        let mut rng = rand::rngs::SmallRng::seed_from_u64(8);
+        let sizes = [3, 2, 4, 2];
+        let scopes = vec![vec![0, 1, 2], vec![2, 3], vec![0, 3]];
+        let me = MaxEnt::new(CanonicalFeatures::new(&scopes, &sizes, 1000).unwrap());
+        let truth: Vec<f64> = (0..me.features.len).map(|_| rng.random_range(-1.0..1.0)).collect();
+        let n = 5000.0;
+        let (mu, _) = me.moments(&truth);
+        let stats: Vec<f64> = mu.iter().map(|m| m * n + rng.random_range(-20.0..20.0)).collect();
+        let post = Posterior::new(me, stats, n, 12.0).unwrap();
+        let opts = LaplaceOptions::default();
+        let (fisher, h_fisher, iterations, _) = mode(&post, &opts).unwrap();
+        let (lbfgs, h_lbfgs, _, _) = mode(&WithoutInformation(&post), &opts).unwrap();
+        assert!(iterations < 50, "Fisher scoring took {iterations} iterations");
+        // Both are within a thousandth of a posterior sd of the mode.
+        let sd: Vec<f64> = h_fisher.clone().try_inverse().unwrap().diagonal().iter().map(|v| v.sqrt()).collect();
+        for ((a, b), s) in fisher.iter().zip(&lbfgs).zip(&sd) {
+            assert!((a - b).abs() < 5e-3 * s, "{a} vs {b} (sd {s})");
+        }
+        let rel = (&h_fisher - &h_lbfgs).amax() / h_lbfgs.amax();
+        assert!(rel < 1e-4, "Hessians differ by {rel}");
     }
 
     #[test]

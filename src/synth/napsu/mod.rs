@@ -12,8 +12,8 @@
 //! μ(θ), Σ(θ) ([`moments`]; both checked against enumeration of the joint
 //! distribution), the log-posterior with its exact gradient
 //! ([`likelihood`], checked against finite differences), the Laplace
-//! approximation ([`laplace`]: L-BFGS mode with restarts, Hessian from the
-//! gradient), NUTS ([`nuts`]: `nuts-rs` chains on threads, split-R̂ and
+//! approximation ([`laplace`]: mode by Fisher scoring, L-BFGS with restarts as
+//! the fallback, Hessian from the gradient), NUTS ([`nuts`]: `nuts-rs` chains on threads, split-R̂ and
 //! ESS), the saved noisy statistics and the m posterior models
 //! ([`release`]), and the run from data or from a saved record
 //! ([`synthesize`]).

@@ -125,6 +125,37 @@ impl MaxEnt {
         Moments { mu, sigma, model, beliefs, marginals, joints }
     }
 
+    /// The matrix B with c(x) = B·a(x) (features × width): each canonical
+    /// feature 1[x_T = v_T] is the sum of its home scope's indicators whose
+    /// cells agree with v_T on T. So ∂μ/∂θ = Cov(a, c) = Σ(θ)·Bᵀ, which the
+    /// mode search's Fisher scoring uses ([`super::likelihood::Posterior`]).
+    pub fn feature_map(&self) -> DMatrix<f64> {
+        let f = &self.features;
+        let mut b = DMatrix::zeros(f.len, self.width);
+        for (i, t) in f.subsets.iter().enumerate() {
+            let k = f.home[i];
+            let scope = &f.scopes[k];
+            let shape: Vec<usize> = scope.iter().map(|&a| f.sizes[a]).collect();
+            let cells: usize = shape.iter().product();
+            for u in 0..cells {
+                // The scope cell's digits, then the subset's cell (row-major).
+                let (mut rest, mut digits) = (u, vec![0usize; scope.len()]);
+                for (d, &s) in digits.iter_mut().zip(&shape).rev() {
+                    *d = rest % s;
+                    rest /= s;
+                }
+                let sub = t.iter().fold(0usize, |acc, a| {
+                    let pos = scope.iter().position(|x| x == a).unwrap_or(0);
+                    acc * f.sizes[*a] + digits[pos]
+                });
+                if let Some(j) = f.feature_at(i, sub) {
+                    b[(j, self.offsets[k] + u)] = 1.0;
+                }
+            }
+        }
+        b
+    }
+
     /// a(x) of one full assignment (the stacked one-hot marginal indicators).
     pub fn queries(&self, x: &[usize]) -> Vec<usize> {
         let f = &self.features;
@@ -184,6 +215,28 @@ mod tests {
                 let (mu_b, sigma_b) = brute_force(&me, &theta);
                 assert!((&mu - &mu_b).amax() < 1e-9, "{scopes:?}: μ differs by {}", (&mu - &mu_b).amax());
                 assert!((&sigma - &sigma_b).amax() < 1e-9, "{scopes:?}: Σ differs by {}", (&sigma - &sigma_b).amax());
+            }
+        }
+    }
+
+    #[test]
+    fn the_feature_map_turns_query_indicators_into_canonical_features() {
+        for (sizes, scopes) in [
+            (vec![3, 2, 4, 2], vec![vec![0, 1], vec![1, 2], vec![2, 3]]),
+            (vec![2, 3, 2, 3, 2], vec![vec![0, 1, 2], vec![2, 3], vec![3, 4], vec![0, 4]]),
+        ] {
+            let me = MaxEnt::new(CanonicalFeatures::new(&scopes, &sizes, 10_000).unwrap());
+            let b = me.feature_map();
+            for x in sizes.iter().map(|&s| 0..s).multi_cartesian_product() {
+                let mut a = DVector::zeros(me.width);
+                for q in me.queries(&x) {
+                    a[q] = 1.0;
+                }
+                let mut c = DVector::zeros(me.features.len);
+                for j in me.features.active(&x) {
+                    c[j] = 1.0;
+                }
+                assert_eq!(&b * a, c, "{scopes:?} at {x:?}");
             }
         }
     }

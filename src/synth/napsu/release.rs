@@ -181,7 +181,8 @@ pub struct InferenceReport {
     pub method: Inference,
     /// θ's dimension (canonical features).
     pub parameters: usize,
-    /// L-BFGS iterations of the mode search.
+    /// Iterations of the mode search (Fisher scoring, or L-BFGS when it
+    /// fell back).
     pub mode_iterations: u64,
     /// Posterior draws made (NUTS: chains × draws; Laplace: m).
     pub draws: usize,
