@@ -687,3 +687,58 @@ fn scheduler_never_reruns_or_bursts_when_the_wall_clock_jumps() {
     assert_eq!(started.len(), n, "a slot was started twice:\n{text}");
     assert_eq!(n, ids.len(), "started releases and ledger charges differ:\n{text}");
 }
+
+/// A napsu-mq step whose inference fails after the measurement (here:
+/// 5 sets asked of 1 chain × 4 NUTS draws, unconverged draws accepted, so
+/// the failure is certain): the pipeline's charge is spent and recorded as
+/// failed, nothing is published, and — post-processing of DP output — the
+/// message says what failed and where the saved noisy statistics are, and
+/// they re-run for free with `dpflow synth --from-record`.
+#[test]
+fn a_napsu_inference_failure_keeps_the_noisy_statistics_and_spends_the_charge() {
+    let dir = tempfile::tempdir().unwrap();
+    let d = dir.path();
+    let p = world(
+        d,
+        2.0,
+        None,
+        "  - synthesize: {name: na, mechanism: napsu-mq, queries: \"g,k; k,x\", multiple: 5, inference: nuts, \
+         nuts_chains: 1, nuts_warmup: 10, nuts_draws: 4, allow_unconverged: true, \
+         budget: {epsilon: 0.05, delta: 1.0e-6}, output: na.parquet}",
+    );
+    let text = std::fs::read_to_string(&p).unwrap().replace("budget: {epsilon: 0.3,", "budget: {epsilon: 0.5,");
+    std::fs::write(&p, &text).unwrap();
+    // The NUTS keys are checked before anything is charged.
+    let bad = text.replace("nuts_draws: 4", "nuts_draws: 2");
+    std::fs::write(d.join("bad.yaml"), bad).unwrap();
+    let out = dpflow().args(["validate", d.join("bad.yaml").to_str().unwrap()]).output().unwrap();
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(!out.status.success() && err.contains("nuts_draws") && err.contains("four draws"), "{err}");
+
+    let out = dpflow().args(["run", p.to_str().unwrap(), "--release-id", "r1"]).output().unwrap();
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(!out.status.success(), "{err}");
+    assert!(err.contains("step na: napsu-mq inference failed") && err.contains("NUTS kept 4"), "{err}");
+    let kept = d.join("out/r1/_staging/r1.failed-1/na.parquet.napsu.json");
+    assert!(err.contains(kept.to_str().unwrap()), "{err}");
+    assert!(published_files(&d.join("out/r1")).is_empty(), "nothing is published");
+    let kept_dir: Vec<_> =
+        std::fs::read_dir(kept.parent().unwrap()).unwrap().flatten().map(|e| e.file_name()).collect();
+    assert_eq!(kept_dir, vec![std::ffi::OsString::from("na.parquet.napsu.json")], "only the statistics are kept");
+    assert_eq!(mode(kept.parent().unwrap()) & 0o777, 0o700, "curator-only");
+    assert!(!d.join("out/r1/_staging/r1").exists(), "staging is cleared");
+    let l = Ledger::open(d.join("ledger.sqlite")).unwrap();
+    let h = l.history(None).unwrap();
+    assert_eq!(h.len(), 1);
+    assert_eq!(h[0].status, ChargeStatus::Failed, "the charge is spent, not refunded");
+    // The statistics re-run for free.
+    let syn = d.join("free.parquet");
+    let out = dpflow()
+        .args(["synth", "--from-record", kept.to_str().unwrap(), "--out", syn.to_str().unwrap(), "--multiple", "3"])
+        .output()
+        .unwrap();
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    assert!(syn.exists());
+    let h = Ledger::open(d.join("ledger.sqlite")).unwrap().history(None).unwrap();
+    assert_eq!(h.len(), 1, "no new charge: {h:?}");
+}

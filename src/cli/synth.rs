@@ -18,9 +18,15 @@ use dpflow_udfs::domain::DecodeMode;
 /// Arguments of `dpflow synth`.
 #[derive(Debug, Args)]
 pub struct SynthArgs {
-    /// Input data and its public domain (not with --from-record).
-    #[command(flatten)]
-    pub data: Option<InputArgs>,
+    /// Input data (file, prefix, glob or URL; not with --from-record).
+    #[arg(long, required_unless_present = "from_record", conflicts_with = "from_record")]
+    pub input: Option<String>,
+    /// Input format (default: from the extension).
+    #[arg(long, value_enum)]
+    pub input_format: Option<dpflow::io::InputFormat>,
+    /// Public domain file (not with --from-record).
+    #[arg(long, required_unless_present = "from_record", conflicts_with = "from_record")]
+    pub domain: Option<String>,
     /// Synthesizer.
     #[arg(long, value_enum, required_unless_present = "from_record")]
     pub mechanism: Option<Mechanism>,
@@ -147,7 +153,7 @@ fn napsu_options(a: &SynthArgs) -> NapsuOptions {
 
 /// `--from-record`: post-processing only.
 async fn from_record(a: &SynthArgs, path: &str) -> Result<i32> {
-    if a.data.is_some() {
+    if a.input.is_some() || a.domain.is_some() {
         anyhow::bail!("--from-record reads no data: drop --input and --domain");
     }
     let options = napsu_options(a);
@@ -180,7 +186,14 @@ pub(super) async fn run(a: SynthArgs) -> Result<i32> {
     if let Some(path) = a.from_record.clone() {
         return from_record(&a, &path).await;
     }
-    let (Some(data), Some(mechanism)) = (&a.data, a.mechanism) else {
+    // (Not a flattened `Option<InputArgs>`: clap then requires its fields
+    // even with --from-record, clap-rs/clap#5092.)
+    let data = a.input.clone().zip(a.domain.clone()).map(|(input, domain)| InputArgs {
+        input,
+        input_format: a.input_format,
+        domain,
+    });
+    let (Some(data), Some(mechanism)) = (&data, a.mechanism) else {
         anyhow::bail!("give the data (--input and --domain) and --mechanism, or --from-record FILE");
     };
     if a.unsafe_seed.is_some() {

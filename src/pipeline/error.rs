@@ -136,6 +136,25 @@ pub enum PipelineError {
         /// Why.
         source: object_store::Error,
     },
+    /// A napsu-mq step's inference failed after its noisy statistics were
+    /// measured: the pipeline's charge is spent, nothing is published, and
+    /// the statistics are kept for the curator. Post-processing of DP
+    /// output, so the cause is safe to show.
+    #[error(
+        "step {step}: napsu-mq inference failed: {source}\nThe pipeline's charge is spent (recorded as failed) and \
+         nothing was published, but the step's noisy statistics are kept, curator-only, in {record}. Re-run \
+         inference from them for free: dpflow synth --from-record {record} --out PATH [--inference nuts] \
+         [--allow-unconverged] [--max-features N]; or change the step's inference settings and run the pipeline \
+         under a new release id (a new charge)"
+    )]
+    NapsuInference {
+        /// Step name.
+        step: String,
+        /// Where the statistics are (staging while the run is on; then where they were kept).
+        record: String,
+        /// What failed.
+        source: crate::synth::napsu::NapsuError,
+    },
     /// A run that failed after reading protected data (charged, cause withheld).
     #[error(transparent)]
     Failed(#[from] FailureError),

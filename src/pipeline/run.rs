@@ -156,6 +156,8 @@ struct Locations {
     staging: String,
     /// The output template's root: nothing is published through a link below it.
     output_root: String,
+    /// The staging template's root (the same rule).
+    staging_root: String,
 }
 
 impl Pipeline {
@@ -333,7 +335,7 @@ impl Pipeline {
         // Before anything is charged: no link below a root (paths.rs).
         refuse_links_below(&output_root, &output)?;
         refuse_links_below(&staging_root, &staging)?;
-        let loc = Locations { output, staging, output_root };
+        let loc = Locations { output, staging, output_root, staging_root };
         let ctx = session_context();
         let manifest_url = join(&loc.output, "manifest.json");
         if exists(&ctx, &manifest_url).await? {
@@ -373,6 +375,19 @@ impl Pipeline {
         }
         let step_records = match self.run_steps(&ctx, &loc, opts, progress).await {
             Ok(r) => r,
+            Err(PipelineError::NapsuInference { step, record, source }) => {
+                // After the statistics were saved: everything since is post-processing
+                // of DP output, so the statistics are kept and the cause shown; the
+                // charge is still spent (docs/PRIVACY.md §5).
+                let kept = self.keep_napsu_statistics(&ctx, &loc, charge_id, &record).await;
+                let _ = delete_prefix(&ctx, &loc.staging).await;
+                let Ok(record) = kept else {
+                    let cause = PipelineError::NapsuInference { step, record, source };
+                    return Err(crate::privacy::charge_failure("pipeline run", Some((&ledger, charge_id)), cause));
+                };
+                ledger.fail(charge_id, "napsu-mq inference failed after the measurement (statistics kept)")?;
+                return Err(PipelineError::NapsuInference { step, record, source });
+            }
             Err(e) => {
                 // Nothing was published, but the steps read protected data: the
                 // failure is charged and its cause withheld (docs/PRIVACY.md §1).
@@ -392,6 +407,25 @@ impl Pipeline {
         ledger.commit(charge_id)?;
         progress("ledger charge committed");
         self.publish(&ctx, &loc, &release_id, charge_id, &mut ledger, started, opts, Some(step_records)).await
+    }
+
+    /// Copies a napsu-mq step's saved statistics at `record` out of
+    /// staging (which a rerun of the release id clears) into the owner-only
+    /// `<staging>.failed-<charge id>/` beside it, and returns the new path.
+    async fn keep_napsu_statistics(
+        &self,
+        ctx: &datafusion::execution::context::SessionContext,
+        loc: &Locations,
+        charge_id: i64,
+        record: &str,
+    ) -> Result<String> {
+        let dir = format!("{}.failed-{charge_id}", loc.staging.trim_end_matches('/'));
+        refuse_links_below(&loc.staging_root, &dir)?;
+        prepare_staging(&dir)?;
+        let kept = join(&dir, record.rsplit('/').next().unwrap_or(record));
+        let bytes = crate::io::read_bytes(ctx, record).await?;
+        write_bytes(ctx, &kept, bytes).await?;
+        Ok(kept)
     }
 
     /// Local directories a release needs, made before any data is read: the
@@ -487,9 +521,13 @@ impl Pipeline {
                         missing_options: Default::default(),
                         amplification: None,
                     };
-                    let rec = crate::synth::run::run_synth(ctx, &req, progress)
-                        .await
-                        .map_err(|e| step_error(name, e.into()))?;
+                    let rec = match crate::synth::run::run_synth(ctx, &req, progress).await {
+                        Ok(rec) => rec,
+                        Err(crate::synth::SynthError::NapsuInference { record, source }) => {
+                            return Err(PipelineError::NapsuInference { step: name.clone(), record, source });
+                        }
+                        Err(e) => return Err(step_error(name, e.into())),
+                    };
                     let mut outs = vec![output.clone()];
                     outs.extend(model_output.iter().cloned());
                     if is_napsu {

@@ -148,6 +148,15 @@ struct RawSynth {
     /// NAPSU-MQ: publish NUTS draws with R̂ over 1.05.
     #[serde(default)]
     allow_unconverged: bool,
+    /// NAPSU-MQ NUTS chains (default 4).
+    #[serde(default)]
+    nuts_chains: Option<usize>,
+    /// NAPSU-MQ NUTS warm-up draws per chain (default 800).
+    #[serde(default)]
+    nuts_warmup: Option<u64>,
+    /// NAPSU-MQ NUTS kept draws per chain (default 2000).
+    #[serde(default)]
+    nuts_draws: Option<u64>,
 }
 
 fn one_set() -> usize {
@@ -574,6 +583,30 @@ impl Pipeline {
                     };
                     if let Some(cap) = x.max_features {
                         napsu.max_features = cap;
+                    }
+                    if let Some(c) = x.nuts_chains {
+                        napsu.nuts.chains = c;
+                    }
+                    if let Some(w) = x.nuts_warmup {
+                        napsu.nuts.warmup = w;
+                    }
+                    if let Some(d) = x.nuts_draws {
+                        napsu.nuts.draws = d;
+                    }
+                    let nuts_keys = x.nuts_chains.is_some() || x.nuts_warmup.is_some() || x.nuts_draws.is_some();
+                    if nuts_keys && napsu.inference != crate::synth::napsu::release::Inference::Nuts {
+                        return Err(err(
+                            l,
+                            &key("synthesize.nuts_draws"),
+                            "nuts_chains, nuts_warmup and nuts_draws need inference: nuts".into(),
+                        ));
+                    }
+                    if napsu.nuts.chains == 0 || napsu.nuts.draws < 4 {
+                        return Err(err(
+                            l,
+                            &key("synthesize.nuts_draws"),
+                            "NUTS needs at least one chain and four draws per chain".into(),
+                        ));
                     }
                     if x.mechanism == crate::synth::run::Mechanism::NapsuMq {
                         // NAPSU-MQ's public inputs are checked here, before the release is charged.
