@@ -153,6 +153,12 @@ enum BenchCommand {
         /// Seed (simulation only).
         #[arg(long, default_value_t = 0)]
         seed: u64,
+        /// Leave out a set's coefficient whose standard error exceeds this (003 §5.2; 0 keeps all).
+        #[arg(long, default_value_t = 10.0)]
+        max_std_error: f64,
+        /// Queries added to the twelve, e.g. 'sex,income;race,income'.
+        #[arg(long, default_value = "")]
+        add_queries: String,
     },
     /// Donor search + L1(D) timing on a bench-data file (imputes `income`).
     KnnSpeed {
@@ -254,9 +260,35 @@ async fn run(command: BenchCommand) -> Result<()> {
             let b = napsu_toy::synth_baselines(&mechanisms, &epsilon, repeats, n, seed).await?;
             println!("{}", serde_json::to_string_pretty(&json!({ "n": n, "m": m, "results": r, "baselines": b }))?);
         }
-        BenchCommand::NapsuAdult { input, epsilon, repeats, m, nuts, warmup, draws, max_iters, seed } => {
+        BenchCommand::NapsuAdult {
+            input,
+            epsilon,
+            repeats,
+            m,
+            nuts,
+            warmup,
+            draws,
+            max_iters,
+            seed,
+            max_std_error,
+            add_queries,
+        } => {
             let nuts = nuts.then_some(dpflow::synth::napsu::nuts::NutsOptions { warmup, draws, ..Default::default() });
-            let r = napsu_adult::run(&input, &epsilon, repeats, m, nuts, max_iters, seed, &|m| eprintln!("{m}"))?;
+            let extra_queries = add_queries
+                .split(';')
+                .filter(|q| !q.trim().is_empty())
+                .map(|q| q.split(',').map(|c| c.trim().to_string()).collect())
+                .collect();
+            let settings = napsu_adult::Settings {
+                repeats,
+                m,
+                nuts,
+                max_iters,
+                seed,
+                max_std_error: (max_std_error > 0.0).then_some(max_std_error),
+                extra_queries,
+            };
+            let r = napsu_adult::run(&input, &epsilon, &settings, &|m| eprintln!("{m}"))?;
             println!("{}", serde_json::to_string_pretty(&r)?);
         }
         BenchCommand::PlainSql { input, query } => {

@@ -239,8 +239,11 @@ pub struct AdultResult {
     pub failures: usize,
     /// Coverage of each real-data coefficient.
     pub coverage: Vec<f64>,
-    /// Mean interval width of each.
+    /// Mean interval width of each (over the repeats that gave one).
     pub mean_width: Vec<f64>,
+    /// Mean share of the m estimates of each coefficient kept by the
+    /// standard-error filter.
+    pub kept: Vec<f64>,
     /// Mean seconds of inference (Laplace, or Laplace + NUTS) per repeat.
     pub inference_seconds: f64,
     /// Largest R̂ seen (NUTS).
@@ -268,23 +271,47 @@ pub struct AdultReport {
     pub results: Vec<AdultResult>,
     /// Peak RSS, MB.
     pub peak_rss_mb: f64,
+    /// The standard-error filter (003 §5.2), if any.
+    pub max_std_error: Option<f64>,
+}
+
+/// The experiment's settings.
+#[derive(Debug, Clone)]
+pub struct Settings {
+    /// Repeats per ε.
+    pub repeats: usize,
+    /// Synthetic sets per repeat.
+    pub m: usize,
+    /// NUTS (else Laplace).
+    pub nuts: Option<NutsOptions>,
+    /// Mode-search iterations.
+    pub max_iters: u64,
+    /// Simulation seed.
+    pub seed: u64,
+    /// 003 §5.2: a synthetic set's coefficient whose standard error exceeds
+    /// this is left out before Rubin's rules (a set with no high earners of
+    /// a rare race gives a near-infinite one). The paper's value was lost
+    /// in conversion; `None` keeps every estimate.
+    pub max_std_error: Option<f64>,
+    /// Queries added to the twelve (column names, e.g. `sex,income`).
+    pub extra_queries: Vec<Vec<String>>,
 }
 
 /// Runs the experiment.
-#[allow(clippy::too_many_arguments)]
-pub fn run(
-    path: &str,
-    epsilons: &[f64],
-    repeats: usize,
-    m: usize,
-    nuts: Option<NutsOptions>,
-    max_iters: u64,
-    seed: u64,
-    progress: &dyn Fn(&str),
-) -> anyhow::Result<AdultReport> {
+pub fn run(path: &str, epsilons: &[f64], s: &Settings, progress: &dyn Fn(&str)) -> anyhow::Result<AdultReport> {
+    let Settings { repeats, m, ref nuts, max_iters, seed, max_std_error, .. } = *s;
     let red = reduce(path)?;
     let n = red.rows.len();
-    let scopes = queries();
+    let mut scopes = queries();
+    for q in &s.extra_queries {
+        let mut ids = q
+            .iter()
+            .map(|c| COLUMNS.iter().position(|x| x == c).ok_or_else(|| anyhow::anyhow!("no column {c}")))
+            .collect::<anyhow::Result<Vec<usize>>>()?;
+        ids.sort_unstable();
+        anyhow::ensure!(!scopes.contains(&ids), "the query {q:?} is already one of the twelve");
+        scopes.push(ids);
+    }
     let me = MaxEnt::new(CanonicalFeatures::new(&scopes, &red.sizes, 5000)?);
     let mut exact = vec![0.0; me.width];
     for x in &red.rows {
@@ -322,6 +349,7 @@ pub fn run(
         let sigma = analytic_gaussian_sigma(sensitivity, epsilon, delta);
         let noise = DiscreteGaussian::from_sigma(sigma).ok_or_else(|| anyhow::anyhow!("bad σ {sigma}"))?;
         let (mut covered, mut width) = (vec![0usize; p], vec![0.0f64; p]);
+        let (mut kept, mut with_interval) = (vec![0.0f64; p], vec![0usize; p]);
         let (mut done, mut failures, mut inference_seconds, mut max_rhat) = (0usize, 0usize, 0.0f64, None::<f64>);
         for repeat in 0..repeats {
             let stats: Vec<f64> = exact.iter().map(|c| c + noise.sample(&mut rng) as f64).collect();
@@ -333,7 +361,7 @@ pub fn run(
                 progress(&format!("ε={epsilon} repeat {repeat}: Laplace failed"));
                 continue;
             };
-            let thetas: Vec<Vec<f64>> = match &nuts {
+            let thetas: Vec<Vec<f64>> = match nuts {
                 None => (0..m).map(|_| l.draw(&mut rng)).collect(),
                 Some(o) => match sample(&post, &l, o, &mut dprng) {
                     Ok(d) => {
@@ -359,19 +387,23 @@ pub fn run(
                 let counts = multinomial(&joint.values, n, &mut rng);
                 if let Ok(e) = estimate(EstimatorKind::Logistic, &[block_from_counts(&red, &counts)], "synthetic") {
                     for k in 0..p {
-                        q[k].push(e.estimates[k]);
-                        u[k].push(e.variances[k]);
+                        if max_std_error.is_none_or(|cap| e.variances[k].sqrt() <= cap) {
+                            q[k].push(e.estimates[k]);
+                            u[k].push(e.variances[k]);
+                        }
                     }
                 }
             }
-            if q[0].len() < 2 {
-                failures += 1;
-                continue;
-            }
             for k in 0..p {
+                kept[k] += q[k].len() as f64 / m as f64;
+                // Fewer than two estimates left: no interval, counted as not covering.
+                if q[k].len() < 2 {
+                    continue;
+                }
                 let c = combine("coef", &q[k], &u[k], Rule::FullySynthetic { syn_over_original: 1.0 }, 0.05, None)?;
                 covered[k] += usize::from(c.ci_low <= real[k] && real[k] <= c.ci_high);
                 width[k] += c.ci_high - c.ci_low;
+                with_interval[k] += 1;
             }
             done += 1;
             progress(&format!("ε={epsilon} repeat {repeat} done ({:.1}s inference)", t.elapsed().as_secs_f64()));
@@ -383,7 +415,8 @@ pub fn run(
             repeats: done,
             failures,
             coverage: covered.iter().map(|&c| c as f64 / d).collect(),
-            mean_width: width.iter().map(|w| w / d).collect(),
+            mean_width: width.iter().zip(&with_interval).map(|(w, &k)| w / k.max(1) as f64).collect(),
+            kept: kept.iter().map(|k| k / d).collect(),
             inference_seconds: inference_seconds / d,
             max_rhat,
             seconds: start.elapsed().as_secs_f64(),
@@ -393,6 +426,7 @@ pub fn run(
         n,
         parameters: me.features.len,
         queries: scopes.iter().map(|s| s.iter().map(|&a| COLUMNS[a].to_string()).collect()).collect(),
+        max_std_error,
         terms: terms(&red),
         real,
         gradient_ms,
