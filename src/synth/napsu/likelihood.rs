@@ -12,15 +12,20 @@
 //!   ∂ log p / ∂θ_j = n · Cov(g, c_j) − θ_j/τ²,
 //!   g(x) = wᵀa(x) − ½ (a(x) − μ)ᵀ M (a(x) − μ).
 //!
-//! Because a(x) is one-hot within each marginal, g is a sum of functions of
-//! single scopes (h_k: the linear part and the diagonal of M's blocks) and
-//! of pairs of scopes (q_kl = −M_kl on S_k ∪ S_l). For a positive function
-//! f̃ = f + δ on a set U, Cov(f, c) = E[f̃] · (E_p̃(c) − E_p(c)), where p̃ is
-//! the model tilted by f̃ (one more potential, on U), so each term costs one
-//! belief propagation: K for the scopes and K(K − 1)/2 for the pairs, on a
-//! junction tree extended by the pair's union (built once). Checked against
-//! central finite differences.
+//! Because a(x) is one-hot within each marginal, g is a function linear in
+//! a(x) (the linear part and the diagonal of M's blocks: vᵀa(x)) plus
+//! functions of pairs of scopes (q_kl = −M_kl on S_k ∪ S_l). The linear part
+//! needs no inference: c(x) = B·a(x) ([`MaxEnt::feature_map`]), so
+//! Cov(vᵀa, c) = BΣ(θ)v. For a positive function f̃ = f + δ on a set U,
+//! Cov(f, c) = E[f̃] · (E_p̃(c) − E_p(c)), where p̃ is the model tilted by f̃
+//! (one more potential, on U), so each pair costs one belief propagation,
+//! K(K − 1)/2 in all, on a junction tree extended by the pair's union
+//! (built once). Checked against central finite differences.
+//!
+//! C's Cholesky factor and inverse come from `faer` (blocked; nalgebra's
+//! column-by-column inverse was most of a gradient's time at Adult's width).
 
+use faer::linalg::solvers::{DenseSolveCore, SolveCore};
 use nalgebra::{DMatrix, DVector};
 
 use super::NapsuError;
@@ -84,15 +89,19 @@ impl Posterior {
 
     fn parts(&self, m: &Moments) -> Result<Parts, NapsuError> {
         let d = self.me.width;
-        let c = &m.sigma * self.n + DMatrix::identity(d, d) * (self.sigma * self.sigma);
-        let chol = c.cholesky().ok_or_else(|| {
+        let s2 = self.sigma * self.sigma;
+        let c = faer::Mat::from_fn(d, d, |i, j| self.n * m.sigma[(i, j)] + if i == j { s2 } else { 0.0 });
+        let llt = c.llt(faer::Side::Lower).map_err(|_| {
             NapsuError::Numerical("the likelihood's covariance nΣ(θ) + σ²I is not positive definite".into())
         })?;
         let r = &self.stats - &m.mu * self.n;
-        let w = chol.solve(&r);
-        let log_det = 2.0 * chol.l().diagonal().iter().map(|x| x.ln()).sum::<f64>();
+        let mut w = faer::Mat::from_fn(d, 1, |i, _| r[i]);
+        llt.solve_in_place_with_conj(faer::Conj::No, w.as_mut());
+        let w = DVector::from_fn(d, |i, _| w[(i, 0)]);
+        let l = llt.L();
+        let log_det = 2.0 * (0..d).map(|i| l[(i, i)].ln()).sum::<f64>();
         let ll = -0.5 * log_det - 0.5 * r.dot(&w);
-        Ok(Parts { ll, w, chol })
+        Ok(Parts { ll, w, llt })
     }
 
     /// log p(θ | s̃) up to a constant.
@@ -126,35 +135,28 @@ impl Posterior {
         let me = &self.me;
         let f = &me.features;
         let m = me.moments_full(theta);
-        let Parts { ll, w, chol } = self.parts(&m)?;
+        let Parts { ll, w, llt } = self.parts(&m)?;
         let tau2 = self.prior_sd * self.prior_sd;
-        let information = if fisher {
+        let cinv = {
+            let inv = llt.inverse();
+            DMatrix::from_fn(inv.nrows(), inv.ncols(), |i, j| inv[(i, j)])
+        };
+        let information = fisher.then(|| {
             let j = &m.sigma * self.feature_map.transpose();
-            let x = chol.l().solve_lower_triangular(&j).ok_or_else(|| {
-                NapsuError::Numerical("the likelihood's covariance has a zero on its Cholesky diagonal".into())
-            })?;
-            let mut info = x.transpose() * x * (self.n * self.n);
+            let mut info = j.transpose() * (&cinv * &j) * (self.n * self.n);
             for i in 0..info.nrows() {
                 info[(i, i)] += 1.0 / tau2;
             }
-            Some(info)
-        } else {
-            None
-        };
-        let cinv = chol.inverse();
+            info
+        });
         let mm = &cinv - &w * w.transpose();
         let m_mu = &mm * &m.mu;
         let base = feature_expectations(me, &m.beliefs);
-        let mut cov = vec![0.0; f.len];
-        // Single scopes: h_k(i) = w_i + (Mμ)_i − ½ M_ii on block k.
-        for (k, marg) in m.marginals.iter().enumerate() {
-            let o = me.offsets[k];
-            let mut h = marg.clone();
-            for (i, v) in h.values.iter_mut().enumerate() {
-                *v = w[o + i] + m_mu[o + i] - 0.5 * mm[(o + i, o + i)];
-            }
-            self.add_tilted_covariance(&m.model, None, &h, marg, &base, &mut cov);
-        }
+        // Single scopes: the part of g linear in a(x), vᵀa(x) with
+        // v_i = w_i + (Mμ)_i − ½ M_ii, has Cov(vᵀa, c) = BΣ(θ)v exactly
+        // (c = Ba), with no belief propagation.
+        let v = DVector::from_fn(me.width, |i, _| w[i] + m_mu[i] - 0.5 * mm[(i, i)]);
+        let mut cov: Vec<f64> = (&self.feature_map * (&m.sigma * v)).iter().copied().collect();
         // Pairs: q_kl(x) = −M[(k, x_{S_k}), (l, x_{S_l})] on S_k ∪ S_l.
         let mut p = 0;
         for k in 0..f.scopes.len() {
@@ -217,7 +219,7 @@ type Evaluation = (f64, Vec<f64>, Option<DMatrix<f64>>);
 struct Parts {
     ll: f64,
     w: DVector<f64>,
-    chol: nalgebra::Cholesky<f64, nalgebra::Dyn>,
+    llt: faer::linalg::solvers::Llt<f64>,
 }
 
 fn union(a: &[usize], b: &[usize]) -> Vec<usize> {
