@@ -713,7 +713,16 @@ fn a_napsu_inference_failure_keeps_the_noisy_statistics_and_spends_the_charge() 
     std::fs::write(d.join("bad.yaml"), bad).unwrap();
     let out = dpflow().args(["validate", d.join("bad.yaml").to_str().unwrap()]).output().unwrap();
     let err = String::from_utf8_lossy(&out.stderr);
-    assert!(!out.status.success() && err.contains("nuts_draws") && err.contains("four draws"), "{err}");
+    assert!(!out.status.success() && err.contains("nuts_chains") && err.contains("four draws"), "{err}");
+    // So are their upper bounds: a thread per chain and the draws' memory.
+    for (from, to, says) in
+        [("nuts_chains: 1", "nuts_chains: 1000", "between 1 and 64"), ("nuts_draws: 4", "nuts_draws: 900000000", "GiB")]
+    {
+        std::fs::write(d.join("bad.yaml"), text.replace(from, to)).unwrap();
+        let out = dpflow().args(["validate", d.join("bad.yaml").to_str().unwrap()]).output().unwrap();
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert!(!out.status.success() && err.contains(says), "{to}: {err}");
+    }
 
     let out = dpflow().args(["run", p.to_str().unwrap(), "--release-id", "r1"]).output().unwrap();
     let err = String::from_utf8_lossy(&out.stderr);
@@ -741,4 +750,123 @@ fn a_napsu_inference_failure_keeps_the_noisy_statistics_and_spends_the_charge() 
     assert!(syn.exists());
     let h = Ledger::open(d.join("ledger.sqlite")).unwrap().history(None).unwrap();
     assert_eq!(h.len(), 1, "no new charge: {h:?}");
+    let record: serde_json::Value = serde_json::from_slice(&std::fs::read(&kept).unwrap()).unwrap();
+    assert_eq!(record["ledger_charge"], 1, "the kept record names the charge that paid for it");
+    // Release ids cannot name a kept directory (a run would clear it as its staging).
+    let out = dpflow().args(["run", p.to_str().unwrap(), "--release-id", "r1.failed-1"]).output().unwrap();
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(!out.status.success() && err.contains(".failed-"), "{err}");
+    assert!(kept.exists());
+}
+
+/// A pipeline killed after its napsu-mq step saved the noisy statistics is
+/// not resumed (that would measure again under the same reservation): the
+/// rerun settles the charge as failed and keeps the statistics instead, in
+/// a directory of its own when the usual one is taken.
+#[test]
+fn a_release_interrupted_after_napsu_measured_is_settled_not_measured_again() {
+    let dir = tempfile::tempdir().unwrap();
+    let d = dir.path();
+    let p = world(
+        d,
+        2.0,
+        None,
+        "  - synthesize: {name: na, mechanism: napsu-mq, queries: \"g,k; k,x\", inference: nuts, \
+         nuts_chains: 1, nuts_warmup: 5000000, nuts_draws: 4, budget: {epsilon: 0.05, delta: 1.0e-6}, \
+         output: na.parquet}",
+    );
+    let text = std::fs::read_to_string(&p).unwrap().replace("budget: {epsilon: 0.3,", "budget: {epsilon: 0.5,");
+    std::fs::write(&p, &text).unwrap();
+    let kill_after_measuring = |release: &str| {
+        let mut child = dpflow()
+            .args(["run", p.to_str().unwrap(), "--release-id", release])
+            .stdout(std::process::Stdio::null())
+            .stderr(std::process::Stdio::null())
+            .spawn()
+            .unwrap();
+        let staged = d.join(format!("out/{release}/_staging/{release}/na.parquet.napsu.json"));
+        let t = std::time::Instant::now();
+        while !staged.exists() && t.elapsed() < std::time::Duration::from_secs(120) {
+            std::thread::sleep(std::time::Duration::from_millis(50));
+        }
+        // The statistics are saved; the sampler's five million warm-up steps are still running.
+        std::thread::sleep(std::time::Duration::from_millis(300));
+        child.kill().unwrap();
+        child.wait().unwrap();
+        assert!(staged.exists(), "the statistics were saved before the kill");
+    };
+    kill_after_measuring("r1");
+    let h = Ledger::open(d.join("ledger.sqlite")).unwrap().history(None).unwrap();
+    assert_eq!((h.len(), h[0].status), (1, ChargeStatus::Reserved));
+    // The usual kept directory is taken by something else.
+    std::fs::create_dir_all(d.join("out/r1/_staging/r1.failed-1")).unwrap();
+    std::fs::write(d.join("out/r1/_staging/r1.failed-1/other"), "x").unwrap();
+
+    let out = dpflow().args(["run", p.to_str().unwrap(), "--release-id", "r1"]).output().unwrap();
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(!out.status.success() && err.contains("interrupted before it finished"), "{err}");
+    let kept = d.join("out/r1/_staging/r1.failed-1-2/na.parquet.napsu.json");
+    assert!(err.contains(kept.to_str().unwrap()), "{err}");
+    let record: serde_json::Value = serde_json::from_slice(&std::fs::read(&kept).unwrap()).unwrap();
+    assert_eq!(record["ledger_charge"], 1);
+    assert_eq!(std::fs::read_to_string(d.join("out/r1/_staging/r1.failed-1/other")).unwrap(), "x");
+    assert!(!d.join("out/r1/_staging/r1").exists(), "staging is cleared");
+    assert!(published_files(&d.join("out/r1")).is_empty(), "nothing is published");
+    let h = Ledger::open(d.join("ledger.sqlite")).unwrap().history(None).unwrap();
+    assert_eq!(h.len(), 1, "not measured again: {h:?}");
+    assert_eq!(h[0].status, ChargeStatus::Failed, "the charge is spent, not refunded");
+
+    // The decision does not rest on staging: with the staged statistics gone
+    // (moved staging, a cleaned bucket), the open reservation is still settled.
+    kill_after_measuring("r2");
+    std::fs::remove_dir_all(d.join("out/r2/_staging/r2")).unwrap();
+    let out = dpflow().args(["run", p.to_str().unwrap(), "--release-id", "r2"]).output().unwrap();
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(!out.status.success() && err.contains("no napsu-mq statistics were found"), "{err}");
+    let h = Ledger::open(d.join("ledger.sqlite")).unwrap().history(None).unwrap();
+    assert_eq!(h.len(), 2, "not measured again: {h:?}");
+    assert!(h.iter().all(|c| c.status == ChargeStatus::Failed), "{h:?}");
+}
+
+/// The analyze step combines a napsu-mq step's sets with the rule and the
+/// standard-error filter it names (post-processing: no charge of its own),
+/// and refuses bad settings before anything is charged.
+#[test]
+fn an_analyze_step_takes_a_rule_and_a_standard_error_filter() {
+    let dir = tempfile::tempdir().unwrap();
+    let d = dir.path();
+    let p = world(
+        d,
+        5.0,
+        None,
+        "  - synthesize: {name: na, mechanism: napsu-mq, queries: \"g,k; k,x\", multiple: 4, \
+         budget: {epsilon: 1.0, delta: 1.0e-6}, output: na.parquet}\n  - analyze: {name: m, synthetic: na, \
+         analyses: [{estimator: mean, column: k}], rule: dips, max_std_error: 1000, output: m.csv}",
+    );
+    let text = std::fs::read_to_string(&p).unwrap().replace("budget: {epsilon: 0.3,", "budget: {epsilon: 1.5,");
+    std::fs::write(&p, &text).unwrap();
+    for (from, to, says) in [
+        ("rule: dips", "rule: rubin", "fully-synthetic, dips or single"),
+        ("max_std_error: 1000", "max_std_error: -1", "positive number"),
+    ] {
+        std::fs::write(d.join("bad.yaml"), text.replace(from, to)).unwrap();
+        let out = dpflow().args(["validate", d.join("bad.yaml").to_str().unwrap()]).output().unwrap();
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert!(!out.status.success() && err.contains(says), "{to}: {err}");
+    }
+    let out = dpflow().args(["run", p.to_str().unwrap(), "--release-id", "r1"]).output().unwrap();
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    let csv = std::fs::read_to_string(d.join("out/r1/m.csv")).unwrap();
+    let header: Vec<&str> = csv.lines().next().unwrap().split(',').collect();
+    let row: Vec<&str> = csv.lines().nth(1).unwrap().split(',').collect();
+    let col = |name: &str| row[header.iter().position(|h| *h == name).unwrap()];
+    assert_eq!((col("rule"), col("m")), ("dips", "4"), "{csv}");
+    let est: f64 = col("estimate").parse().unwrap();
+    assert!((0.0..=4.0).contains(&est), "{csv}");
+    // A cap below every standard error leaves every set out: no estimate.
+    std::fs::write(&p, text.replace("max_std_error: 1000", "max_std_error: 1.0e-12")).unwrap();
+    let out = dpflow().args(["run", p.to_str().unwrap(), "--release-id", "r2"]).output().unwrap();
+    let err = String::from_utf8_lossy(&out.stderr);
+    let csv = std::fs::read_to_string(d.join("out/r2/m.csv")).unwrap_or_default();
+    assert!(!out.status.success() || !csv.contains(",4,dips"), "{err}\n{csv}");
 }

@@ -142,9 +142,9 @@ pub enum PipelineError {
     /// output, so the cause is safe to show.
     #[error(
         "step {step}: napsu-mq inference failed: {source}\nThe pipeline's charge is spent (recorded as failed) and \
-         nothing was published, but the step's noisy statistics are kept, curator-only, in {record}. Re-run \
-         inference from them for free: dpflow synth --from-record {record} --out PATH [--inference nuts] \
-         [--allow-unconverged] [--max-features N]; or change the step's inference settings and run the pipeline \
+         nothing was published, but the step's noisy statistics are kept beside the staging area (owner-only on local disk) in {record}. Re-run \
+         inference from them for free: dpflow synth --from-record {record} --out PATH [--multiple M] \
+         [--inference nuts] [--allow-unconverged] [--max-features N]; or change the step's inference settings and run the pipeline \
          under a new release id (a new charge)"
     )]
     NapsuInference {
@@ -154,6 +154,24 @@ pub enum PipelineError {
         record: String,
         /// What failed.
         source: crate::synth::napsu::NapsuError,
+    },
+    /// A release with a napsu-mq step found its reservation open (an earlier
+    /// run was interrupted): resuming could measure again under the same
+    /// charge, so it is settled as failed, and any statistics kept.
+    #[error(
+        "release {release} was interrupted before it finished, and it has a napsu-mq step: an interrupted \
+         napsu-mq step may have measured (and saved) its noisy statistics, so resuming could spend ledger charge \
+         #{charge} twice. The charge is recorded as failed (spent) and nothing was published; {kept}. Run \
+         inference from kept statistics for free with dpflow synth --from-record FILE --out PATH [--multiple M] \
+         [--inference nuts], or run the pipeline again (a new charge)"
+    )]
+    NapsuInterrupted {
+        /// The release id.
+        release: String,
+        /// The charge, now failed.
+        charge: i64,
+        /// Where the statistics were kept, or that none were found.
+        kept: String,
     },
     /// A run that failed after reading protected data (charged, cause withheld).
     #[error(transparent)]

@@ -363,6 +363,37 @@ impl Pipeline {
                 Err(e) => return Err(e.into()),
             },
         };
+        // A resumed reservation whose earlier attempt saved napsu-mq statistics
+        // (a file usable with `dpflow synth --from-record`, its path shown in
+        // the progress output) must not measure again under the same charge:
+        // settle it as failed and keep the statistics, as `dpflow synth`
+        // refuses to resume (docs/PRIVACY.md §5).
+        // The decision comes from the ledger and the spec, not from what staging
+        // holds (staging may have moved with the date or an edit, or lost files):
+        // an open reservation of a release with a napsu-mq step, now or when it
+        // was reserved, is never resumed.
+        let napsu_now = self
+            .steps
+            .iter()
+            .any(|s| matches!(s, Step::Synthesize { mechanism: crate::synth::run::Mechanism::NapsuMq, .. }));
+        let napsu_then = existing.as_ref().is_some_and(|c| c.mechanisms.iter().any(|m| m.mechanism == "napsu-mq"));
+        if !fresh && (napsu_now || napsu_then) {
+            ledger.fail(charge_id, "interrupted release with a napsu-mq step: settled, not resumed")?;
+            let staged = self.staged_napsu_records(&ctx, &loc).await?;
+            let kept = if staged.is_empty() {
+                "no napsu-mq statistics were found in this run's staging area (the interruption came before the \
+                 measurement, or staging has moved)"
+                    .to_string()
+            } else {
+                let kept = self.keep_napsu_statistics(&ctx, &loc, charge_id, &staged).await?;
+                let _ = delete_prefix(&ctx, &loc.staging).await;
+                format!(
+                    "the statistics are kept beside the staging area (owner-only on local disk) in {}",
+                    kept.join(", ")
+                )
+            };
+            return Err(PipelineError::NapsuInterrupted { release: release_id, charge: charge_id, kept });
+        }
         // Fresh staging area (a previous crash may have left partial outputs),
         // owner-only, and the curator-only outputs' directories. Nothing has been
         // read yet: if this fails, a reservation made by this run goes back to the
@@ -378,14 +409,30 @@ impl Pipeline {
             Err(PipelineError::NapsuInference { step, record, source }) => {
                 // After the statistics were saved: everything since is post-processing
                 // of DP output, so the statistics are kept and the cause shown; the
-                // charge is still spent (docs/PRIVACY.md §5).
-                let kept = self.keep_napsu_statistics(&ctx, &loc, charge_id, &record).await;
-                let _ = delete_prefix(&ctx, &loc.staging).await;
-                let Ok(record) = kept else {
-                    let cause = PipelineError::NapsuInference { step, record, source };
-                    return Err(crate::privacy::charge_failure("pipeline run", Some((&ledger, charge_id)), cause));
+                // charge is still spent (docs/PRIVACY.md §5). The charge is settled
+                // first: statistics are kept only under a charge recorded as failed,
+                // never under an open reservation that a rerun would resume and
+                // measure again.
+                if ledger.fail(charge_id, "napsu-mq inference failed after the measurement (statistics kept)").is_err()
+                {
+                    // Staging is left as it is: the next run finds the open reservation
+                    // and settles it (above) instead of measuring again.
+                    return Err(crate::privacy::charge_failure("pipeline run", Some((&ledger, charge_id)), source));
+                }
+                let kept = match self.staged_napsu_records(&ctx, &loc).await {
+                    Ok(records) => {
+                        self.keep_napsu_statistics(&ctx, &loc, charge_id, &records).await.map(|k| (records, k))
+                    }
+                    Err(e) => Err(e),
                 };
-                ledger.fail(charge_id, "napsu-mq inference failed after the measurement (statistics kept)")?;
+                let _ = delete_prefix(&ctx, &loc.staging).await;
+                let Ok((records, kept)) = kept else {
+                    // The charge is already failed; the copy's cause is withheld.
+                    let failure: crate::privacy::FailureError =
+                        crate::privacy::ProtectedFailure::new("pipeline run", Some(charge_id)).into();
+                    return Err(failure.into());
+                };
+                let record = records.iter().position(|r| *r == record).map_or(record, |i| kept[i].clone());
                 return Err(PipelineError::NapsuInference { step, record, source });
             }
             Err(e) => {
@@ -409,22 +456,63 @@ impl Pipeline {
         self.publish(&ctx, &loc, &release_id, charge_id, &mut ledger, started, opts, Some(step_records)).await
     }
 
-    /// Copies a napsu-mq step's saved statistics at `record` out of
-    /// staging (which a rerun of the release id clears) into the owner-only
-    /// `<staging>.failed-<charge id>/` beside it, and returns the new path.
+    /// The napsu-mq records (noisy statistics) that steps of this release
+    /// have saved in staging.
+    async fn staged_napsu_records(
+        &self,
+        ctx: &datafusion::execution::context::SessionContext,
+        loc: &Locations,
+    ) -> Result<Vec<String>> {
+        let mut out = Vec::new();
+        for s in &self.steps {
+            if let Step::Synthesize { mechanism: crate::synth::run::Mechanism::NapsuMq, output, .. } = s {
+                let record = join(&loc.staging, &super::spec::napsu_record_name(output));
+                if exists(ctx, &record).await? {
+                    out.push(record);
+                }
+            }
+        }
+        Ok(out)
+    }
+
+    /// Copies staged napsu-mq records to a new owner-only directory beside
+    /// staging, `<staging>.failed-<charge id>[-k]/` (outside staging, which a
+    /// rerun clears; never one that already has files), each record marked
+    /// with the charge that paid for it. Call only once the charge is
+    /// settled as failed. Returns where each record went.
     async fn keep_napsu_statistics(
         &self,
         ctx: &datafusion::execution::context::SessionContext,
         loc: &Locations,
         charge_id: i64,
-        record: &str,
-    ) -> Result<String> {
-        let dir = format!("{}.failed-{charge_id}", loc.staging.trim_end_matches('/'));
+        records: &[String],
+    ) -> Result<Vec<String>> {
+        let base = format!("{}.failed-{charge_id}", loc.staging.trim_end_matches('/'));
+        let mut dir = base.clone();
+        let mut k = 1;
+        while !prefix_is_empty(ctx, &dir).await? {
+            k += 1;
+            dir = format!("{base}-{k}");
+        }
         refuse_links_below(&loc.staging_root, &dir)?;
         prepare_staging(&dir)?;
-        let kept = join(&dir, record.rsplit('/').next().unwrap_or(record));
-        let bytes = crate::io::read_bytes(ctx, record).await?;
-        write_bytes(ctx, &kept, bytes).await?;
+        let staging = format!("{}/", loc.staging.trim_end_matches('/'));
+        let mut kept = Vec::with_capacity(records.len());
+        for record in records {
+            let name = record.strip_prefix(&staging).unwrap_or(record.rsplit('/').next().unwrap_or(record));
+            let to = join(&dir, name);
+            let bytes = crate::io::read_bytes(ctx, record).await?;
+            // The record was written with no ledger (the pipeline holds the charge).
+            let bytes = match serde_json::from_slice::<serde_json::Value>(&bytes) {
+                Ok(serde_json::Value::Object(mut o)) => {
+                    o.insert("ledger_charge".into(), charge_id.into());
+                    serde_json::to_vec_pretty(&o).unwrap_or_else(|_| bytes.to_vec())
+                }
+                _ => bytes,
+            };
+            write_bytes(ctx, &to, bytes).await?;
+            kept.push(to);
+        }
         Ok(kept)
     }
 
@@ -564,7 +652,7 @@ impl Pipeline {
                         "outputs": [output], "seconds": t.elapsed().as_secs_f64(),
                     }));
                 }
-                Step::Analyze { name, synthetic, analyses, level, output } => {
+                Step::Analyze { name, synthetic, analyses, level, rule, max_std_error, output } => {
                     let location = synth_outputs.get(synthetic).ok_or_else(|| PipelineError::UnknownSynthetic {
                         step: name.clone(),
                         synthetic: synthetic.clone(),
@@ -574,7 +662,12 @@ impl Pipeline {
                         Some(column) => crate::analyze::Sets::Column { location: location.clone(), column },
                         None => crate::analyze::Sets::Locations(vec![location.clone()]),
                     };
-                    let options = crate::analyze::Options { alpha: 1.0 - level, ..Default::default() };
+                    let options = crate::analyze::Options {
+                        rule: *rule,
+                        alpha: 1.0 - level,
+                        max_std_error: *max_std_error,
+                        ..Default::default()
+                    };
                     let results = crate::analyze::analyze(&sets, analyses, &options)
                         .await
                         .map_err(|e| step_error(name, e.into()))?;
@@ -583,6 +676,7 @@ impl Pipeline {
                     records.push(serde_json::json!({
                         "step": name, "kind": "analyze", "synthetic": synthetic, "analyses": analyses,
                         "rule": results.first().map(|r| r.rule.name()), "level": level,
+                        "max_std_error": max_std_error,
                         "noise_aware": noise_aware,
                         "note": if noise_aware {
                             "estimates combined across noise-aware synthetic sets (post-processing: no budget)"
@@ -718,6 +812,20 @@ async fn exists(ctx: &datafusion::execution::context::SessionContext, location: 
     match store.head(&path).await {
         Ok(_) => Ok(true),
         Err(object_store::Error::NotFound { .. }) => Ok(false),
+        Err(source) => Err(PipelineError::Exists { location: location.to_string(), source }),
+    }
+}
+
+/// Whether nothing is stored under a prefix.
+async fn prefix_is_empty(ctx: &datafusion::execution::context::SessionContext, location: &str) -> Result<bool> {
+    let url = resolve_url(&format!("{}/", location.trim_end_matches('/')))?;
+    register_stores_for(ctx, &url)?;
+    let store = store_for(ctx, &url)?;
+    let prefix = ObjectPath::from_url_path(url.path())
+        .map_err(|source| IoError::BadPath { location: location.to_string(), source })?;
+    let local_dir = url.scheme() == "file" && url.to_file_path().is_ok_and(|p| p.exists());
+    match store.list(Some(&prefix)).try_next().await {
+        Ok(first) => Ok(first.is_none() && !local_dir),
         Err(source) => Err(PipelineError::Exists { location: location.to_string(), source }),
     }
 }

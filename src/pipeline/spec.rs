@@ -86,6 +86,13 @@ struct RawAnalyze {
     /// Interval coverage (default 0.95).
     #[serde(default)]
     level: Option<f64>,
+    /// Combining rule: `fully-synthetic` (default for two or more sets),
+    /// `dips` or `single`.
+    #[serde(default)]
+    rule: Option<String>,
+    /// 003 §5: leave a set's coefficient out when its standard error exceeds this.
+    #[serde(default)]
+    max_std_error: Option<f64>,
     /// Output CSV (relative; published with the release).
     output: String,
 }
@@ -242,6 +249,10 @@ pub enum Step {
         analyses: Vec<crate::analyze::AnalysisSpec>,
         /// Interval coverage.
         level: f64,
+        /// The combining rule (`None`: fully synthetic for m ≥ 2, single for m = 1).
+        rule: Option<crate::analyze::Rule>,
+        /// Leave out a set's coefficient whose standard error exceeds this.
+        max_std_error: Option<f64>,
         /// Output CSV (relative).
         output: String,
     },
@@ -371,6 +382,9 @@ pub fn release_id_problem(id: &str) -> Option<&'static str> {
     }
     if !id.chars().all(|c| c.is_ascii_alphanumeric() || matches!(c, '.' | '-' | '_')) {
         return Some("it has a character that could leave its directory or that storage may reinterpret");
+    }
+    if id.contains(".failed-") {
+        return Some("it contains \".failed-\", which names where failed napsu-mq runs keep their statistics");
     }
     None
 }
@@ -601,13 +615,6 @@ impl Pipeline {
                             "nuts_chains, nuts_warmup and nuts_draws need inference: nuts".into(),
                         ));
                     }
-                    if napsu.nuts.chains == 0 || napsu.nuts.draws < 4 {
-                        return Err(err(
-                            l,
-                            &key("synthesize.nuts_draws"),
-                            "NUTS needs at least one chain and four draws per chain".into(),
-                        ));
-                    }
                     if x.mechanism == crate::synth::run::Mechanism::NapsuMq {
                         // NAPSU-MQ's public inputs are checked here, before the release is charged.
                         if x.model_output.is_some() {
@@ -631,8 +638,14 @@ impl Pipeline {
                         let model_domain =
                             if missing.models_nulls() { spec.domain.clone() } else { spec.domain.without_nulls() };
                         let scopes: Vec<Vec<usize>> = parsed.queries.iter().map(|q| q.attrs.clone()).collect();
-                        crate::synth::napsu::release::max_ent(&model_domain, &scopes, napsu.max_features)
+                        let me = crate::synth::napsu::release::max_ent(&model_domain, &scopes, napsu.max_features)
                             .map_err(|e| err(l, &key(field), e.to_string()))?;
+                        if napsu.inference == crate::synth::napsu::release::Inference::Nuts {
+                            napsu
+                                .nuts
+                                .check(me.features.len)
+                                .map_err(|e| err(l, &key("synthesize.nuts_chains"), e.to_string()))?;
+                        }
                     } else if x.queries.is_some() || x.inference.is_some() || x.max_features.is_some() {
                         return Err(err(
                             l,
@@ -663,6 +676,30 @@ impl Pipeline {
                     if x.analyses.is_empty() {
                         return Err(err(l, &key("analyze.analyses"), "give at least one analysis".into()));
                     }
+                    let rule = match x.rule.as_deref() {
+                        None => None,
+                        Some("fully-synthetic") => {
+                            Some(crate::analyze::Rule::FullySynthetic { syn_over_original: 1.0 })
+                        }
+                        Some("dips") => Some(crate::analyze::Rule::Dips),
+                        Some("single") => Some(crate::analyze::Rule::Single),
+                        Some(other) => {
+                            return Err(err(
+                                l,
+                                &key("analyze.rule"),
+                                format!("{other:?} is not a rule: use fully-synthetic, dips or single"),
+                            ));
+                        }
+                    };
+                    if let Some(cap) = x.max_std_error
+                        && !(cap > 0.0 && cap.is_finite())
+                    {
+                        return Err(err(
+                            l,
+                            &key("analyze.max_std_error"),
+                            format!("{cap} must be a positive number (a standard error above it is left out)"),
+                        ));
+                    }
                     let synthesized = steps
                         .iter()
                         .any(|st: &Step| matches!(st, Step::Synthesize { name, .. } if *name == x.synthetic));
@@ -678,6 +715,8 @@ impl Pipeline {
                         synthetic: x.synthetic.clone(),
                         analyses: x.analyses.clone(),
                         level,
+                        rule,
+                        max_std_error: x.max_std_error,
                         output: x.output.clone(),
                     }
                 }

@@ -44,6 +44,50 @@ impl Default for NutsOptions {
     }
 }
 
+/// Most chains: each runs on its own thread.
+pub const MAX_CHAINS: usize = 64;
+
+/// Most memory the kept draws may take (they are held twice while the
+/// chains are joined).
+pub const MAX_DRAW_BYTES: u64 = 4 << 30;
+
+impl NutsOptions {
+    /// Checks the settings for a posterior of `dim` parameters: public
+    /// inputs, checked before anything is charged, so that a setting cannot
+    /// fail the run (a thread that cannot start, memory that runs out) after
+    /// the statistics were measured.
+    pub fn check(&self, dim: usize) -> Result<(), NapsuError> {
+        let bad = |what: String| Err(NapsuError::Query(what));
+        if self.chains == 0 || self.chains > MAX_CHAINS {
+            return bad(format!("NUTS chains must be between 1 and {MAX_CHAINS}, not {}", self.chains));
+        }
+        if self.draws < 4 {
+            return bad(format!("NUTS needs at least four draws per chain, not {}", self.draws));
+        }
+        if self.max_depth == 0 || self.max_depth > 16 {
+            return bad(format!("the NUTS tree depth must be between 1 and 16, not {}", self.max_depth));
+        }
+        let bytes = (self.chains as u64)
+            .saturating_mul(self.draws)
+            .saturating_mul(dim as u64)
+            .saturating_mul(2 * std::mem::size_of::<f64>() as u64);
+        if bytes > MAX_DRAW_BYTES {
+            return bad(format!(
+                "{} chains × {} draws × {dim} parameters would hold {:.1} GiB of draws (at most {} GiB): lower the \
+                 draws or the chains",
+                self.chains,
+                self.draws,
+                bytes as f64 / (1u64 << 30) as f64,
+                MAX_DRAW_BYTES >> 30
+            ));
+        }
+        if self.warmup.checked_add(self.draws).is_none_or(|t| t > 10_000_000) {
+            return bad("NUTS warm-up plus draws must be at most 10,000,000 per chain".into());
+        }
+        Ok(())
+    }
+}
+
 /// Draws and their diagnostics.
 #[derive(Debug, Clone, PartialEq)]
 pub struct NutsDraws {
@@ -145,9 +189,7 @@ pub fn sample<D: LogDensity + Sync>(
     opts: &NutsOptions,
     rng: &mut DpRng,
 ) -> Result<NutsDraws, NapsuError> {
-    if opts.chains == 0 || opts.draws < 4 {
-        return Err(NapsuError::Numerical("NUTS needs at least one chain and four draws".into()));
-    }
+    opts.check(density.dim())?;
     let settings = DiagNutsSettings {
         num_tune: opts.warmup,
         num_draws: opts.draws,
@@ -162,34 +204,42 @@ pub fn sample<D: LogDensity + Sync>(
             .enumerate()
             .map(|(c, mut r)| {
                 let settings = &settings;
-                s.spawn(move || -> Result<ChainDraws, NapsuError> {
-                    let math = CpuMath::new(Normalised { density, laplace });
-                    let fail = |e: String| NapsuError::Numerical(format!("NUTS chain {c}: {e}"));
-                    let mut chain = settings.new_chain(c as u64, math, &mut r).map_err(|e| fail(e.to_string()))?;
-                    // Start near the mode, jittered so chains differ.
-                    let start: Vec<f64> = (0..d).map(|j| 0.1 * (((c * 31 + j * 17) % 13) as f64 / 6.0 - 1.0)).collect();
-                    chain.set_position(&start).map_err(|e| fail(e.to_string()))?;
-                    let mut kept = Vec::with_capacity(opts.draws as usize);
-                    let mut divergences = 0;
-                    for _ in 0..opts.warmup + opts.draws {
-                        let (z, info) = chain.draw().map_err(|e| fail(e.to_string()))?;
-                        if !info.tuning {
-                            divergences += u64::from(info.diverging);
-                            let l = &laplace.cov_chol;
-                            kept.push(
-                                (0..d)
-                                    .map(|i| laplace.mean[i] + (0..=i).map(|j| l[(i, j)] * z[j]).sum::<f64>())
-                                    .collect(),
-                            );
+                // A thread the OS refuses is an error, not a panic.
+                std::thread::Builder::new().name(format!("nuts-chain-{c}")).spawn_scoped(
+                    s,
+                    move || -> Result<ChainDraws, NapsuError> {
+                        let math = CpuMath::new(Normalised { density, laplace });
+                        let fail = |e: String| NapsuError::Numerical(format!("NUTS chain {c}: {e}"));
+                        let mut chain = settings.new_chain(c as u64, math, &mut r).map_err(|e| fail(e.to_string()))?;
+                        // Start near the mode, jittered so chains differ.
+                        let start: Vec<f64> =
+                            (0..d).map(|j| 0.1 * (((c * 31 + j * 17) % 13) as f64 / 6.0 - 1.0)).collect();
+                        chain.set_position(&start).map_err(|e| fail(e.to_string()))?;
+                        let mut kept = Vec::with_capacity(opts.draws as usize);
+                        let mut divergences = 0;
+                        for _ in 0..opts.warmup + opts.draws {
+                            let (z, info) = chain.draw().map_err(|e| fail(e.to_string()))?;
+                            if !info.tuning {
+                                divergences += u64::from(info.diverging);
+                                let l = &laplace.cov_chol;
+                                kept.push(
+                                    (0..d)
+                                        .map(|i| laplace.mean[i] + (0..=i).map(|j| l[(i, j)] * z[j]).sum::<f64>())
+                                        .collect(),
+                                );
+                            }
                         }
-                    }
-                    Ok((kept, divergences))
-                })
+                        Ok((kept, divergences))
+                    },
+                )
             })
             .collect();
         handles
             .into_iter()
-            .map(|h| h.join().unwrap_or_else(|_| Err(NapsuError::Numerical("a NUTS chain panicked".into()))))
+            .map(|h| match h {
+                Ok(h) => h.join().unwrap_or_else(|_| Err(NapsuError::Numerical("a NUTS chain panicked".into()))),
+                Err(e) => Err(NapsuError::Numerical(format!("a NUTS chain's thread could not start: {e}"))),
+            })
             .collect()
     });
     let mut per_chain = Vec::with_capacity(opts.chains);

@@ -208,6 +208,17 @@ pub fn max_ent(domain: &Domain, scopes: &[Vec<usize>], max_features: usize) -> R
     Ok(MaxEnt::new(CanonicalFeatures::new(scopes, &domain.cardinalities(), max_features)?))
 }
 
+/// The model of `scopes` with every inference setting in `opts` checked
+/// against its size: all public inputs, so callers run this before
+/// anything is charged.
+pub fn checked_model(domain: &Domain, scopes: &[Vec<usize>], opts: &NapsuOptions) -> Result<MaxEnt, NapsuError> {
+    let me = max_ent(domain, scopes, opts.max_features)?;
+    if opts.inference == Inference::Nuts {
+        opts.nuts.check(me.features.len)?;
+    }
+    Ok(me)
+}
+
 /// m models p(x | θ_i), each from its own posterior draw, scaled to n̂ rows.
 pub fn posterior_models(
     stats: &NoisyStatistics,

@@ -21,7 +21,7 @@ use serde::{Deserialize, Serialize};
 
 use super::laplace::laplace;
 use super::likelihood::Posterior;
-use super::release::{InferenceReport, NapsuOptions, NoisyStatistics, max_ent, posterior_models};
+use super::release::{InferenceReport, NapsuOptions, NoisyStatistics, checked_model, max_ent, posterior_models};
 use crate::dataset::CodeSource;
 use crate::measure::ReleaseAccountant;
 use crate::missing::Strategy;
@@ -127,7 +127,7 @@ pub(crate) async fn run(ctx: &SessionContext, req: &SynthRequest, progress: &dyn
     crate::synth::structure::rules(&model_domain)?;
     let workload = Workload::parse(&req.workload, &model_domain)?;
     let scopes = scopes_of(&workload);
-    max_ent(&model_domain, &scopes, req.options.napsu.max_features)?;
+    checked_model(&model_domain, &scopes, &req.options.napsu)?;
     if req.unsafe_seed.is_some() && req.ledger.is_some() {
         return Err(SynthError::UnsafeSeed);
     }
