@@ -141,6 +141,10 @@ enum BenchCommand {
         /// Use NUTS (4 chains, 800 warm-up, 2000 draws, depth 12) instead of Laplace.
         #[arg(long)]
         nuts: bool,
+        /// Print log p along the normalised directions against the Laplace
+        /// approximation (first repeat of each ε): the geometry NUTS sees.
+        #[arg(long)]
+        probe: bool,
         /// NUTS warm-up per chain.
         #[arg(long, default_value_t = 800)]
         warmup: u64,
@@ -272,6 +276,7 @@ async fn run(command: BenchCommand) -> Result<()> {
             seed,
             max_std_error,
             add_queries,
+            probe,
         } => {
             let nuts = nuts.then_some(dpflow::synth::napsu::nuts::NutsOptions { warmup, draws, ..Default::default() });
             let extra_queries = add_queries
@@ -287,6 +292,7 @@ async fn run(command: BenchCommand) -> Result<()> {
                 seed,
                 max_std_error: (max_std_error > 0.0).then_some(max_std_error),
                 extra_queries,
+                probe,
             };
             let r = napsu_adult::run(&input, &epsilon, &settings, &|m| eprintln!("{m}"))?;
             println!("{}", serde_json::to_string_pretty(&r)?);

@@ -248,6 +248,10 @@ pub struct AdultResult {
     pub inference_seconds: f64,
     /// Largest R̂ seen (NUTS).
     pub max_rhat: Option<f64>,
+    /// Mean gradient evaluations per repeat (NUTS, all chains).
+    pub gradients: Option<f64>,
+    /// Mean leapfrog steps per kept draw (NUTS).
+    pub mean_steps: Option<f64>,
     /// Seconds for the whole ε.
     pub seconds: f64,
 }
@@ -295,6 +299,9 @@ pub struct Settings {
     pub max_std_error: Option<f64>,
     /// Queries added to the twelve (column names, e.g. `sex,income`).
     pub extra_queries: Vec<Vec<String>>,
+    /// Print, for the first repeat of each ε, how far log p departs from
+    /// the Laplace approximation along each normalised direction.
+    pub probe: bool,
 }
 
 /// Runs the experiment.
@@ -351,6 +358,7 @@ pub fn run(path: &str, epsilons: &[f64], s: &Settings, progress: &dyn Fn(&str)) 
         let (mut covered, mut width) = (vec![0usize; p], vec![0.0f64; p]);
         let (mut kept, mut with_interval) = (vec![0.0f64; p], vec![0usize; p]);
         let (mut done, mut failures, mut inference_seconds, mut max_rhat) = (0usize, 0usize, 0.0f64, None::<f64>);
+        let (mut gradients, mut steps) = (0u64, 0.0f64);
         for repeat in 0..repeats {
             let stats: Vec<f64> = exact.iter().map(|c| c + noise.sample(&mut rng) as f64).collect();
             let t = Instant::now();
@@ -361,11 +369,16 @@ pub fn run(path: &str, epsilons: &[f64], s: &Settings, progress: &dyn Fn(&str)) 
                 progress(&format!("ε={epsilon} repeat {repeat}: Laplace failed"));
                 continue;
             };
+            if s.probe && repeat == 0 {
+                probe(&post, &l, progress);
+            }
             let thetas: Vec<Vec<f64>> = match nuts {
                 None => (0..m).map(|_| l.draw(&mut rng)).collect(),
-                Some(o) => match sample(&post, &l, o, &mut dprng) {
+                Some(o) => match sample(&post, &l, o, &mut dprng, progress) {
                     Ok(d) => {
                         max_rhat = Some(max_rhat.map_or(d.max_rhat(), |r| r.max(d.max_rhat())));
+                        gradients += d.gradients;
+                        steps += d.mean_steps;
                         rand::seq::index::sample(&mut rng, d.draws.len(), m.min(d.draws.len()))
                             .into_iter()
                             .map(|i| d.draws[i].clone())
@@ -419,6 +432,8 @@ pub fn run(path: &str, epsilons: &[f64], s: &Settings, progress: &dyn Fn(&str)) 
             kept: kept.iter().map(|k| k / d).collect(),
             inference_seconds: inference_seconds / d,
             max_rhat,
+            gradients: nuts.is_some().then(|| gradients as f64 / d),
+            mean_steps: nuts.is_some().then(|| steps / d),
             seconds: start.elapsed().as_secs_f64(),
         });
     }
@@ -433,6 +448,59 @@ pub fn run(path: &str, epsilons: &[f64], s: &Settings, progress: &dyn Fn(&str)) 
         results,
         peak_rss_mb: crate::peak_rss_mb(),
     })
+}
+
+/// A diagnostic of the geometry NUTS sees: in the coordinates z the
+/// sampler works in (θ = mode + L z, LLᵀ the Laplace covariance), log p
+/// along each axis and along five random unit directions at
+/// t ∈ {−4, −2, −1, 1, 2, 4}, relative to the mode. Under a Gaussian
+/// posterior every value is −t²/2; a value far below it is a wall that
+/// forces a small step size (a rare cell whose count grows like e^θ).
+fn probe(post: &Posterior, l: &dpflow::synth::napsu::laplace::Laplace, progress: &dyn Fn(&str)) {
+    use dpflow::synth::napsu::laplace::LogDensity;
+    let d = l.mean.len();
+    let at = |z: &[f64]| -> f64 {
+        let theta: Vec<f64> =
+            (0..d).map(|i| l.mean[i] + (0..=i).map(|j| l.cov_chol[(i, j)] * z[j]).sum::<f64>()).collect();
+        post.value(&theta).unwrap_or(f64::NEG_INFINITY)
+    };
+    let zero = at(&vec![0.0; d]);
+    let mut rows = Vec::new();
+    for i in 0..d {
+        let mut vals = Vec::new();
+        for t in [-4.0, -2.0, -1.0, 1.0, 2.0, 4.0] {
+            let mut z = vec![0.0; d];
+            z[i] = t;
+            vals.push(at(&z) - zero);
+        }
+        let dev: f64 = [-4.0f64, -2.0, -1.0, 1.0, 2.0, 4.0]
+            .iter()
+            .zip(&vals)
+            .map(|(t, v)| (v + t * t / 2.0).abs())
+            .fold(0.0, f64::max);
+        rows.push((dev, i, vals));
+    }
+    rows.sort_by(|a, b| b.0.total_cmp(&a.0));
+    let big = rows.iter().filter(|r| r.0 > 1.0).count();
+    progress(&format!("probe: {big} of {d} directions deviate by > 1 nat within 4 sd"));
+    for (dev, i, vals) in rows.iter().take(12) {
+        let v: Vec<String> = vals.iter().map(|v| format!("{v:.2}")).collect();
+        progress(&format!("probe: z{i} dev {dev:.2}: at -4,-2,-1,1,2,4: {}", v.join(" ")));
+    }
+    // Random directions too.
+    let mut g = rand::rngs::SmallRng::seed_from_u64(3);
+    for _ in 0..5 {
+        let u: Vec<f64> = (0..d).map(|_| rand::RngExt::random_range(&mut g, -1.0..1.0)).collect();
+        let norm = u.iter().map(|x| x * x).sum::<f64>().sqrt();
+        let vals: Vec<String> = [-4.0, -2.0, -1.0, 1.0, 2.0, 4.0]
+            .iter()
+            .map(|t| {
+                let z: Vec<f64> = u.iter().map(|x| x / norm * t).collect();
+                format!("{:.2}", at(&z) - zero)
+            })
+            .collect();
+        progress(&format!("probe: random direction: {}", vals.join(" ")));
+    }
 }
 
 #[cfg(test)]

@@ -284,9 +284,13 @@ pub(super) async fn run(a: SynthArgs) -> Result<i32> {
         && let Some(r) = i.max_rhat
     {
         eprintln!(
-            "NUTS: largest R̂ {r:.3}, smallest ESS {:.0}, {} divergences",
+            "NUTS: largest R̂ {r:.3}, smallest ESS {:.0}, {} divergences, {:.1} leapfrog steps per draw, {} \
+             gradients in {:.1}s",
             i.min_ess.unwrap_or(f64::NAN),
-            i.divergences.unwrap_or(0)
+            i.divergences.unwrap_or(0),
+            i.mean_steps.unwrap_or(f64::NAN),
+            i.gradients.unwrap_or(0),
+            i.seconds
         );
     }
     if let Some(amp) = &record.amplification {

@@ -101,6 +101,13 @@ pub struct NutsDraws {
     pub ess: Vec<f64>,
     /// Divergent transitions after warm-up.
     pub divergences: u64,
+    /// Gradient evaluations, warm-up included, over all chains: the cost.
+    pub gradients: u64,
+    /// Mean leapfrog steps per kept draw (a tree of depth k takes up to
+    /// 2^k − 1).
+    pub mean_steps: f64,
+    /// Each chain's step size after warm-up.
+    pub step_sizes: Vec<f64>,
 }
 
 impl NutsDraws {
@@ -120,8 +127,14 @@ impl NutsDraws {
     }
 }
 
-/// One chain's kept draws and its divergences.
-type ChainDraws = (Vec<Vec<f64>>, u64);
+/// One chain's kept draws and what it cost.
+struct ChainDraws {
+    kept: Vec<Vec<f64>>,
+    divergences: u64,
+    gradients: u64,
+    kept_steps: u64,
+    step_size: f64,
+}
 
 #[derive(Debug, thiserror::Error)]
 #[error("{0}")]
@@ -182,12 +195,14 @@ impl<D: LogDensity> CpuLogpFunc for Normalised<'_, D> {
     }
 }
 
-/// Draws from `density` by NUTS, normalised with `laplace`.
+/// Draws from `density` by NUTS, normalised with `laplace`. `progress`
+/// hears each chain ten times (draws done, step size, tree size).
 pub fn sample<D: LogDensity + Sync>(
     density: &D,
     laplace: &Laplace,
     opts: &NutsOptions,
     rng: &mut DpRng,
+    progress: &dyn Fn(&str),
 ) -> Result<NutsDraws, NapsuError> {
     opts.check(density.dim())?;
     let settings = DiagNutsSettings {
@@ -198,12 +213,16 @@ pub fn sample<D: LogDensity + Sync>(
     };
     let d = density.dim();
     let rngs: Vec<DpRng> = (0..opts.chains).map(|_| rng.fork()).collect();
+    // Chains report through a channel that this thread drains, so that
+    // `progress` need not be shareable between threads.
+    let (tell, heard) = std::sync::mpsc::channel::<String>();
     let results: Vec<Result<ChainDraws, NapsuError>> = std::thread::scope(|s| {
         let handles: Vec<_> = rngs
             .into_iter()
             .enumerate()
             .map(|(c, mut r)| {
                 let settings = &settings;
+                let tell = tell.clone();
                 // A thread the OS refuses is an error, not a panic.
                 std::thread::Builder::new().name(format!("nuts-chain-{c}")).spawn_scoped(
                     s,
@@ -215,25 +234,57 @@ pub fn sample<D: LogDensity + Sync>(
                         let start: Vec<f64> =
                             (0..d).map(|j| 0.1 * (((c * 31 + j * 17) % 13) as f64 / 6.0 - 1.0)).collect();
                         chain.set_position(&start).map_err(|e| fail(e.to_string()))?;
-                        let mut kept = Vec::with_capacity(opts.draws as usize);
-                        let mut divergences = 0;
-                        for _ in 0..opts.warmup + opts.draws {
+                        let mut out = ChainDraws {
+                            kept: Vec::with_capacity(opts.draws as usize),
+                            divergences: 0,
+                            gradients: 0,
+                            kept_steps: 0,
+                            step_size: f64::NAN,
+                        };
+                        let total = opts.warmup + opts.draws;
+                        let started = std::time::Instant::now();
+                        let every = (total / 10).max(1);
+                        for i in 0..total {
                             let (z, info) = chain.draw().map_err(|e| fail(e.to_string()))?;
+                            out.gradients += info.num_gradients;
+                            if (i + 1) % every == 0 {
+                                // Post-processing of the DP statistics: safe to show.
+                                // A closed channel only loses the message.
+                                // The pace so far gives a rough end time (warm-up
+                                // trees are often the larger ones).
+                                let spent = started.elapsed().as_secs_f64();
+                                let left = spent * (total - i - 1) as f64 / (i + 1) as f64;
+                                let _ = tell.send(format!(
+                                    "napsu-mq: NUTS chain {c}: {} of {total} draws, step size {:.3}, {} leapfrog steps; \
+                                     {:.0}s so far, about {:.0}s to go at this pace",
+                                    i + 1,
+                                    info.step_size,
+                                    info.num_steps,
+                                    spent,
+                                    left
+                                ));
+                            }
                             if !info.tuning {
-                                divergences += u64::from(info.diverging);
+                                out.divergences += u64::from(info.diverging);
+                                out.kept_steps += info.num_steps;
+                                out.step_size = info.step_size;
                                 let l = &laplace.cov_chol;
-                                kept.push(
+                                out.kept.push(
                                     (0..d)
                                         .map(|i| laplace.mean[i] + (0..=i).map(|j| l[(i, j)] * z[j]).sum::<f64>())
                                         .collect(),
                                 );
                             }
                         }
-                        Ok((kept, divergences))
+                        Ok(out)
                     },
                 )
             })
             .collect();
+        drop(tell);
+        for message in heard {
+            progress(&message);
+        }
         handles
             .into_iter()
             .map(|h| match h {
@@ -243,16 +294,28 @@ pub fn sample<D: LogDensity + Sync>(
             .collect()
     });
     let mut per_chain = Vec::with_capacity(opts.chains);
-    let mut divergences = 0;
+    let (mut divergences, mut gradients, mut kept_steps, mut step_sizes) = (0, 0, 0, Vec::new());
     for r in results {
-        let (draws, div) = r?;
-        per_chain.push(draws);
-        divergences += div;
+        let c = r?;
+        per_chain.push(c.kept);
+        divergences += c.divergences;
+        gradients += c.gradients;
+        kept_steps += c.kept_steps;
+        step_sizes.push(c.step_size);
     }
     let rhat = (0..d).map(|j| split_rhat(&column(&per_chain, j))).collect();
     let ess = (0..d).map(|j| effective_sample_size(&column(&per_chain, j))).collect();
-    let out = NutsDraws { chains: opts.chains, draws: per_chain.concat(), rhat, ess, divergences };
-    Ok(out)
+    let kept = per_chain.iter().map(Vec::len).sum::<usize>().max(1);
+    Ok(NutsDraws {
+        chains: opts.chains,
+        draws: per_chain.concat(),
+        rhat,
+        ess,
+        divergences,
+        gradients,
+        mean_steps: kept_steps as f64 / kept as f64,
+        step_sizes,
+    })
 }
 
 /// Refuses draws whose largest R̂ exceeds `max_rhat` (unless `allow`).
@@ -394,8 +457,14 @@ mod tests {
         let l = laplace(&post, &LaplaceOptions::default()).unwrap();
         let mut rng = DpRng::unsafe_seeded(5);
         let opts = NutsOptions { chains: 2, warmup: 300, draws: 600, ..Default::default() };
-        let draws = sample(&post, &l, &opts, &mut rng).unwrap();
+        let draws = sample(&post, &l, &opts, &mut rng, &|_| {}).unwrap();
         check_converged(&draws, 1.05, false).unwrap();
+        // The cost figures: every iteration takes at least one gradient, and
+        // a kept draw's tree at most 2^depth − 1 leapfrog steps.
+        assert!(draws.gradients >= 2 * 900, "{}", draws.gradients);
+        assert!(draws.mean_steps >= 1.0 && draws.mean_steps <= 4095.0, "{}", draws.mean_steps);
+        assert_eq!(draws.step_sizes.len(), 2);
+        assert!(draws.step_sizes.iter().all(|e| *e > 0.0 && e.is_finite()));
         let m = draws.mean();
         for (j, mj) in m.iter().enumerate() {
             let sd = l.cov[(j, j)].sqrt();

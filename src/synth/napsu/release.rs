@@ -195,6 +195,12 @@ pub struct InferenceReport {
     /// NUTS: divergent transitions after warm-up.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub divergences: Option<u64>,
+    /// NUTS: gradient evaluations over all chains, warm-up included.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub gradients: Option<u64>,
+    /// NUTS: mean leapfrog steps per kept draw.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub mean_steps: Option<f64>,
     /// NUTS draws published although R̂ exceeded the limit.
     #[serde(default)]
     pub accepted_unconverged: bool,
@@ -242,6 +248,8 @@ pub fn posterior_models(
         max_rhat: None,
         min_ess: None,
         divergences: None,
+        gradients: None,
+        mean_steps: None,
         accepted_unconverged: false,
         seconds: 0.0,
     };
@@ -249,11 +257,13 @@ pub fn posterior_models(
         Inference::Laplace => (0..m).map(|_| fit.draw(rng)).collect(),
         Inference::Nuts => {
             progress(&format!("napsu-mq: NUTS, {} chains", opts.nuts.chains));
-            let draws = sample(&post, &fit, &opts.nuts, rng)?;
+            let draws = sample(&post, &fit, &opts.nuts, rng, progress)?;
             check_converged(&draws, opts.nuts.max_rhat, opts.allow_unconverged)?;
             report.max_rhat = Some(draws.max_rhat());
             report.min_ess = Some(draws.min_ess());
             report.divergences = Some(draws.divergences);
+            report.gradients = Some(draws.gradients);
+            report.mean_steps = Some(draws.mean_steps);
             // A NaN R̂ is not convergence either.
             report.accepted_unconverged =
                 draws.max_rhat().partial_cmp(&opts.nuts.max_rhat).is_none_or(|o| o == std::cmp::Ordering::Greater);
