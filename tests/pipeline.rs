@@ -848,6 +848,9 @@ fn an_analyze_step_takes_a_rule_and_a_standard_error_filter() {
     for (from, to, says) in [
         ("rule: dips", "rule: rubin", "fully-synthetic, dips or single"),
         ("max_std_error: 1000", "max_std_error: -1", "positive number"),
+        // The rule against the step's number of sets, before any charge.
+        ("rule: dips", "rule: single", "takes one set but step \"na\" writes 4"),
+        ("multiple: 4", "multiple: 1", "combines at least 2 sets"),
     ] {
         std::fs::write(d.join("bad.yaml"), text.replace(from, to)).unwrap();
         let out = dpflow().args(["validate", d.join("bad.yaml").to_str().unwrap()]).output().unwrap();

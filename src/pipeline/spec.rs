@@ -700,15 +700,42 @@ impl Pipeline {
                             format!("{cap} must be a positive number (a standard error above it is left out)"),
                         ));
                     }
-                    let synthesized = steps
-                        .iter()
-                        .any(|st: &Step| matches!(st, Step::Synthesize { name, .. } if *name == x.synthetic));
-                    if !synthesized {
+                    let Some(sets) = steps.iter().find_map(|st: &Step| match st {
+                        Step::Synthesize { name, multiple, .. } if *name == x.synthetic => Some(*multiple),
+                        _ => None,
+                    }) else {
                         return Err(err(
                             l,
                             &key("analyze.synthetic"),
                             format!("{:?} is not the name of an earlier synthesize step", x.synthetic),
                         ));
+                    };
+                    // The rule against the number of sets: public, so checked
+                    // here rather than after the charge.
+                    match rule {
+                        Some(crate::analyze::Rule::Single) if sets != 1 => {
+                            return Err(err(
+                                l,
+                                &key("analyze.rule"),
+                                format!(
+                                    "the single-set rule takes one set but step {:?} writes {sets}: use \
+                                     fully-synthetic or dips, or drop the rule",
+                                    x.synthetic
+                                ),
+                            ));
+                        }
+                        Some(crate::analyze::Rule::FullySynthetic { .. } | crate::analyze::Rule::Dips) if sets < 2 => {
+                            return Err(err(
+                                l,
+                                &key("analyze.rule"),
+                                format!(
+                                    "this rule combines at least 2 sets but step {:?} writes one: set its `multiple` \
+                                     to 2 or more, or use the single rule",
+                                    x.synthetic
+                                ),
+                            ));
+                        }
+                        _ => {}
                     }
                     Step::Analyze {
                         name: x.name.clone(),
