@@ -141,6 +141,9 @@ enum BenchCommand {
         /// Use NUTS (4 chains, 800 warm-up, 2000 draws, depth 12) instead of Laplace.
         #[arg(long)]
         nuts: bool,
+        /// Queries in place of 003's twelve, e.g. 'age,income;race,income;sex,income' (smaller models).
+        #[arg(long)]
+        queries: Option<String>,
         /// Print log p along the normalised directions against the Laplace
         /// approximation (first repeat of each ε): the geometry NUTS sees.
         #[arg(long)]
@@ -276,6 +279,7 @@ async fn run(command: BenchCommand) -> Result<()> {
             seed,
             max_std_error,
             add_queries,
+            queries,
             probe,
         } => {
             let nuts = nuts.then_some(dpflow::synth::napsu::nuts::NutsOptions { warmup, draws, ..Default::default() });
@@ -284,6 +288,12 @@ async fn run(command: BenchCommand) -> Result<()> {
                 .filter(|q| !q.trim().is_empty())
                 .map(|q| q.split(',').map(|c| c.trim().to_string()).collect())
                 .collect();
+            let queries = queries.map(|qs| {
+                qs.split(';')
+                    .filter(|q| !q.trim().is_empty())
+                    .map(|q| q.split(',').map(|c| c.trim().to_string()).collect())
+                    .collect()
+            });
             let settings = napsu_adult::Settings {
                 repeats,
                 m,
@@ -292,6 +302,7 @@ async fn run(command: BenchCommand) -> Result<()> {
                 seed,
                 max_std_error: (max_std_error > 0.0).then_some(max_std_error),
                 extra_queries,
+                queries,
                 probe,
             };
             let r = napsu_adult::run(&input, &epsilon, &settings, &|m| eprintln!("{m}"))?;

@@ -297,6 +297,9 @@ pub struct Settings {
     /// a rare race gives a near-infinite one). The paper's value was lost
     /// in conversion; `None` keeps every estimate.
     pub max_std_error: Option<f64>,
+    /// Queries in place of the twelve (smaller models, e.g. to run
+    /// twinify's NUTS side by side); `None` keeps the twelve.
+    pub queries: Option<Vec<Vec<String>>>,
     /// Queries added to the twelve (column names, e.g. `sex,income`).
     pub extra_queries: Vec<Vec<String>>,
     /// Print, for the first repeat of each ε, how far log p departs from
@@ -309,15 +312,22 @@ pub fn run(path: &str, epsilons: &[f64], s: &Settings, progress: &dyn Fn(&str)) 
     let Settings { repeats, m, ref nuts, max_iters, seed, max_std_error, .. } = *s;
     let red = reduce(path)?;
     let n = red.rows.len();
-    let mut scopes = queries();
-    for q in &s.extra_queries {
+    let ids = |q: &Vec<String>| -> anyhow::Result<Vec<usize>> {
         let mut ids = q
             .iter()
             .map(|c| COLUMNS.iter().position(|x| x == c).ok_or_else(|| anyhow::anyhow!("no column {c}")))
             .collect::<anyhow::Result<Vec<usize>>>()?;
         ids.sort_unstable();
-        anyhow::ensure!(!scopes.contains(&ids), "the query {q:?} is already one of the twelve");
-        scopes.push(ids);
+        Ok(ids)
+    };
+    let mut scopes = match &s.queries {
+        Some(qs) => qs.iter().map(ids).collect::<anyhow::Result<Vec<_>>>()?,
+        None => queries(),
+    };
+    for q in &s.extra_queries {
+        let q = ids(q)?;
+        anyhow::ensure!(!scopes.contains(&q), "the query {q:?} is already one of the queries");
+        scopes.push(q);
     }
     let me = MaxEnt::new(CanonicalFeatures::new(&scopes, &red.sizes, 5000)?);
     let mut exact = vec![0.0; me.width];
