@@ -369,6 +369,7 @@ pub fn run(path: &str, epsilons: &[f64], s: &Settings, progress: &dyn Fn(&str)) 
         let (mut kept, mut with_interval) = (vec![0.0f64; p], vec![0usize; p]);
         let (mut done, mut failures, mut inference_seconds, mut max_rhat) = (0usize, 0usize, 0.0f64, None::<f64>);
         let (mut gradients, mut steps) = (0u64, 0.0f64);
+        let mut fit_errors = std::collections::BTreeMap::<String, usize>::new();
         for repeat in 0..repeats {
             let stats: Vec<f64> = exact.iter().map(|c| c + noise.sample(&mut rng) as f64).collect();
             let t = Instant::now();
@@ -408,14 +409,21 @@ pub fn run(path: &str, epsilons: &[f64], s: &Settings, progress: &dyn Fn(&str)) 
                 let model = me.model(theta);
                 let joint = model.beliefs().marginal_any(&four, &red.sizes);
                 let counts = multinomial(&joint.values, n, &mut rng);
-                if let Ok(e) = estimate(EstimatorKind::Logistic, &[block_from_counts(&red, &counts)], "synthetic") {
-                    for k in 0..p {
-                        if max_std_error.is_none_or(|cap| e.variances[k].sqrt() <= cap) {
-                            q[k].push(e.estimates[k]);
-                            u[k].push(e.variances[k]);
+                match estimate(EstimatorKind::Logistic, &[block_from_counts(&red, &counts)], "synthetic") {
+                    Ok(e) => {
+                        for k in 0..p {
+                            if max_std_error.is_none_or(|cap| e.variances[k].sqrt() <= cap) {
+                                q[k].push(e.estimates[k]);
+                                u[k].push(e.variances[k]);
+                            }
                         }
                     }
+                    Err(e) => *fit_errors.entry(e.to_string()).or_insert(0usize) += 1,
                 }
+            }
+            // Why synthetic fits failed (a simulation: its data are synthetic).
+            for (why, count) in std::mem::take(&mut fit_errors) {
+                progress(&format!("ε={epsilon} repeat {repeat}: {count} of {m} synthetic fits failed: {why}"));
             }
             for k in 0..p {
                 kept[k] += q[k].len() as f64 / m as f64;
