@@ -283,17 +283,15 @@ async fn run(command: BenchCommand) -> Result<()> {
             probe,
         } => {
             let nuts = nuts.then_some(dpflow::synth::napsu::nuts::NutsOptions { warmup, draws, ..Default::default() });
-            let extra_queries = add_queries
-                .split(';')
-                .filter(|q| !q.trim().is_empty())
-                .map(|q| q.split(',').map(|c| c.trim().to_string()).collect())
-                .collect();
-            let queries = queries.map(|qs| {
+            // 'a,b;c,d' → [[a, b], [c, d]].
+            let parse = |qs: &str| -> Vec<Vec<String>> {
                 qs.split(';')
                     .filter(|q| !q.trim().is_empty())
                     .map(|q| q.split(',').map(|c| c.trim().to_string()).collect())
                     .collect()
-            });
+            };
+            let extra_queries = parse(&add_queries);
+            let queries = queries.as_deref().map(parse);
             let settings = napsu_adult::Settings {
                 repeats,
                 m,

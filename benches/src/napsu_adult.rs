@@ -476,26 +476,19 @@ pub fn run(path: &str, epsilons: &[f64], s: &Settings, progress: &dyn Fn(&str)) 
 /// forces a small step size (a rare cell whose count grows like e^θ).
 fn probe(post: &Posterior, l: &dpflow::synth::napsu::laplace::Laplace, progress: &dyn Fn(&str)) {
     use dpflow::synth::napsu::laplace::LogDensity;
+    const TS: [f64; 6] = [-4.0, -2.0, -1.0, 1.0, 2.0, 4.0];
     let d = l.mean.len();
-    let at = |z: &[f64]| -> f64 {
-        let theta: Vec<f64> =
-            (0..d).map(|i| l.mean[i] + (0..=i).map(|j| l.cov_chol[(i, j)] * z[j]).sum::<f64>()).collect();
-        post.value(&theta).unwrap_or(f64::NEG_INFINITY)
-    };
+    let at = |z: &[f64]| -> f64 { post.value(&l.at(z)).unwrap_or(f64::NEG_INFINITY) };
     let zero = at(&vec![0.0; d]);
     let mut rows = Vec::new();
     for i in 0..d {
         let mut vals = Vec::new();
-        for t in [-4.0, -2.0, -1.0, 1.0, 2.0, 4.0] {
+        for t in TS {
             let mut z = vec![0.0; d];
             z[i] = t;
             vals.push(at(&z) - zero);
         }
-        let dev: f64 = [-4.0f64, -2.0, -1.0, 1.0, 2.0, 4.0]
-            .iter()
-            .zip(&vals)
-            .map(|(t, v)| (v + t * t / 2.0).abs())
-            .fold(0.0, f64::max);
+        let dev: f64 = TS.iter().zip(&vals).map(|(t, v)| (v + t * t / 2.0).abs()).fold(0.0, f64::max);
         rows.push((dev, i, vals));
     }
     rows.sort_by(|a, b| b.0.total_cmp(&a.0));
@@ -510,7 +503,7 @@ fn probe(post: &Posterior, l: &dpflow::synth::napsu::laplace::Laplace, progress:
     for _ in 0..5 {
         let u: Vec<f64> = (0..d).map(|_| rand::RngExt::random_range(&mut g, -1.0..1.0)).collect();
         let norm = u.iter().map(|x| x * x).sum::<f64>().sqrt();
-        let vals: Vec<String> = [-4.0, -2.0, -1.0, 1.0, 2.0, 4.0]
+        let vals: Vec<String> = TS
             .iter()
             .map(|t| {
                 let z: Vec<f64> = u.iter().map(|x| x / norm * t).collect();

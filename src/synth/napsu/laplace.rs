@@ -117,7 +117,13 @@ impl Laplace {
     pub fn draw<R: rand::Rng + ?Sized>(&self, rng: &mut R) -> Vec<f64> {
         let d = self.mean.len();
         let z: Vec<f64> = (0..d).map(|_| standard_normal(rng)).collect();
-        (0..d).map(|i| self.mean[i] + (0..=i).map(|j| self.cov_chol[(i, j)] * z[j]).sum::<f64>()).collect()
+        self.at(&z)
+    }
+
+    /// The point θ = mode + L z for normalised coordinates z (LLᵀ the
+    /// covariance): the map NUTS samples through.
+    pub fn at(&self, z: &[f64]) -> Vec<f64> {
+        (0..z.len()).map(|i| self.mean[i] + (0..=i).map(|j| self.cov_chol[(i, j)] * z[j]).sum::<f64>()).collect()
     }
 }
 

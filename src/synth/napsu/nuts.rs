@@ -154,13 +154,6 @@ struct Normalised<'a, D: LogDensity> {
     laplace: &'a Laplace,
 }
 
-impl<D: LogDensity> Normalised<'_, D> {
-    fn theta(&self, z: &[f64]) -> Vec<f64> {
-        let l = &self.laplace.cov_chol;
-        (0..z.len()).map(|i| self.laplace.mean[i] + (0..=i).map(|j| l[(i, j)] * z[j]).sum::<f64>()).collect()
-    }
-}
-
 impl<D: LogDensity> HasDims for Normalised<'_, D> {
     fn dim_sizes(&self) -> HashMap<String, u64> {
         HashMap::from([("theta".to_string(), self.density.dim() as u64)])
@@ -177,7 +170,7 @@ impl<D: LogDensity> CpuLogpFunc for Normalised<'_, D> {
     }
 
     fn logp(&mut self, z: &[f64], gradient: &mut [f64]) -> Result<f64, DensityError> {
-        let theta = self.theta(z);
+        let theta = self.laplace.at(z);
         let (lp, g) = self.density.value_and_gradient(&theta).map_err(|e| DensityError(e.to_string()))?;
         if !lp.is_finite() {
             return Err(DensityError("log-density is not finite".into()));
@@ -191,7 +184,7 @@ impl<D: LogDensity> CpuLogpFunc for Normalised<'_, D> {
     }
 
     fn expand_vector<R: rand::Rng + ?Sized>(&mut self, _rng: &mut R, z: &[f64]) -> Result<Vec<f64>, CpuMathError> {
-        Ok(self.theta(z))
+        Ok(self.laplace.at(z))
     }
 }
 
@@ -249,9 +242,9 @@ pub fn sample<D: LogDensity + Sync>(
                             out.gradients += info.num_gradients;
                             if (i + 1) % every == 0 {
                                 // Post-processing of the DP statistics: safe to show.
-                                // A closed channel only loses the message.
                                 // The pace so far gives a rough end time (warm-up
-                                // trees are often the larger ones).
+                                // trees are often the larger ones). A closed
+                                // channel only loses the message.
                                 let spent = started.elapsed().as_secs_f64();
                                 let left = spent * (total - i - 1) as f64 / (i + 1) as f64;
                                 let _ = tell.send(format!(
@@ -268,12 +261,7 @@ pub fn sample<D: LogDensity + Sync>(
                                 out.divergences += u64::from(info.diverging);
                                 out.kept_steps += info.num_steps;
                                 out.step_size = info.step_size;
-                                let l = &laplace.cov_chol;
-                                out.kept.push(
-                                    (0..d)
-                                        .map(|i| laplace.mean[i] + (0..=i).map(|j| l[(i, j)] * z[j]).sum::<f64>())
-                                        .collect(),
-                                );
+                                out.kept.push(laplace.at(&z));
                             }
                         }
                         Ok(out)
