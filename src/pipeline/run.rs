@@ -803,12 +803,24 @@ impl Pipeline {
     }
 }
 
-async fn exists(ctx: &datafusion::execution::context::SessionContext, location: &str) -> Result<bool> {
-    let url = resolve_url(location)?;
+/// The store behind `location`, with its URL and object path (as a prefix,
+/// ending in `/`, when `prefix` is set).
+fn object_location(
+    ctx: &datafusion::execution::context::SessionContext,
+    location: &str,
+    prefix: bool,
+) -> Result<(url::Url, std::sync::Arc<dyn object_store::ObjectStore>, ObjectPath)> {
+    let url =
+        if prefix { resolve_url(&format!("{}/", location.trim_end_matches('/')))? } else { resolve_url(location)? };
     register_stores_for(ctx, &url)?;
     let store = store_for(ctx, &url)?;
     let path = ObjectPath::from_url_path(url.path())
         .map_err(|source| IoError::BadPath { location: location.to_string(), source })?;
+    Ok((url, store, path))
+}
+
+async fn exists(ctx: &datafusion::execution::context::SessionContext, location: &str) -> Result<bool> {
+    let (_, store, path) = object_location(ctx, location, false)?;
     match store.head(&path).await {
         Ok(_) => Ok(true),
         Err(object_store::Error::NotFound { .. }) => Ok(false),
@@ -818,11 +830,7 @@ async fn exists(ctx: &datafusion::execution::context::SessionContext, location: 
 
 /// Whether nothing is stored under a prefix.
 async fn prefix_is_empty(ctx: &datafusion::execution::context::SessionContext, location: &str) -> Result<bool> {
-    let url = resolve_url(&format!("{}/", location.trim_end_matches('/')))?;
-    register_stores_for(ctx, &url)?;
-    let store = store_for(ctx, &url)?;
-    let prefix = ObjectPath::from_url_path(url.path())
-        .map_err(|source| IoError::BadPath { location: location.to_string(), source })?;
+    let (url, store, prefix) = object_location(ctx, location, true)?;
     let local_dir = url.scheme() == "file" && url.to_file_path().is_ok_and(|p| p.exists());
     match store.list(Some(&prefix)).try_next().await {
         Ok(first) => Ok(first.is_none() && !local_dir),
@@ -832,11 +840,7 @@ async fn prefix_is_empty(ctx: &datafusion::execution::context::SessionContext, l
 
 /// Deletes every object under a prefix (and the local directory).
 pub async fn delete_prefix(ctx: &datafusion::execution::context::SessionContext, location: &str) -> Result<()> {
-    let url = resolve_url(&format!("{}/", location.trim_end_matches('/')))?;
-    register_stores_for(ctx, &url)?;
-    let store = store_for(ctx, &url)?;
-    let prefix = ObjectPath::from_url_path(url.path())
-        .map_err(|source| IoError::BadPath { location: location.to_string(), source })?;
+    let (url, store, prefix) = object_location(ctx, location, true)?;
     let objects: Vec<_> = store.list(Some(&prefix)).try_collect().await.unwrap_or_default();
     for o in objects {
         store.delete(&o.location).await.ok();
