@@ -276,6 +276,9 @@ pub enum SynthError {
     /// NAPSU-MQ's model, measurement or post-processing.
     #[error(transparent)]
     Napsu(#[from] super::napsu::NapsuError),
+    /// A DIPS synthesizer (002) refused its inputs.
+    #[error(transparent)]
+    Dips(#[from] super::dips::DipsError),
     /// NAPSU-MQ inference that failed after the statistics were released
     /// and saved: post-processing, so its cause is safe to show.
     #[error(

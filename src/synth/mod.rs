@@ -11,6 +11,7 @@
 pub mod aim;
 pub mod bounds;
 pub mod compress;
+pub mod dips;
 mod error;
 pub mod independent;
 pub mod mst;

@@ -1,0 +1,76 @@
+//! The differentially private data synthesizers of Bowen & Liu (002): the
+//! non-parametric ones (§3.1: Laplace sanitizer, perturbed and smoothed
+//! histograms) and the parametric ones (§3.2: Multinomial–Dirichlet,
+//! Binomial–Beta McClure–Reiter, MODIPS), each releasing m synthetic sets
+//! that an analyst combines with 002 eqs. (9)–(11) (`dpflow analyze
+//! --rule dips`, [`crate::analyze`]).
+//!
+//! - [`cells`]: the synthesizers over a table of K cells (categorical
+//!   attributes, numeric ones binned by public edges), with their privacy
+//!   proofs under dpflow's add/remove-one neighbours.
+//! - [`normal`]: MODIPS for a bounded normal attribute (002 §4.2).
+//! - [`exact`]: the exact integer samplers the sampling-based mechanisms
+//!   need.
+//!
+//! 002 keeps n public and states ε in terms of it; dpflow's neighbours
+//! make n private. Where 002's n is the size of the synthetic set, the
+//! mechanisms here take that size r as a public input; where it scales a
+//! statistic, they either sanitize n or take a declared public n. Each
+//! module says which, and why the guarantee holds for every n.
+
+pub mod cells;
+pub mod exact;
+pub mod normal;
+
+pub use cells::{CellMechanism, CellOptions, CellRelease, Generate};
+
+/// Why a DIPS synthesizer cannot run (all checked before any charge,
+/// except a refused charge itself).
+#[derive(Debug, thiserror::Error)]
+pub enum DipsError {
+    /// ε is not a positive number.
+    #[error("the privacy budget must be a positive ε, not {0}: give e.g. --epsilon 1")]
+    Epsilon(f64),
+    /// m = 0.
+    #[error("a DIPS release needs at least one synthetic set: give --multiple 1 or more")]
+    NoSets,
+    /// r = 0.
+    #[error("a DIPS release needs the number of rows per set (a public input): give --rows N")]
+    NoRows,
+    /// An empty table.
+    #[error("the table has no cells: give at least one attribute")]
+    NoCells,
+    /// A non-positive Dirichlet prior.
+    #[error("the Dirichlet prior must be positive, not {0} (002 §4.1 uses 1/3)")]
+    Prior(f64),
+    /// ε/m is so large relative to r that the pseudo-count underflows (or
+    /// so small that it overflows).
+    #[error(
+        "ε = {epsilon} per set for {rows} rows gives the pseudo-count α = {alpha}, which cannot be represented: \
+         draw fewer rows or spend a budget between 1e-12·rows and 700·rows"
+    )]
+    PseudoCount {
+        /// α.
+        alpha: f64,
+        /// ε per set.
+        epsilon: f64,
+        /// r.
+        rows: u64,
+    },
+    /// Public bounds that are not an interval.
+    #[error("the bounds [{lo}, {hi}] of {column} are not an interval: give lo < hi, both finite")]
+    Bounds {
+        /// The attribute.
+        column: String,
+        /// Lower bound.
+        lo: f64,
+        /// Upper bound.
+        hi: f64,
+    },
+    /// A declared public n below 2.
+    #[error("a declared public row count must be at least 2 (the variance needs n − 1 > 0), not {0}")]
+    PublicRows(u64),
+    /// The accountant refused a charge.
+    #[error(transparent)]
+    Charge(#[from] crate::measure::MeasureError),
+}
