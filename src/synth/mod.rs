@@ -211,7 +211,8 @@ impl FitContext<'_> {
         };
         self.accountant.charge(&[record])?;
         let sampler = noise.integer_sampler();
-        let values: Vec<f64> = exact.iter().map(|&c| (c as i128 + sampler.sample(self.rng)) as f64).collect();
+        let values: Vec<f64> =
+            exact.iter().map(|&c| (c as i128).saturating_add(sampler.sample(self.rng)) as f64).collect();
         let query = match &mut self.observed {
             None => crate::pgm::Query::Identity,
             Some(o) => {

@@ -523,7 +523,7 @@ async fn prepare(
                             accountant.charge(&[record])?;
                             let sampler = noise.integer_sampler();
                             let noisy: Vec<f64> =
-                                exact.iter().map(|&c| (c as i128 + sampler.sample(rng)) as f64).collect();
+                                exact.iter().map(|&c| (c as i128).saturating_add(sampler.sample(rng)) as f64).collect();
                             modes[i] = argmax(&noisy);
                         }
                         fit_budget = budget.scaled(1.0 - share);

@@ -155,7 +155,23 @@ pub struct CellRelease {
     pub sanitized: Vec<Vec<f64>>,
 }
 
-/// The public checks of a run, before anything is charged.
+/// The smallest ε per set a DIPS mechanism accepts: below it the noise
+/// scale (1/ε) or the pseudo-count leaves the range its samplers represent
+/// exactly, and no release would be useful anyway.
+pub const MIN_EPSILON_PER_SET: f64 = 1e-9;
+
+/// The pseudo-count (in units of 1/D) of a sampling mechanism, if it is one.
+fn calibration(mechanism: CellMechanism, eps: f64, rows: u64) -> Option<f64> {
+    match mechanism {
+        CellMechanism::SmoothedHistogram | CellMechanism::BinomialBeta => Some(pseudo_count(eps, rows)),
+        CellMechanism::MultinomialDirichlet => Some(dirichlet_prior(eps, rows)),
+        _ => None,
+    }
+}
+
+/// The public checks of a run, before anything is charged. They also keep
+/// the exact samplers' integer weights below 2¹²⁷: K cells of weight
+/// n_k·D + ⌈α·D⌉ plus r·D, where n·D and r·D are each below 2⁹⁶.
 pub fn check(mechanism: CellMechanism, cells: usize, epsilon: f64, options: &CellOptions) -> Result<()> {
     if !(epsilon.is_finite() && epsilon > 0.0) {
         return Err(DipsError::Epsilon(epsilon));
@@ -173,15 +189,15 @@ pub fn check(mechanism: CellMechanism, cells: usize, epsilon: f64, options: &Cel
         return Err(DipsError::Prior(options.prior));
     }
     let eps = epsilon / options.sets as f64;
-    let alpha = match mechanism {
-        CellMechanism::SmoothedHistogram | CellMechanism::BinomialBeta => Some(pseudo_count(eps, options.rows)),
-        CellMechanism::MultinomialDirichlet => Some(dirichlet_prior(eps, options.rows)),
-        _ => None,
-    };
-    if let Some(a) = alpha
-        && alpha_units(a).is_none()
-    {
-        return Err(DipsError::PseudoCount { alpha: a, epsilon: eps, rows: options.rows });
+    if eps < MIN_EPSILON_PER_SET {
+        return Err(DipsError::EpsilonPerSet { epsilon: eps, sets: options.sets, min: MIN_EPSILON_PER_SET });
+    }
+    if let Some(alpha) = calibration(mechanism, eps, options.rows) {
+        let fits = alpha_units(alpha).and_then(|u| u.checked_mul(cells as u128)).is_some_and(|w| w < 1u128 << 126)
+            && options.rows < 1u64 << 63;
+        if !fits {
+            return Err(DipsError::PseudoCount { alpha, epsilon: eps, rows: options.rows, cells });
+        }
     }
     Ok(())
 }
@@ -201,35 +217,48 @@ pub fn synthesize(
     let m = options.sets;
     let eps = epsilon / m as f64;
     let r = options.rows;
+    // Every set's charge at once, before any draw: all or nothing.
+    let alpha = calibration(mechanism, eps, r);
+    let records: Vec<MechanismRecord> = (1..=m)
+        .map(|set| {
+            let target = format!("{}({target}) set {set}", mechanism.name());
+            match alpha {
+                Some(a) => sampling_record(mechanism, target, eps, a, r),
+                None => MechanismRecord::laplace(target, 1.0, 1.0 / eps),
+            }
+        })
+        .collect();
+    accountant.charge(&records)?;
     let mut release = CellRelease { sets: Vec::with_capacity(m), sanitized: Vec::new() };
-    for set in 0..m {
-        let target = format!("{}({target}) set {}", mechanism.name(), set + 1);
-        match mechanism {
-            CellMechanism::SmoothedHistogram | CellMechanism::BinomialBeta => {
-                let alpha = pseudo_count(eps, r);
-                let units = alpha_units(alpha).ok_or(DipsError::PseudoCount { alpha, epsilon: eps, rows: r })?;
-                accountant.charge(&[sampling_record(mechanism, target, eps, alpha, r)])?;
-                release.sets.push(categorical_counts(rng, exact, units, r));
-            }
-            CellMechanism::MultinomialDirichlet => {
-                let alpha = dirichlet_prior(eps, r);
-                let units = alpha_units(alpha).ok_or(DipsError::PseudoCount { alpha, epsilon: eps, rows: r })?;
-                accountant.charge(&[sampling_record(mechanism, target, eps, alpha, r)])?;
-                release.sets.push(polya_urn_counts(rng, exact, units, r));
-            }
-            CellMechanism::LaplaceSanitizer | CellMechanism::PerturbedHistogram | CellMechanism::Modips => {
-                let noisy = sanitize(exact, target, eps, accountant, rng)?;
-                let counts = if mechanism == CellMechanism::Modips {
-                    let pi = dirichlet_draw(rng, &noisy, options.prior);
-                    multinomial(rng, &pi, r)
+    for _ in 0..m {
+        match (mechanism, alpha) {
+            (_, Some(a)) => {
+                // `check` made sure the weights fit.
+                let units = alpha_units(a).ok_or(DipsError::PseudoCount {
+                    alpha: a,
+                    epsilon: eps,
+                    rows: r,
+                    cells: exact.len(),
+                })?;
+                release.sets.push(if mechanism == CellMechanism::MultinomialDirichlet {
+                    polya_urn_counts(rng, exact, units, r)
                 } else {
-                    match options.generate {
-                        Generate::Sample => multinomial(rng, &noisy, r),
-                        Generate::Round => randomized_round(rng, &noisy, r),
-                    }
-                };
+                    categorical_counts(rng, exact, units, r)
+                });
+            }
+            (CellMechanism::Modips, None) => {
+                let noisy = sanitize(exact, eps, rng);
+                let pi = dirichlet_draw(rng, &noisy, options.prior);
+                release.sets.push(multinomial(rng, &pi, r));
                 release.sanitized.push(noisy);
-                release.sets.push(counts);
+            }
+            (_, None) => {
+                let noisy = sanitize(exact, eps, rng);
+                release.sets.push(match options.generate {
+                    Generate::Sample => multinomial(rng, &noisy, r),
+                    Generate::Round => randomized_round(rng, &noisy, r),
+                });
+                release.sanitized.push(noisy);
             }
         }
     }
@@ -247,19 +276,12 @@ fn sampling_record(mechanism: CellMechanism, target: String, epsilon: f64, alpha
     }
 }
 
-/// Charges ε, then adds discrete Laplace noise of scale 1/ε to every cell
-/// (L1 sensitivity 1 under add/remove-one) and sets negatives to 0.
-pub(crate) fn sanitize(
-    exact: &[u64],
-    target: String,
-    epsilon: f64,
-    accountant: &mut dyn Accountant,
-    rng: &mut DpRng,
-) -> Result<Vec<f64>> {
-    let noise = NoiseDistribution::Laplace { scale: 1.0 / epsilon };
-    accountant.charge(&[MechanismRecord::laplace(target, 1.0, 1.0 / epsilon)])?;
-    let sampler = noise.integer_sampler();
-    Ok(exact.iter().map(|&c| (c as i128 + sampler.sample(rng)).max(0) as f64).collect())
+/// Adds discrete Laplace noise of scale 1/ε to every cell (L1 sensitivity
+/// 1 under add/remove-one; the caller has charged ε) and sets negatives to
+/// 0. The addition saturates, so no count can wrap around.
+fn sanitize(exact: &[u64], epsilon: f64, rng: &mut DpRng) -> Vec<f64> {
+    let sampler = NoiseDistribution::Laplace { scale: 1.0 / epsilon }.integer_sampler();
+    exact.iter().map(|&c| (c as i128).saturating_add(sampler.sample(rng)).max(0) as f64).collect()
 }
 
 /// A Dirichlet(prior + counts) draw (post-processing: float Gamma variates).
@@ -455,6 +477,26 @@ mod tests {
         assert!((mean - want).abs() < 5.0 * 0.0014, "{mean} vs {want}");
         // Noise ε/m = 100 per set: sanitized counts within ±1 almost surely.
         assert!(rel.sanitized.iter().all(|s| (s[1] - 250.0).abs() <= 1.0));
+    }
+
+    /// The review's counterexamples to the first draft, now refused before
+    /// any charge: ε so small that the noise saturates i128, and a
+    /// pseudo-count whose K·⌈α·D⌉ wraps the sampler's u128 weights.
+    #[test]
+    fn calibrations_the_samplers_cannot_represent_are_refused_before_any_charge() {
+        let mut rng = DpRng::unsafe_seeded(3);
+        let mut acc = accountant(1.0);
+        let opts = CellOptions { sets: 1, rows: 1_000_000, ..Default::default() };
+        let tiny = synthesize(CellMechanism::LaplaceSanitizer, &[0], "x", 1e-39, &opts, &mut acc, &mut rng);
+        assert!(matches!(tiny, Err(DipsError::EpsilonPerSet { .. })), "{tiny:?}");
+        let eps = 3.308_722_453_520_833_3e-18;
+        let big = check(CellMechanism::BinomialBeta, 1 << 18, eps, &opts);
+        assert!(big.is_err());
+        // At MIN_EPSILON_PER_SET the Dirichlet prior for 10⁶ rows still fits 2¹⁸ cells.
+        let floor = check(CellMechanism::MultinomialDirichlet, 1 << 18, MIN_EPSILON_PER_SET, &opts);
+        assert!(floor.is_ok(), "{floor:?}");
+        assert!(check(CellMechanism::MultinomialDirichlet, usize::MAX, MIN_EPSILON_PER_SET, &opts).is_err());
+        assert!(acc.records().is_empty());
     }
 
     #[test]

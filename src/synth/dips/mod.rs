@@ -43,11 +43,23 @@ pub enum DipsError {
     /// A non-positive Dirichlet prior.
     #[error("the Dirichlet prior must be positive, not {0} (002 §4.1 uses 1/3)")]
     Prior(f64),
-    /// ε/m is so large relative to r that the pseudo-count underflows (or
-    /// so small that it overflows).
+    /// ε/m below [`cells::MIN_EPSILON_PER_SET`].
     #[error(
-        "ε = {epsilon} per set for {rows} rows gives the pseudo-count α = {alpha}, which cannot be represented: \
-         draw fewer rows or spend a budget between 1e-12·rows and 700·rows"
+        "ε = {epsilon} per set ({sets} sets) is below the smallest budget a DIPS set can be calibrated for \
+         ({min}): spend more or write fewer sets"
+    )]
+    EpsilonPerSet {
+        /// ε per set.
+        epsilon: f64,
+        /// m.
+        sets: usize,
+        /// The floor.
+        min: f64,
+    },
+    /// The pseudo-count times the cells is too large for the exact sampler.
+    #[error(
+        "ε = {epsilon} per set for {rows} rows over {cells} cells gives the pseudo-count α = {alpha}, too large for \
+         the exact sampler: spend more per set, draw fewer rows or use fewer cells"
     )]
     PseudoCount {
         /// α.
@@ -56,9 +68,11 @@ pub enum DipsError {
         epsilon: f64,
         /// r.
         rows: u64,
+        /// K.
+        cells: usize,
     },
     /// Public bounds that are not an interval.
-    #[error("the bounds [{lo}, {hi}] of {column} are not an interval: give lo < hi, both finite")]
+    #[error("the bounds [{lo}, {hi}] of {column} are not an interval: give finite lo < hi, at most about 1e150 apart")]
     Bounds {
         /// The attribute.
         column: String,

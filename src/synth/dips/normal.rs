@@ -15,7 +15,8 @@
 //!
 //! Each set's ε/m is split equally between them (002 splits its ε/m between
 //! x̄ and S²), each released with discrete Laplace noise on a public grid
-//! (`noisy_real`, docs/PRIVACY.md §0). 002 sanitizes x̄ and S² directly
+//! (docs/PRIVACY.md §0): each value is rounded to the grid before the
+//! exact integer sums, so the sensitivities hold in grid units. 002 sanitizes x̄ and S² directly
 //! with the sensitivities (c₁ − c₀)/n and (c₁ − c₀)²/n, which need a public
 //! n. When n *is* public (declared, e.g. a published census total) it is
 //! used instead of a noisy count, the budget is split between the two sums
@@ -30,7 +31,8 @@
 //! values x̃ ~ N(μ*, σ²*), each cut to [c₀, c₁] (002 §4.2 does the same).
 
 use dpflow_udfs::noise::cauchy::{sample_gamma, standard_normal_sample};
-use dpflow_udfs::noise::{DpRng, NoiseDistribution, noisy_real};
+use dpflow_udfs::noise::real::{grid_exponent, to_grid_units};
+use dpflow_udfs::noise::{DpRng, NoiseDistribution};
 use serde::{Deserialize, Serialize};
 
 use super::DipsError;
@@ -82,7 +84,9 @@ impl NormalSpec {
         if !(epsilon.is_finite() && epsilon > 0.0) {
             return Err(DipsError::Epsilon(epsilon));
         }
-        if !(self.lo.is_finite() && self.hi.is_finite() && self.lo < self.hi) {
+        // h² / ε must be a finite scale (bounds up to about ±1e150).
+        let h = 0.5 * (self.hi - self.lo);
+        if !(self.lo.is_finite() && self.hi.is_finite() && self.lo < self.hi && (h * h * 1e12).is_finite()) {
             return Err(DipsError::Bounds { column: self.column.clone(), lo: self.lo, hi: self.hi });
         }
         if self.sets == 0 {
@@ -90,6 +94,14 @@ impl NormalSpec {
         }
         if self.rows == 0 {
             return Err(DipsError::NoRows);
+        }
+        let per_set = epsilon / self.sets as f64;
+        if per_set < super::cells::MIN_EPSILON_PER_SET {
+            return Err(DipsError::EpsilonPerSet {
+                epsilon: per_set,
+                sets: self.sets,
+                min: super::cells::MIN_EPSILON_PER_SET,
+            });
         }
         match self.public_n {
             Some(n) if n < 2 => Err(DipsError::PublicRows(n)),
@@ -111,35 +123,53 @@ pub fn modips_normal(
     let (lo, hi) = (spec.lo, spec.hi);
     let c = 0.5 * (lo + hi);
     let h = 0.5 * (hi - lo);
-    // Exact statistics of the clamped, centred values.
-    let (mut s1, mut s2) = (0.0f64, 0.0f64);
-    for &x in values {
-        let d = x.clamp(lo, hi) - c;
-        s1 += d;
-        s2 += d * d;
-    }
-    let count = values.len() as f64;
     let parts = if spec.public_n.is_some() { 2.0 } else { 3.0 };
     let eps = epsilon / spec.sets as f64 / parts;
-    let mut release = NormalRelease { sets: Vec::with_capacity(spec.sets), statistics: Vec::new() };
+    // Public grids (docs/PRIVACY.md §0): each clamped, centred value and its
+    // square is rounded to its grid once, and the sums are exact integers,
+    // so one row moves them by at most ⌈h/g₁⌉ and ⌈h²/g₂⌉ units whatever
+    // the order of the rows (a float running sum would not: its rounding
+    // depends on the other rows).
+    let k1 = grid_exponent(&NoiseDistribution::Laplace { scale: h / eps }, h);
+    let k2 = grid_exponent(&NoiseDistribution::Laplace { scale: h * h / eps }, h * h);
+    let d1 = (h / 2f64.powi(k1)).ceil();
+    let d2 = (h * h / 2f64.powi(k2)).ceil();
+    // A NaN row is dropped from every statistic (a row-wise, 1-stable map).
+    let (mut s1, mut s2, mut count) = (0i128, 0i128, 0i128);
+    for &x in values.iter().filter(|x| !x.is_nan()) {
+        let d = x.clamp(lo, hi) - c;
+        s1 += to_grid_units(d, k1).clamp(-(d1 as i128), d1 as i128);
+        s2 += to_grid_units(d * d, k2).clamp(0, d2 as i128);
+        count += 1;
+    }
+    // Every set's charge at once, before any draw. The noise is in grid
+    // units, so the real-valued scales are the unit sensitivities times g.
+    let (g1, g2) = (2f64.powi(k1), 2f64.powi(k2));
+    let name = &spec.column;
+    let mut records = Vec::new();
     for set in 1..=spec.sets {
-        let name = &spec.column;
-        let mut records = vec![
-            MechanismRecord::laplace(format!("modips sum({name} − {c}) set {set}"), h, h / eps),
-            MechanismRecord::laplace(format!("modips sum(({name} − {c})²) set {set}"), h * h, h * h / eps),
-        ];
+        records.push(MechanismRecord::laplace(format!("modips sum({name} − {c}) set {set}"), d1 * g1, d1 * g1 / eps));
+        records.push(MechanismRecord::laplace(
+            format!("modips sum(({name} − {c})²) set {set}"),
+            d2 * g2,
+            d2 * g2 / eps,
+        ));
         if spec.public_n.is_none() {
             records.push(MechanismRecord::laplace(format!("modips count({name}) set {set}"), 1.0, 1.0 / eps));
         }
-        accountant.charge(&records)?;
-        let sum = noisy_real(rng, s1, h, &NoiseDistribution::Laplace { scale: h / eps });
-        let squares = noisy_real(rng, s2, h * h, &NoiseDistribution::Laplace { scale: h * h / eps });
+    }
+    accountant.charge(&records)?;
+    let noisy = |rng: &mut DpRng, exact: i128, units: f64, k: i32| {
+        let noise = NoiseDistribution::Laplace { scale: units / eps };
+        exact.saturating_add(noise.sample_integer(rng)) as f64 * 2f64.powi(k)
+    };
+    let mut release = NormalRelease { sets: Vec::with_capacity(spec.sets), statistics: Vec::new() };
+    for _ in 0..spec.sets {
+        let sum = noisy(rng, s1, d1, k1);
+        let squares = noisy(rng, s2, d2, k2);
         let n = match spec.public_n {
             Some(n) => n as f64,
-            None => {
-                let noise = NoiseDistribution::Laplace { scale: 1.0 / eps };
-                (count as i128 + noise.sample_integer(rng)) as f64
-            }
+            None => noisy(rng, count, 1.0, 0),
         };
         // Post-processing from here on.
         let stats = statistics(n, sum, squares, lo, hi);
@@ -215,6 +245,7 @@ mod tests {
             NormalSpec { sets: 0, ..spec(None) },
             NormalSpec { rows: 0, ..spec(None) },
             spec(Some(1)),
+            NormalSpec { lo: -1e160, hi: 1e160, ..spec(None) },
         ] {
             assert!(modips_normal(&[0.0], &s, 1.0, &mut acc, &mut rng).is_err());
         }
@@ -253,6 +284,42 @@ mod tests {
         assert!((sv / k as f64 - 2.5).abs() < 5.0 * se_v, "{}", sv / k as f64);
         // sd(μ) = √(E[σ²]/n) ≈ 0.48.
         assert!((sm / k as f64 - 0.7).abs() < 5.0 * 0.48 / (k as f64).sqrt());
+    }
+
+    /// The review's counterexample to a float running sum: 2²⁰ − 1 ones, a
+    /// tiny value and many tinier ones, with or without one more 1 first.
+    /// With per-row grid rounding the exact sums differ by exactly one
+    /// row's grid value, whatever the order.
+    #[test]
+    fn one_row_moves_the_sums_by_at_most_its_sensitivity() {
+        let (lo, hi, eps) = (-1.0, 1.0, 1.0);
+        let k1 = grid_exponent(&NoiseDistribution::Laplace { scale: 1.0 / eps }, 1.0);
+        let u = 2f64.powi(-33);
+        let mut d: Vec<f64> = vec![1.0; (1 << 20) - 1];
+        d.push(2f64.powi(-32));
+        d.extend(std::iter::repeat_n(-0.75 * u, 1 << 14));
+        let mut d2 = vec![1.0];
+        d2.extend(&d);
+        let units = |v: &[f64]| v.iter().map(|&x| to_grid_units(x.clamp(lo, hi), k1)).sum::<i128>();
+        let bound = (1.0 / 2f64.powi(k1)).ceil() as i128;
+        assert!((units(&d2) - units(&d)).abs() <= bound);
+        // The float running sums differ by more than the sensitivity.
+        let float = |v: &[f64]| v.iter().fold(0.0f64, |a, &x| a + x);
+        assert!((float(&d2) - float(&d)) > 1.0);
+    }
+
+    /// NaN rows are dropped (they used to turn the released sums into NaN
+    /// without noise); ±∞ are clamped to the bounds.
+    #[test]
+    fn nan_rows_are_dropped_and_infinities_clamped() {
+        let mut rng = DpRng::unsafe_seeded(2);
+        let mut acc = ReleaseAccountant::new(PrivacyFilter::new(Budget::Pure { epsilon: 1e6 }));
+        let data = [0.5, f64::NAN, f64::INFINITY, f64::NEG_INFINITY];
+        let rel = modips_normal(&data, &NormalSpec { sets: 1, ..spec(None) }, 1e5, &mut acc, &mut rng).unwrap();
+        let s = rel.statistics[0];
+        assert_eq!(s.n, 3.0);
+        assert!((s.mean - 0.5).abs() < 1e-3, "{s:?}");
+        assert!(rel.sets[0].iter().all(|x| x.is_finite()));
     }
 
     /// With a large budget the sets recover the data's mean and variance.
