@@ -415,3 +415,65 @@ async fn synthesis_refuses_to_resume_an_interrupted_reservation() {
     assert!(e.contains("left by an earlier run"), "{e}");
     assert!(!dir.path().join("rec.json").exists(), "the data was read and released again");
 }
+
+/// The 002 synthesizers end to end through `run_synth`: MODIPS charges ε
+/// once in the ledger (five sets of ε/5), writes five sets of the public
+/// number of rows numbered by `_set`, and `analyze --rule dips` combines
+/// them around the truth. A sampling synthesizer without `--rows` and a
+/// table over the cap are refused before anything is charged.
+#[tokio::test]
+async fn dips_synthesizers_charge_once_write_m_sets_and_refuse_bad_inputs_before_charging() {
+    use dpflow::synth::run::Mechanism;
+    let dir = tempfile::tempdir().unwrap();
+    let ledger_path = dir.path().join("l.sqlite");
+    let ledger = dpflow::privacy::Ledger::create(&ledger_path).unwrap();
+    ledger.add_dataset("toy", "row", dpflow::privacy::Budget::Pure { epsilon: 3.0 }).unwrap();
+    drop(ledger);
+    let ledger_arg = Some((ledger_path.display().to_string(), "toy".to_string()));
+    let spent = || dpflow::privacy::Ledger::open(&ledger_path).unwrap().status("toy").unwrap().spent;
+    let mut req = napsu_request(dir.path(), "all-3way", 5, ledger_arg);
+    req.mechanism = Mechanism::Modips;
+    req.budget = dpflow::privacy::Budget::Pure { epsilon: 1.0 };
+    req.rows = Some(1500);
+    let ctx = dpflow::io::session_context();
+    let record = dpflow::synth::run::run_synth(&ctx, &req, &|_| {}).await.unwrap();
+    assert!((spent() - 1.0).abs() < 1e-9, "{}", spent());
+    assert_eq!(record.mechanisms.len(), 5);
+    assert!((record.epsilon_spent.unwrap() - 1.0).abs() < 1e-12);
+    assert_eq!((record.rows, record.noise_aware, record.multiple), (1500, Some(true), Some(5)));
+    ctx.register_parquet("dips", &req.out, Default::default()).await.unwrap();
+    let sets = ctx.sql("SELECT _set, count(*) FROM dips GROUP BY _set ORDER BY _set").await.unwrap();
+    let batches = sets.collect().await.unwrap();
+    let batch = datafusion::arrow::compute::concat_batches(&batches[0].schema(), &batches).unwrap();
+    use datafusion::arrow::array::AsArray;
+    let counts: Vec<i64> = batch.column(1).as_primitive::<datafusion::arrow::datatypes::Int64Type>().values().to_vec();
+    assert_eq!(counts, vec![1500; 5]);
+
+    // P(y = yes) = (0.5 + σ(1))/2 = 0.6155; the sets' combined estimate
+    // has a standard error near 0.015.
+    let prop = spec(EstimatorKind::Proportion, None, Some("y"), Some("yes"));
+    let sets = Sets::Column { location: req.out.clone(), column: "_set".into() };
+    let options = Options { rule: Some(Rule::Dips), ..Default::default() };
+    let out = analyze(&sets, std::slice::from_ref(&prop), &options).await.unwrap();
+    let c = &out[0].terms[0].combined;
+    assert_eq!(c.m, 5);
+    assert!((c.estimate - 0.6155).abs() < 0.1, "{c:?}");
+    assert!(c.ci_low < c.estimate && c.estimate < c.ci_high);
+
+    // Refused before any charge: no public row count for a sampling
+    // mechanism, and --model-out (there is no model).
+    for (mechanism, rows, model_out) in [
+        (Mechanism::BinomialBeta, None, None),
+        (Mechanism::MultinomialDirichlet, None, None),
+        (Mechanism::LaplaceSanitizer, Some(10), Some(dir.path().join("m.json").display().to_string())),
+    ] {
+        let mut bad = req.clone();
+        bad.mechanism = mechanism;
+        bad.rows = rows;
+        bad.model_out = model_out;
+        bad.release_id = Some(format!("bad-{mechanism:?}"));
+        let e = dpflow::synth::run::run_synth(&ctx, &bad, &|_| {}).await.unwrap_err().to_string();
+        assert!(e.contains("--rows") || e.contains("--model-out"), "{e}");
+    }
+    assert!((spent() - 1.0).abs() < 1e-9, "a refused run charged the ledger: {}", spent());
+}

@@ -40,8 +40,9 @@ pub struct SynthArgs {
     #[arg(long, conflicts_with = "from_record")]
     pub queries: Option<String>,
     /// Synthetic sets to write, in one file with a `_set` column (1..m) when m > 1. napsu-mq draws
-    /// each from its own posterior sample (noise-aware: analyse with `dpflow analyze`); the other
-    /// mechanisms draw all m from one model, and the record says they are not noise-aware.
+    /// each from its own posterior sample, and the 002 synthesizers (laplace-sanitizer, modips, ...)
+    /// each from its own sanitization with ε/m (noise-aware: analyse with `dpflow analyze`); the
+    /// other mechanisms draw all m from one model, and the record says they are not noise-aware.
     #[arg(long, default_value_t = 1)]
     pub multiple: usize,
     /// napsu-mq: posterior inference (laplace: seconds; nuts: exact up to Monte Carlo error).
@@ -67,7 +68,9 @@ pub struct SynthArgs {
     /// record, with the settings given here. Reads no data and spends nothing.
     #[arg(long, conflicts_with_all = ["ledger", "dataset", "epsilon", "delta", "rho", "mechanism"])]
     pub from_record: Option<String>,
-    /// Rows to generate (default: the model's noisy estimate of the row count).
+    /// Rows to generate (default: the model's noisy estimate of the row count). Per set. The 002
+    /// sampling synthesizers (smoothed-histogram, binomial-beta, multinomial-dirichlet) need it:
+    /// their ε depends on it, so it must be a public number.
     #[arg(long)]
     pub rows: Option<u64>,
     /// Synthetic Parquet output (file or URL).
@@ -267,9 +270,12 @@ pub(super) async fn run(a: SynthArgs) -> Result<i32> {
         record.mechanism, a.out, record.missing, record.seconds.fit, record.seconds.generate
     );
     if record.noise_aware == Some(true) {
+        // NAPSU-MQ's sets take the fully-synthetic rule (the default); the
+        // 002 synthesizers' take 002 eqs. (9)-(11).
+        let rule = if record.napsu.is_some() { "" } else { " --rule dips" };
         eprintln!(
-            "the sets are noise-aware: analyse them with `dpflow analyze {} --set-column _set --logistic FORMULA` (or \
-             --ols, --mean, --proportion)",
+            "the sets are noise-aware: analyse them with `dpflow analyze {} --set-column _set{rule} --logistic FORMULA` \
+             (or --ols, --mean, --proportion)",
             a.out
         );
     }

@@ -45,6 +45,23 @@ pub enum Mechanism {
     /// own posterior draw (noise-aware multiple synthesis).
     #[serde(rename = "napsu-mq")]
     NapsuMq,
+    /// 002 §3.1.1: discrete Laplace on the full cross-tabulation.
+    #[serde(rename = "laplace-sanitizer")]
+    LaplaceSanitizer,
+    /// 002 §3.1.2 eq. (5): the same on the domain's numeric bins.
+    #[serde(rename = "perturbed-histogram")]
+    PerturbedHistogram,
+    /// 002 §3.1.2 eqs. (6)–(7): the histogram mixed with the uniform (needs --rows).
+    #[serde(rename = "smoothed-histogram")]
+    SmoothedHistogram,
+    /// 002 §3.2.1: Dirichlet–multinomial posterior predictive (needs --rows).
+    #[serde(rename = "multinomial-dirichlet")]
+    MultinomialDirichlet,
+    /// 002 §3.2.1: Binomial–Beta McClure–Reiter, pseudo-counts (needs --rows).
+    #[serde(rename = "binomial-beta")]
+    BinomialBeta,
+    /// 002 §3.2.2: sanitized counts, a Dirichlet posterior draw per set.
+    Modips,
 }
 
 impl Mechanism {
@@ -59,7 +76,27 @@ impl Mechanism {
             Mechanism::Privbayes => Box::new(pb(false)),
             Mechanism::PrivbayesPgm => Box::new(pb(true)),
             Mechanism::NapsuMq => Box::new(super::napsu::synthesize::NapsuMq),
+            Mechanism::LaplaceSanitizer
+            | Mechanism::PerturbedHistogram
+            | Mechanism::SmoothedHistogram
+            | Mechanism::MultinomialDirichlet
+            | Mechanism::BinomialBeta
+            | Mechanism::Modips => Box::new(super::dips::release::CellSynth(self.cells().expect("a cell mechanism"))),
         }
+    }
+
+    /// The 002 cell synthesizer behind a variant, if it is one.
+    pub fn cells(&self) -> Option<super::dips::CellMechanism> {
+        use super::dips::CellMechanism as C;
+        Some(match self {
+            Mechanism::LaplaceSanitizer => C::LaplaceSanitizer,
+            Mechanism::PerturbedHistogram => C::PerturbedHistogram,
+            Mechanism::SmoothedHistogram => C::SmoothedHistogram,
+            Mechanism::MultinomialDirichlet => C::MultinomialDirichlet,
+            Mechanism::BinomialBeta => C::BinomialBeta,
+            Mechanism::Modips => C::Modips,
+            _ => return None,
+        })
     }
 }
 
@@ -160,14 +197,7 @@ pub async fn write_sets(
     seed: u64,
     na_rules: Vec<crate::domain::NotApplicable>,
 ) -> Result<u64> {
-    use datafusion::arrow::array::{ArrayRef, Int32Array};
-    use datafusion::arrow::datatypes::{DataType, Field, Schema};
-    use datafusion::arrow::record_batch::RecordBatch;
-    use datafusion::physical_plan::stream::RecordBatchStreamAdapter;
-    use futures::StreamExt;
-
-    let m = plans.len();
-    let mut streams = Vec::with_capacity(m);
+    let mut streams = Vec::with_capacity(plans.len());
     for (i, plan) in plans.into_iter().enumerate() {
         // Distinct, reproducible per-set seeds from the one seed.
         let set_seed = seed.wrapping_add((i as u64).wrapping_mul(0x9E37_79B9_7F4A_7C15));
@@ -176,6 +206,24 @@ pub async fn write_sets(
             .map_err(|source| SynthError::Generate { source })?;
         streams.push(super::structure::enforce_stream(na_rules.clone(), stream));
     }
+    write_streams(ctx, streams, out).await
+}
+
+/// Writes one stream per synthetic set to `out`: the stream itself for one
+/// set; for several, one file with a [`SET_COLUMN`] numbering them (see
+/// [`write_sets`]).
+pub(crate) async fn write_streams(
+    ctx: &SessionContext,
+    mut streams: Vec<datafusion::execution::SendableRecordBatchStream>,
+    out: &str,
+) -> Result<u64> {
+    use datafusion::arrow::array::{ArrayRef, Int32Array};
+    use datafusion::arrow::datatypes::{DataType, Field, Schema};
+    use datafusion::arrow::record_batch::RecordBatch;
+    use datafusion::physical_plan::stream::RecordBatchStreamAdapter;
+    use futures::StreamExt;
+
+    let m = streams.len();
     let Some(first) = streams.first() else {
         return Err(SynthError::NoSets);
     };
@@ -321,7 +369,7 @@ pub struct TimingRecord {
 /// A fit's budget as a share in the synthesizer's own unit: pure ε for
 /// PrivBayes, ρ-zCDP for AIM, MST, MWEM and Independent. An ε-DP fit in a ρ
 /// budget takes ε = √(2ρ) (ε-DP implies ε²/2-zCDP).
-fn fit_share(budget: &Budget, pure: bool) -> Result<Share> {
+pub(crate) fn fit_share(budget: &Budget, pure: bool) -> Result<Share> {
     if pure {
         return Ok(Share::Epsilon(match *budget {
             Budget::Pure { epsilon } | Budget::Approx { epsilon, .. } => epsilon,
@@ -623,6 +671,9 @@ pub async fn run_synth(ctx: &SessionContext, req: &SynthRequest, progress: &dyn 
     check_sets(req)?;
     if req.mechanism == Mechanism::NapsuMq {
         return super::napsu::synthesize::run(ctx, req, progress).await;
+    }
+    if let Some(cells) = req.mechanism.cells() {
+        return super::dips::release::run(ctx, req, cells, progress).await;
     }
     let synth = req.mechanism.synthesizer(&req.options);
     let budget = fit_share(&req.budget, synth.pure_dp())?;

@@ -115,7 +115,8 @@ pub struct CellOptions {
     /// m, the number of synthetic sets (each gets ε/m).
     pub sets: usize,
     /// r, rows per set. The sampling mechanisms' ε depends on it, so it is
-    /// fixed before the data is read.
+    /// fixed before the data is read. 0 (noise-based mechanisms only): each
+    /// set has as many rows as its sanitized counts add up to.
     pub rows: u64,
     /// MODIPS's Dirichlet prior α₀ per cell (002 §4.1: 1/3, Kerman 2011).
     pub prior: f64,
@@ -179,7 +180,7 @@ pub fn check(mechanism: CellMechanism, cells: usize, epsilon: f64, options: &Cel
     if options.sets == 0 {
         return Err(DipsError::NoSets);
     }
-    if options.rows == 0 {
+    if options.rows == 0 && calibration(mechanism, 1.0, 1).is_some() {
         return Err(DipsError::NoRows);
     }
     if cells == 0 {
@@ -248,12 +249,14 @@ pub fn synthesize(
             }
             (CellMechanism::Modips, None) => {
                 let noisy = sanitize(exact, eps, rng);
+                let r = if r == 0 { noisy.iter().sum::<f64>() as u64 } else { r };
                 let pi = dirichlet_draw(rng, &noisy, options.prior);
                 release.sets.push(multinomial(rng, &pi, r));
                 release.sanitized.push(noisy);
             }
             (_, None) => {
                 let noisy = sanitize(exact, eps, rng);
+                let r = if r == 0 { noisy.iter().sum::<f64>() as u64 } else { r };
                 release.sets.push(match options.generate {
                     Generate::Sample => multinomial(rng, &noisy, r),
                     Generate::Round => randomized_round(rng, &noisy, r),
@@ -378,13 +381,19 @@ mod tests {
             (0.0, ok.clone()),
             (f64::NAN, ok.clone()),
             (1.0, CellOptions { sets: 0, ..ok.clone() }),
-            (1.0, CellOptions { rows: 0, ..ok.clone() }),
             (1.0, CellOptions { prior: -1.0, ..ok.clone() }),
         ];
         for (eps, opts) in cases {
             assert!(synthesize(CellMechanism::Modips, &[1, 2], "x", eps, &opts, &mut acc, &mut rng).is_err());
         }
         assert!(synthesize(CellMechanism::Modips, &[], "x", 1.0, &ok, &mut acc, &mut rng).is_err());
+        // The sampling mechanisms' ε depends on r: it must be given.
+        let no_rows = CellOptions { rows: 0, ..ok.clone() };
+        for mech in [CellMechanism::BinomialBeta, CellMechanism::SmoothedHistogram, CellMechanism::MultinomialDirichlet]
+        {
+            let e = synthesize(mech, &[1, 2], "x", 1.0, &no_rows, &mut acc, &mut rng);
+            assert!(matches!(e, Err(DipsError::NoRows)), "{e:?}");
+        }
         assert!(acc.records().is_empty());
     }
 
@@ -497,6 +506,18 @@ mod tests {
         assert!(floor.is_ok(), "{floor:?}");
         assert!(check(CellMechanism::MultinomialDirichlet, usize::MAX, MIN_EPSILON_PER_SET, &opts).is_err());
         assert!(acc.records().is_empty());
+    }
+
+    /// Without r, a noise-based set has as many rows as its sanitized total.
+    #[test]
+    fn noise_based_sets_default_to_their_sanitized_total() {
+        let mut rng = DpRng::unsafe_seeded(8);
+        let mut acc = accountant(1e6);
+        let opts = CellOptions { sets: 2, rows: 0, ..Default::default() };
+        for mech in [CellMechanism::LaplaceSanitizer, CellMechanism::Modips] {
+            let rel = synthesize(mech, &[300, 0, 700], "x", 1e5, &opts, &mut acc, &mut rng).unwrap();
+            assert!(rel.sets.iter().all(|s| s.iter().sum::<u64>() == 1000), "{mech:?}");
+        }
     }
 
     #[test]

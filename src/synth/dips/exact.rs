@@ -61,6 +61,15 @@ impl Fenwick {
         }
     }
 
+    /// Removes `w` from a cell holding at least `w`.
+    pub(crate) fn sub(&mut self, cell: usize, w: u128) {
+        let mut j = cell + 1;
+        while j < self.tree.len() {
+            self.tree[j] -= w;
+            j += j & j.wrapping_neg();
+        }
+    }
+
     pub(crate) fn total(&self) -> u128 {
         let mut j = self.tree.len() - 1;
         let mut s = 0;

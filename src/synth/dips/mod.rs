@@ -21,6 +21,7 @@
 pub mod cells;
 pub mod exact;
 pub mod normal;
+pub mod release;
 
 pub use cells::{CellMechanism, CellOptions, CellRelease, Generate};
 
@@ -35,7 +36,10 @@ pub enum DipsError {
     #[error("a DIPS release needs at least one synthetic set: give --multiple 1 or more")]
     NoSets,
     /// r = 0.
-    #[error("a DIPS release needs the number of rows per set (a public input): give --rows N")]
+    #[error(
+        "the sampling synthesizers' ε depends on how many rows they draw, so the rows per set are a public input: \
+         give --rows N"
+    )]
     NoRows,
     /// An empty table.
     #[error("the table has no cells: give at least one attribute")]
@@ -84,6 +88,26 @@ pub enum DipsError {
     /// A declared public n below 2.
     #[error("a declared public row count must be at least 2 (the variance needs n − 1 > 0), not {0}")]
     PublicRows(u64),
+    /// A missing-data strategy the cell synthesizers do not take.
+    #[error(
+        "the 002 synthesizers count the full table with nulls as cells (--missing reproduce) or over complete rows \
+         (--missing complete-row), not {0}"
+    )]
+    Missing(String),
+    /// A table over [`release::MAX_CELLS`].
+    #[error(
+        "the full cross-tabulation has {cells:.0} cells, over the {max} a 002 synthesizer takes: use fewer columns \
+         or coarser bins in the domain"
+    )]
+    TooManyCells {
+        /// Cells of the table.
+        cells: f64,
+        /// The cap.
+        max: usize,
+    },
+    /// `--model-out` with a mechanism that has no model file.
+    #[error("{0} releases synthetic counts, not a model: drop --model-out")]
+    ModelOut(&'static str),
     /// The accountant refused a charge.
     #[error(transparent)]
     Charge(#[from] crate::measure::MeasureError),

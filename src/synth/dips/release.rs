@@ -1,0 +1,306 @@
+//! `dpflow synth --mechanism laplace-sanitizer | perturbed-histogram |
+//! smoothed-histogram | multinomial-dirichlet | binomial-beta | modips`:
+//! the 002 cell synthesizers ([`super::cells`]) on a dataset, end to end.
+//!
+//! The table is the full cross-tabulation of the domain's columns (nulls
+//! are cells of their own under `--missing reproduce`; `complete-row`
+//! drops rows with a null first), counted in one scan. Numeric columns are
+//! binned by the domain's public edges, so `perturbed-histogram` and
+//! `smoothed-histogram` are the histograms of 002 §3.1.2 with the
+//! domain's bins, multivariate when several columns are numeric. The
+//! number of bins is the domain's (a public input); 002 chose it with
+//! Scott's rule on the private data, which DP does not allow for free.
+//!
+//! The budget is pure ε (a ρ budget gives ε = √(2ρ), since ε-DP implies
+//! ε²/2-zCDP), m sets get ε/m each, and the whole charge is reserved in
+//! the ledger before the data is read. Each set's synthetic counts are the
+//! release; its rows are those counts exactly, in a uniformly random
+//! order (post-processing), with numeric values decoded in their bins.
+
+use std::sync::Arc;
+use std::time::Instant;
+
+use datafusion::execution::SendableRecordBatchStream;
+use datafusion::execution::context::SessionContext;
+use datafusion::physical_plan::stream::RecordBatchStreamAdapter;
+use dpflow_udfs::domain::{DecodeMode, decode_columns, decoded_schema};
+use dpflow_udfs::marginal::NullMode;
+use dpflow_udfs::noise::DpRng;
+
+use super::DipsError;
+use super::cells::{CellMechanism, CellOptions, check, synthesize};
+use super::exact::{Fenwick, uniform_below_u128};
+use crate::dataset::CodeSource;
+use crate::domain::Domain;
+use crate::measure::ReleaseAccountant;
+use crate::missing::Strategy;
+use crate::privacy::{PrivacyFilter, Share};
+use crate::synth::run::{
+    SET_COLUMN, SynthRecord, SynthRequest, TimingRecord, budget_check, exact_answers_from, reserve, write_streams,
+};
+use crate::synth::{FitMetadata, Result, SynthError};
+
+/// Largest table (cells of the full cross-tabulation) a run accepts.
+pub const MAX_CELLS: usize = 1 << 24;
+
+/// Rows per generated batch.
+const BATCH: usize = 1 << 16;
+
+/// The table's domain and how it is read under `missing`.
+fn table_view(req: &SynthRequest) -> Result<(Domain, NullMode, CodeSource)> {
+    let domain = req.dataset.domain();
+    match req.missing {
+        Strategy::Reproduce => Ok((domain.clone(), NullMode::Cells, CodeSource::Plain)),
+        Strategy::CompleteRow => Ok((domain.without_nulls(), NullMode::Observed, CodeSource::CompleteRows)),
+        other => Err(DipsError::Missing(other.to_string()).into()),
+    }
+}
+
+/// Runs `mechanism` for `req` (the caller has checked the budget and `--multiple`).
+pub(crate) async fn run(
+    ctx: &SessionContext,
+    req: &SynthRequest,
+    mechanism: CellMechanism,
+    progress: &dyn Fn(&str),
+) -> Result<SynthRecord> {
+    budget_check(&req.budget)?;
+    let epsilon = match crate::synth::run::fit_share(&req.budget, true)? {
+        Share::Epsilon(e) => e,
+        Share::Rho(r) => (2.0 * r).sqrt(),
+    };
+    // Every public input is checked before anything is charged or read.
+    let (domain, mode, source) = table_view(req)?;
+    let na_rules = crate::synth::structure::rules(&domain)?;
+    let sizes = domain.cardinalities();
+    let cells = sizes.iter().try_fold(1usize, |a, &s| a.checked_mul(s)).filter(|&c| c <= MAX_CELLS);
+    let Some(cells) = cells else {
+        let shown = sizes.iter().map(|&s| s as f64).product::<f64>();
+        return Err(DipsError::TooManyCells { cells: shown, max: MAX_CELLS }.into());
+    };
+    let options = CellOptions { sets: req.options.multiple, rows: req.rows.unwrap_or(0), ..Default::default() };
+    check(mechanism, cells, epsilon, &options)?;
+    if req.model_out.is_some() {
+        return Err(DipsError::ModelOut(mechanism.name()).into());
+    }
+    if req.unsafe_seed.is_some() && req.ledger.is_some() {
+        return Err(SynthError::UnsafeSeed);
+    }
+    if let Some(why) = req.dataset.domain().dp_read_refusal() {
+        return Err(SynthError::DpReadRefused { dataset: req.dataset.name.clone(), why });
+    }
+    let mut rng = DpRng::new(req.unsafe_seed)?;
+    let ledger_state = reserve(req, mechanism.name(), Share::Epsilon(epsilon), progress)?;
+
+    // Protected data is read from here on: a failure is charged and
+    // reported without its cause (docs/PRIVACY.md §1).
+    let released = async {
+        let t0 = Instant::now();
+        let all: Vec<usize> = (0..sizes.len()).collect();
+        let (answers, _) = exact_answers_from(ctx, &req.dataset, std::slice::from_ref(&all), mode, &source).await?;
+        let exact: Vec<u64> = answers.get(&all)?.iter().map(|&c| c as u64).collect();
+        drop(answers);
+        let t_answers = t0.elapsed().as_secs_f64();
+        let t1 = Instant::now();
+        let mut accountant = ReleaseAccountant::new(PrivacyFilter::new(Share::Epsilon(epsilon).as_budget()));
+        let target = domain.names().join(",");
+        let release = synthesize(mechanism, &exact, &target, epsilon, &options, &mut accountant, &mut rng)?;
+        drop(exact);
+        let t_fit = t1.elapsed().as_secs_f64();
+        // Post-processing from here on: the counts are the release.
+        let t2 = Instant::now();
+        let streams = release
+            .sets
+            .into_iter()
+            .map(|counts| {
+                let set_rng = DpRng::new(req.unsafe_seed.map(|_| rand::Rng::next_u64(&mut rng)))?;
+                let stream = count_stream(domain.clone(), sizes.clone(), counts, req.decode, set_rng);
+                Ok(crate::synth::structure::enforce_stream(na_rules.clone(), stream))
+            })
+            .collect::<Result<Vec<_>>>()?;
+        let m = streams.len() as u64;
+        let written = write_streams(ctx, streams, &req.out).await? / m;
+        let seconds = TimingRecord { answers: t_answers, fit: t_fit, generate: t2.elapsed().as_secs_f64() };
+        Ok::<_, SynthError>((accountant, written, seconds))
+    }
+    .await;
+    let (accountant, written, seconds) = match released {
+        Ok(x) => x,
+        Err(e) => {
+            let ledger = ledger_state.as_ref().map(|(l, id)| (l, *id));
+            return Err(crate::privacy::charge_failure("synthesis run", ledger, e));
+        }
+    };
+    let mut ledger_charge = None;
+    if let Some((l, id)) = ledger_state {
+        l.commit(id)?;
+        ledger_charge = Some(id);
+    }
+    let m = req.options.multiple;
+    let spent = accountant.filter().spent_amount();
+    let mut notes = vec![format!(
+        "{}: the full cross-tabulation of {} columns ({cells} cells), ε = {epsilon} over {m} set(s) (ε/m each), \
+         add/remove-one neighbours",
+        mechanism.name(),
+        sizes.len()
+    )];
+    if !mechanism.noise_aware() && m > 1 {
+        notes.push(format!("{}: every set is drawn with its own ε/m; 002 releases one set", mechanism.name()));
+    }
+    let record = SynthRecord {
+        dpflow_version: env!("CARGO_PKG_VERSION").into(),
+        mechanism: mechanism.name().into(),
+        dataset: req.dataset.name.clone(),
+        budget: req.budget,
+        rho: epsilon * epsilon / 2.0,
+        rho_spent: spent * spent / 2.0,
+        epsilon: Some(epsilon),
+        epsilon_spent: Some(spent),
+        missing: req.missing.to_string(),
+        amplification: None,
+        amplification_note: req
+            .amplification
+            .as_ref()
+            .map(|_| format!("{}: MCAR amplification is not computed for this mechanism", mechanism.name())),
+        workload: req.workload.clone(),
+        rows: written,
+        mechanisms: accountant.into_records(),
+        fit: FitMetadata { notes, ..Default::default() },
+        outputs: vec![req.out.clone()],
+        seconds,
+        unsafe_seed: req.unsafe_seed,
+        ledger_charge,
+        multiple: (m > 1).then_some(m),
+        noise_aware: (m > 1).then_some(mechanism.noise_aware()),
+        set_column: (m > 1).then(|| SET_COLUMN.to_string()),
+        napsu: None,
+    };
+    let record_path = req.record_out.clone().unwrap_or_else(|| format!("{}.record.json", req.out));
+    if !record_path.is_empty() {
+        let json = serde_json::to_vec_pretty(&record)
+            .map_err(|source| SynthError::Json { what: "the release record", source })?;
+        crate::io::write_bytes(ctx, &record_path, json).await?;
+    }
+    Ok(record)
+}
+
+/// The rows of one set: exactly `counts[k]` rows in cell k (row-major over
+/// `sizes`, the last column fastest), in a uniformly random order (draws
+/// without replacement), decoded through `domain`, in batches.
+pub(crate) fn count_stream(
+    domain: Domain,
+    sizes: Vec<usize>,
+    counts: Vec<u64>,
+    decode: DecodeMode,
+    mut rng: DpRng,
+) -> SendableRecordBatchStream {
+    let schema = decoded_schema(&domain);
+    let mut left: u128 = counts.iter().map(|&c| c as u128).sum();
+    let mut tree = Fenwick::new(&counts.iter().map(|&c| c as u128).collect::<Vec<_>>());
+    let batches = std::iter::from_fn(move || {
+        if left == 0 {
+            return None;
+        }
+        let rows = (left.min(BATCH as u128)) as usize;
+        let mut codes: Vec<Vec<u32>> = vec![Vec::with_capacity(rows); sizes.len()];
+        for _ in 0..rows {
+            let mut k = tree.find(uniform_below_u128(&mut rng, left));
+            tree.sub(k, 1);
+            left -= 1;
+            for (d, &s) in sizes.iter().enumerate().rev() {
+                codes[d].push((k % s) as u32);
+                k /= s;
+            }
+        }
+        let refs: Vec<&[u32]> = codes.iter().map(|c| c.as_slice()).collect();
+        Some(
+            decode_columns(&domain, &refs, decode, &mut rng)
+                .map_err(|e| datafusion::error::DataFusionError::External(Box::new(e))),
+        )
+    });
+    Box::pin(RecordBatchStreamAdapter::new(Arc::clone(&schema), futures::stream::iter(batches)))
+}
+
+/// A 002 cell synthesizer behind the [`crate::synth::Synthesizer`]
+/// interface: one set (m = 1) as a model with one clique over every column
+/// whose table is the set's counts. Only the noise-based mechanisms run
+/// this way (their rows default to the sanitized total); the sampling
+/// ones need the public number of rows, which `dpflow synth --rows` gives.
+#[derive(Debug, Clone, Copy)]
+pub struct CellSynth(pub CellMechanism);
+
+impl crate::synth::Synthesizer for CellSynth {
+    fn name(&self) -> &'static str {
+        self.0.name()
+    }
+
+    fn required_marginals(&self, domain: &Domain, _workload: &crate::synth::Workload) -> Vec<Vec<usize>> {
+        vec![(0..domain.columns().len()).collect()]
+    }
+
+    #[allow(private_interfaces)]
+    fn fit(&self, ctx: &mut crate::synth::FitContext<'_>) -> Result<crate::synth::Fitted> {
+        let all: Vec<usize> = (0..ctx.sizes.len()).collect();
+        let exact: Vec<u64> = ctx.answers.get(&all)?.iter().map(|&c| c as u64).collect();
+        let options = CellOptions { sets: 1, rows: 0, ..Default::default() };
+        let target = ctx.names(&all).join(",");
+        let release = synthesize(self.0, &exact, &target, ctx.epsilon, &options, ctx.accountant, ctx.rng)?;
+        let counts = &release.sets[0];
+        let total: u64 = counts.iter().sum();
+        let mut model = crate::pgm::GraphicalModel::uniform(&ctx.sizes, std::slice::from_ref(&all), total as f64);
+        if total > 0 {
+            // ln 0 as a finite floor: exp underflows to exactly 0 in belief propagation.
+            model.potentials[0].values = counts.iter().map(|&c| if c > 0 { (c as f64).ln() } else { -1e300 }).collect();
+        }
+        Ok(crate::synth::Fitted { model, compression: None, metadata: FitMetadata::default() })
+    }
+
+    fn pure_dp(&self) -> bool {
+        true
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use dpflow_udfs::domain::{Column, ColumnKind, OutOfDomain};
+    use futures::StreamExt;
+
+    use super::*;
+
+    fn column(name: &str, values: &[&str]) -> Column {
+        Column {
+            name: name.into(),
+            kind: ColumnKind::Categorical {
+                values: values.iter().map(|v| v.to_string()).collect(),
+                aliases: Default::default(),
+            },
+            nullable: false,
+            null_tokens: vec![],
+            out_of_domain: OutOfDomain::Error,
+            not_applicable_when: None,
+        }
+    }
+
+    /// The rows are the released counts exactly (cell k row-major, the last
+    /// column fastest), across batch boundaries.
+    #[tokio::test]
+    async fn count_streams_emit_exactly_the_counts() {
+        let domain = Domain::new(vec![column("a", &["a0", "a1"]), column("b", &["b0", "b1", "b2"])]).unwrap();
+        let counts = vec![70_000u64, 0, 3, 1, 0, 5];
+        let stream =
+            count_stream(domain.clone(), vec![2, 3], counts.clone(), DecodeMode::Uniform, DpRng::unsafe_seeded(1));
+        let batches: Vec<_> = stream.collect::<Vec<_>>().await.into_iter().map(|b| b.unwrap()).collect();
+        assert!(batches.len() >= 2, "crosses a batch boundary");
+        let mut seen = vec![0u64; 6];
+        use datafusion::arrow::array::AsArray;
+        for b in &batches {
+            let a = b.column(0).as_string::<i32>();
+            let c = b.column(1).as_string::<i32>();
+            for i in 0..b.num_rows() {
+                let ai = (a.value(i) == "a1") as usize;
+                let bi = c.value(i)[1..].parse::<usize>().unwrap();
+                seen[ai * 3 + bi] += 1;
+            }
+        }
+        assert_eq!(seen, counts);
+    }
+}
