@@ -9,6 +9,7 @@
 //!   attributes, numeric ones binned by public edges), with their privacy
 //!   proofs under dpflow's add/remove-one neighbours.
 //! - [`normal`]: MODIPS for a bounded normal attribute (002 §4.2).
+//! - [`glom`]: MODIPS with the general location model (002 §4.3.1).
 //! - [`exact`]: the exact integer samplers the sampling-based mechanisms
 //!   need.
 //!
@@ -20,6 +21,7 @@
 
 pub mod cells;
 pub mod exact;
+pub mod glom;
 pub mod normal;
 pub mod release;
 
