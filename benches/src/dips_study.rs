@@ -314,7 +314,8 @@ pub fn run(study: u8, repeats: usize, step: f64, seed: u64) -> anyhow::Result<(V
     let scenarios: Vec<(u64, f64)> = match study {
         1 => [40u64, 100, 1000].iter().flat_map(|&n| [0.1, 0.25, 0.5].map(|p| (n, p))).collect(),
         2 => [20u64, 100, 1000].iter().flat_map(|&n| [1.0, 4.0, 9.0].map(|s| (n, s))).collect(),
-        other => anyhow::bail!("--study {other}: studies 1 and 2 are implemented (3 and 4 are not yet)"),
+        3 => return run_study3(repeats, step, seed),
+        other => anyhow::bail!("--study {other}: studies 1, 2 and 3 are implemented (4 is not yet)"),
     };
     let threads = std::thread::available_parallelism().map_or(2, |n| n.get());
     let chunks: Vec<Vec<(usize, (u64, f64))>> = {
@@ -356,4 +357,287 @@ pub fn run(study: u8, repeats: usize, step: f64, seed: u64) -> anyhow::Result<(V
     }
     all.sort_by_key(|(i, _)| *i);
     Ok((all.into_iter().flat_map(|(_, r)| r).collect(), t.elapsed().as_secs_f64()))
+}
+
+/// Study 3's design (002 §4.3.1): w = (w₁, w₂, w₃) with 2, 3 and 4 levels
+/// (K = 24 cells, k = 12·w₁ + 4·w₂ + w₃), z | w ~ N₂(μ_k, Σ) with σ₁² = σ₂² = 1,
+/// ρ = 0.5, truncated to μ_kj ± 4. 002's cell probabilities and means are
+/// in its supplement, which we do not have; ours are the product margins
+/// (0.4, 0.6) × (0.5, 0.3, 0.2) × (0.1, 0.2, 0.3, 0.4) (cells of 0.8% to
+/// 12%, so 8 to 120 rows of 1000) and μ_k = (w₁ − 0.5w₂ + 0.3w₃,
+/// −w₁ + 0.4w₂ − 0.2w₃).
+pub struct Glom3 {
+    /// π_k.
+    pub pi: Vec<f64>,
+    /// μ_k.
+    pub mu: Vec<[f64; 2]>,
+    /// The public boxes μ_kj ± 4.
+    pub bounds: Vec<[(f64, f64); 2]>,
+}
+
+impl Default for Glom3 {
+    fn default() -> Self {
+        let (a, b, c) = ([0.4, 0.6], [0.5, 0.3, 0.2], [0.1, 0.2, 0.3, 0.4]);
+        let mut pi = Vec::new();
+        let mut mu = Vec::new();
+        for (w1, pa) in a.iter().enumerate() {
+            for (w2, pb) in b.iter().enumerate() {
+                for (w3, pc) in c.iter().enumerate() {
+                    pi.push(pa * pb * pc);
+                    let (x1, x2, x3) = (w1 as f64, w2 as f64, w3 as f64);
+                    mu.push([x1 - 0.5 * x2 + 0.3 * x3, -x1 + 0.4 * x2 - 0.2 * x3]);
+                }
+            }
+        }
+        let bounds = mu.iter().map(|m| [(m[0] - 4.0, m[0] + 4.0), (m[1] - 4.0, m[1] + 4.0)]).collect();
+        Self { pi, mu, bounds }
+    }
+}
+
+/// The six marginal probabilities Π of 002 §4.3.1 (first levels), as cell
+/// predicates on k = 12·w₁ + 4·w₂ + w₃.
+/// A marginal's name and its cell predicate.
+type Term = (&'static str, fn(usize) -> bool);
+
+const PI_TERMS: [Term; 6] = [
+    ("P(w1=1)", |k| k / 12 == 0),
+    ("P(w2=1)", |k| (k / 4) % 3 == 0),
+    ("P(w2=2)", |k| (k / 4) % 3 == 1),
+    ("P(w3=1)", |k| k % 4 == 0),
+    ("P(w3=2)", |k| k % 4 == 1),
+    ("P(w3=3)", |k| k % 4 == 2),
+];
+
+/// Per-set estimates (q, u) of Π and of the 24 cell means of z₁; `None`
+/// for a cell mean when the set has fewer than 2 rows in the cell.
+fn glom_estimates(cells: &[u32], z: &[[f64; 2]]) -> Vec<Option<(f64, f64)>> {
+    let n = cells.len() as f64;
+    let mut out = Vec::new();
+    for (_, pred) in PI_TERMS {
+        let p = cells.iter().filter(|&&k| pred(k as usize)).count() as f64 / n;
+        out.push(Some((p, p * (1.0 - p) / n)));
+    }
+    let mut sum = [0.0f64; 24];
+    let mut cnt = [0usize; 24];
+    for (&k, v) in cells.iter().zip(z) {
+        sum[k as usize] += v[0];
+        cnt[k as usize] += 1;
+    }
+    let mean: Vec<f64> = (0..24).map(|k| sum[k] / cnt[k].max(1) as f64).collect();
+    let within = cells.iter().zip(z).map(|(&k, v)| (v[0] - mean[k as usize]).powi(2)).sum::<f64>();
+    let pooled = within / (n - 24.0).max(1.0);
+    for k in 0..24 {
+        out.push((cnt[k] >= 2).then(|| (mean[k], pooled / cnt[k] as f64)));
+    }
+    out
+}
+
+/// Combines per-set estimates term by term (a term with a missing set is `None`).
+fn combine_terms(per_set: &[Vec<Option<(f64, f64)>>]) -> Vec<Option<dpflow::analyze::Combined>> {
+    (0..per_set[0].len())
+        .map(|t| {
+            let pairs: Option<Vec<(f64, f64)>> = per_set.iter().map(|s| s[t]).collect();
+            let (q, u): (Vec<f64>, Vec<f64>) = pairs?.into_iter().unzip();
+            combined(&q, &u).ok()
+        })
+        .collect()
+}
+
+/// Study 3: MODIPS (GLOM) against NP-DIPS (the Laplace sanitizer on the 24
+/// cells and a perturbed 2-D histogram of z per cell, ε/2 each, 002 §4.3.1),
+/// with non-DP MS and the original data. Repeats are split over the threads.
+pub fn run_study3(repeats: usize, step: f64, seed: u64) -> anyhow::Result<(Vec<Row>, f64)> {
+    use dpflow::synth::dips::glom::{GlomSpec, GlomStatistics, draw_set as glom_draw, modips_glom};
+    let t = Instant::now();
+    let log_eps = log_epsilons(step);
+    let design = Glom3::default();
+    let n = 1000u64;
+    let methods = ["MODIPS", "NP-DIPS", "MS", "ORI"];
+    let terms = PI_TERMS.len() + 24;
+    let truth: Vec<f64> = PI_TERMS
+        .iter()
+        .map(|(_, pred)| (0..24).filter(|&k| pred(k)).map(|k| design.pi[k]).sum())
+        .chain(design.mu.iter().map(|m| m[0]))
+        .collect();
+    // Scott's rule in 2-D (h = 3.5σ·m^{−1/4}) with the expected cell size nπ_k.
+    let bins: Vec<usize> =
+        design.pi.iter().map(|p| ((8.0 / 3.5) * (n as f64 * p).powf(0.25)).ceil() as usize).collect();
+    let threads = std::thread::available_parallelism().map_or(2, |n| n.get());
+    let spec = GlomSpec { bounds: design.bounds.clone(), sets: M, rows: n, prior: 0.5 };
+    let chol = [1.0, 0.5, 0.75f64.sqrt()];
+    type Accs = Vec<Vec<Vec<Acc>>>;
+    let work = |thread: usize| -> anyhow::Result<Accs> {
+        let mut rng = DpRng::unsafe_seeded(seed.wrapping_add(3000 + thread as u64));
+        let mut acc: Accs = vec![vec![vec![Acc::default(); terms]; methods.len()]; log_eps.len()];
+        let mine = repeats / threads + usize::from(thread < repeats % threads);
+        for _ in 0..mine {
+            // Data: cells from π, z from the truncated normal of its cell.
+            let counts = cells::multinomial(&mut rng, &design.pi, n);
+            let (mut wc, mut z) = (Vec::new(), Vec::new());
+            for (k, &c) in counts.iter().enumerate() {
+                for _ in 0..c {
+                    let b = design.bounds[k];
+                    let v = loop {
+                        let (a, e) = (standard_normal_sample(&mut rng), standard_normal_sample(&mut rng));
+                        let v = [design.mu[k][0] + chol[0] * a, design.mu[k][1] + chol[1] * a + chol[2] * e];
+                        if (b[0].0..=b[0].1).contains(&v[0]) && (b[1].0..=b[1].1).contains(&v[1]) {
+                            break v;
+                        }
+                    };
+                    wc.push(k as u32);
+                    z.push(v);
+                }
+            }
+            let ori = combine_terms(&[glom_estimates(&wc, &z)]);
+            // Non-DP MS: the posterior given the exact statistics.
+            let exact = {
+                let mut means = vec![[0.0f64; 2]; 24];
+                for (&k, v) in wc.iter().zip(&z) {
+                    means[k as usize][0] += v[0];
+                    means[k as usize][1] += v[1];
+                }
+                for (k, m) in means.iter_mut().enumerate() {
+                    let c = counts[k].max(1) as f64;
+                    *m = [m[0] / c, m[1] / c];
+                }
+                let mut w = [0.0; 3];
+                for (&k, v) in wc.iter().zip(&z) {
+                    let d = [v[0] - means[k as usize][0], v[1] - means[k as usize][1]];
+                    w[0] += d[0] * d[0];
+                    w[1] += d[1] * d[1];
+                    w[2] += d[0] * d[1];
+                }
+                GlomStatistics { counts: counts.iter().map(|&c| c as f64).collect(), means, scatter: w }
+            };
+            let ms_sets: Vec<_> = (0..M)
+                .map(|_| {
+                    let s = glom_draw(&mut rng, &spec, &exact);
+                    glom_estimates(&s.cells, &s.z)
+                })
+                .collect();
+            let ms = combine_terms(&ms_sets);
+            // Exact 2-D histograms per cell (bins over the cell's box).
+            let hist: Vec<Vec<u64>> = (0..24)
+                .map(|k| {
+                    let b = bins[k];
+                    let mut h = vec![0u64; b * b];
+                    for (&c, v) in wc.iter().zip(&z) {
+                        if c as usize == k {
+                            let bx = design.bounds[k];
+                            let i = (((v[0] - bx[0].0) / 8.0 * b as f64) as usize).min(b - 1);
+                            let j = (((v[1] - bx[1].0) / 8.0 * b as f64) as usize).min(b - 1);
+                            h[i * b + j] += 1;
+                        }
+                    }
+                    h
+                })
+                .collect();
+            for (ei, &le) in log_eps.iter().enumerate() {
+                let eps = le.exp();
+                for (mi, method) in methods.iter().enumerate() {
+                    let c = match *method {
+                        "ORI" => ori.clone(),
+                        "MS" => ms.clone(),
+                        "MODIPS" => {
+                            let mut a = accountant(eps);
+                            let rel = modips_glom(&wc, &z, &spec, eps, &mut a, &mut rng)?;
+                            combine_terms(&rel.sets.iter().map(|s| glom_estimates(&s.cells, &s.z)).collect::<Vec<_>>())
+                        }
+                        _ => {
+                            // Cells: ε/2 over the 5 sets; each cell's histogram: ε/2 over
+                            // the 5 sets (parallel composition across cells).
+                            let opts = CellOptions { sets: M, rows: n, ..Default::default() };
+                            let mut a = accountant(eps / 2.0);
+                            let cell_sets = cells::synthesize(
+                                CellMechanism::LaplaceSanitizer,
+                                &counts,
+                                "w",
+                                eps / 2.0,
+                                &opts,
+                                &mut a,
+                                &mut rng,
+                            )?;
+                            let per_set: Vec<_> = cell_sets
+                                .sets
+                                .iter()
+                                .map(|sc| -> anyhow::Result<_> {
+                                    let (mut sc_cells, mut sz) = (Vec::new(), Vec::new());
+                                    for (k, &rows) in sc.iter().enumerate() {
+                                        if rows == 0 {
+                                            continue;
+                                        }
+                                        let o = CellOptions { sets: 1, rows, ..Default::default() };
+                                        let mut a = accountant(eps / 2.0 / M as f64);
+                                        let e = eps / 2.0 / M as f64;
+                                        let h = cells::synthesize(
+                                            CellMechanism::PerturbedHistogram,
+                                            &hist[k],
+                                            "z",
+                                            e,
+                                            &o,
+                                            &mut a,
+                                            &mut rng,
+                                        )?;
+                                        let b = bins[k];
+                                        let bx = design.bounds[k];
+                                        for (sq, &c) in h.sets[0].iter().enumerate() {
+                                            for _ in 0..c {
+                                                let (i, j) = ((sq / b) as f64, (sq % b) as f64);
+                                                let w = 8.0 / b as f64;
+                                                sc_cells.push(k as u32);
+                                                sz.push([
+                                                    bx[0].0 + w * (i + rng.random::<f64>()),
+                                                    bx[1].0 + w * (j + rng.random::<f64>()),
+                                                ]);
+                                            }
+                                        }
+                                    }
+                                    Ok(glom_estimates(&sc_cells, &sz))
+                                })
+                                .collect::<anyhow::Result<_>>()?;
+                            combine_terms(&per_set)
+                        }
+                    };
+                    for (ti, ct) in c.iter().enumerate() {
+                        if let Some(ct) = ct {
+                            acc[ei][mi][ti].add(truth[ti], ct);
+                        }
+                    }
+                }
+            }
+        }
+        Ok(acc)
+    };
+    let parts: Vec<anyhow::Result<Accs>> = std::thread::scope(|scope| {
+        let handles: Vec<_> = (0..threads).map(|i| scope.spawn(move || work(i))).collect();
+        handles.into_iter().map(|h| h.join().expect("a study thread panicked")).collect()
+    });
+    let mut total: Accs = vec![vec![vec![Acc::default(); terms]; methods.len()]; log_eps.len()];
+    for p in parts {
+        let p = p?;
+        for (ei, per_m) in p.iter().enumerate() {
+            for (mi, per_t) in per_m.iter().enumerate() {
+                for (ti, a) in per_t.iter().enumerate() {
+                    let t = &mut total[ei][mi][ti];
+                    t.err += a.err;
+                    t.sq += a.sq;
+                    t.cover += a.cover;
+                    t.width += a.width;
+                    t.k += a.k;
+                }
+            }
+        }
+    }
+    let names: Vec<String> =
+        PI_TERMS.iter().map(|(n, _)| n.to_string()).chain((0..24).map(|k| format!("mu1[{k}]"))).collect();
+    let mut rows = Vec::new();
+    for (ei, &le) in log_eps.iter().enumerate() {
+        for (mi, method) in methods.iter().enumerate() {
+            for (ti, name) in names.iter().enumerate() {
+                let at = Scenario { study: 3, n, param: truth[ti], log_epsilon: le };
+                rows.push(total[ei][mi][ti].row(at, method, name, 1.0));
+            }
+        }
+    }
+    Ok((rows, t.elapsed().as_secs_f64()))
 }

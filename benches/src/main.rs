@@ -103,9 +103,9 @@ enum BenchCommand {
         #[arg(long)]
         csv: Option<String>,
     },
-    /// 002 §4.1–§4.2: DIPS simulation studies 1 (Bernoulli) and 2 (normal); a CSV table.
+    /// 002 §4.1–§4.3.1: DIPS simulation studies 1 (Bernoulli), 2 (normal), 3 (GLOM); a CSV table.
     DipsStudy {
-        /// Study number (1 or 2).
+        /// Study number (1, 2 or 3).
         #[arg(long)]
         study: u8,
         /// Repeats per scenario (002 ran 5000; the issue asks for at least 1000).
