@@ -23,14 +23,52 @@ STYLE = {
     "SMOOTH": ("tab:orange", "-"),
     "BB-MR": ("tab:green", "-"),
     "MODIPS": ("tab:red", "-"),
+    "NP-DIPS": ("tab:blue", "-"),
     "MS": ("black", "--"),
     "ORI": ("grey", ":"),
 }
 METRICS = [("bias", "bias"), ("rmse", "RMSE"), ("coverage", "95% CP"), ("width", "CI width")]
 
 
+def study3(rows, out):
+    """Fig. 5 style: Π (mean over its 6 marginals) and μ₁ (mean over the 24 cells)."""
+    panels = [("Π (6 marginals)", lambda e: e.startswith("P(")), ("μ₁ (24 cell means)", lambda e: e.startswith("mu1"))]
+    methods = list(dict.fromkeys(r["method"] for r in rows))
+    fig, axes = plt.subplots(len(METRICS), len(panels), figsize=(9, 2.6 * len(METRICS)), squeeze=False)
+    for j, (title, pick) in enumerate(panels):
+        for i, (key, label) in enumerate(METRICS):
+            ax = axes[i][j]
+            for m in methods:
+                by_eps = defaultdict(list)
+                for r in rows:
+                    if r["method"] == m and pick(r["estimand"]) and int(r["repeats"]) > 0:
+                        v = float(r[key])
+                        by_eps[float(r["log_epsilon"])].append(abs(v) if key == "bias" else v)
+                pts = sorted((e, sum(v) / len(v)) for e, v in by_eps.items())
+                color, ls = STYLE.get(m, ("tab:blue", "-"))
+                ax.plot([p[0] for p in pts], [p[1] for p in pts], ls, color=color, label=m, lw=1.4)
+            if key == "coverage":
+                ax.axhline(0.95, color="grey", lw=0.6)
+                ax.set_ylim(0, 1.02)
+            if key in ("rmse", "width"):
+                ax.set_yscale("log")
+            if i == 0:
+                ax.set_title(title)
+            if j == 0:
+                ax.set_ylabel("mean |bias|" if key == "bias" else label)
+            if i == len(METRICS) - 1:
+                ax.set_xlabel("ln ε")
+    axes[0][-1].legend(fontsize=8)
+    fig.suptitle("002 study 3 (GLOM, n = 1000): metrics averaged over the terms")
+    fig.tight_layout()
+    fig.savefig(f"{out}/study3.png", dpi=80)
+    plt.close(fig)
+
+
 def main(path, out):
     rows = list(csv.DictReader(open(path)))
+    if rows and rows[0]["study"] == "3":
+        return study3(rows, out)
     groups = defaultdict(list)
     for r in rows:
         groups[(r["study"], r["estimand"], float(r["param"]))].append(r)

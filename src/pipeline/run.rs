@@ -245,11 +245,9 @@ impl Pipeline {
                             step: name.clone(),
                         });
                     }
-                    let pure = matches!(
-                        mechanism,
-                        crate::synth::run::Mechanism::Privbayes | crate::synth::run::Mechanism::PrivbayesPgm
-                    );
-                    // PrivBayes is pure ε-DP (the ε of its budget); the others account in zCDP.
+                    let pure = mechanism.pure_dp();
+                    // PrivBayes and the 002 synthesizers are pure ε-DP (the ε of their budget); the
+                    // others account in zCDP.
                     let loss = match (pure, *budget) {
                         (true, Budget::Pure { epsilon } | Budget::Approx { epsilon, .. }) => {
                             PrivacyLoss::Pure { epsilon }

@@ -85,6 +85,13 @@ impl Mechanism {
         }
     }
 
+    /// Whether it accounts in pure ε-DP (PrivBayes and the 002 synthesizers)
+    /// rather than zCDP: its ledger charge is then ε (a ρ budget runs it at
+    /// ε = √(2ρ), which is ρ-zCDP).
+    pub fn pure_dp(&self) -> bool {
+        matches!(self, Mechanism::Privbayes | Mechanism::PrivbayesPgm) || self.cells().is_some()
+    }
+
     /// The 002 cell synthesizer behind a variant, if it is one.
     pub fn cells(&self) -> Option<super::dips::CellMechanism> {
         use super::dips::CellMechanism as C;

@@ -161,6 +161,11 @@ pub struct CellRelease {
 /// exactly, and no release would be useful anyway.
 pub const MIN_EPSILON_PER_SET: f64 = 1e-9;
 
+/// The largest ε per set the grid-based statistics (MODIPS-normal, GLOM)
+/// accept: their per-row bound is about 2²⁰·max(1, ε) grid units, which
+/// stays far below i128's range for any number of rows.
+pub const MAX_EPSILON_PER_SET: f64 = 1e9;
+
 /// The pseudo-count (in units of 1/D) of a sampling mechanism, if it is one.
 fn calibration(mechanism: CellMechanism, eps: f64, rows: u64) -> Option<f64> {
     match mechanism {

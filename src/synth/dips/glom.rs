@@ -36,7 +36,7 @@ use dpflow_udfs::noise::real::{grid_exponent, to_grid_units};
 use dpflow_udfs::noise::{DpRng, NoiseDistribution};
 
 use super::DipsError;
-use super::cells::{MIN_EPSILON_PER_SET, dirichlet_draw, multinomial};
+use super::cells::{MAX_EPSILON_PER_SET, MIN_EPSILON_PER_SET, dirichlet_draw, multinomial};
 use crate::measure::Accountant;
 use crate::privacy::MechanismRecord;
 
@@ -96,7 +96,7 @@ impl GlomSpec {
         for (k, b) in self.bounds.iter().enumerate() {
             for (j, &(lo, hi)) in b.iter().enumerate() {
                 let h = 0.5 * (hi - lo);
-                if !(lo.is_finite() && hi.is_finite() && lo < hi && (h * h * 1e12).is_finite()) {
+                if !(lo.is_finite() && hi.is_finite() && lo < hi && (h * h * 1e12).is_finite() && h >= 1e-100) {
                     return Err(DipsError::Bounds { column: format!("z{} in cell {k}", j + 1), lo, hi });
                 }
             }
@@ -111,6 +111,9 @@ impl GlomSpec {
             return Err(DipsError::Prior(self.prior));
         }
         let per_set = epsilon / self.sets as f64;
+        if per_set > MAX_EPSILON_PER_SET {
+            return Err(DipsError::EpsilonTooLarge { epsilon: per_set, max: MAX_EPSILON_PER_SET });
+        }
         if per_set < MIN_EPSILON_PER_SET {
             return Err(DipsError::EpsilonPerSet { epsilon: per_set, sets: self.sets, min: MIN_EPSILON_PER_SET });
         }
@@ -119,7 +122,8 @@ impl GlomSpec {
 
     fn centre(&self, k: usize) -> [f64; 2] {
         let b = &self.bounds[k];
-        [0.5 * (b[0].0 + b[0].1), 0.5 * (b[1].0 + b[1].1)]
+        let h = self.half(k);
+        [b[0].0 + h[0], b[1].0 + h[1]]
     }
 
     fn half(&self, k: usize) -> [f64; 2] {

@@ -62,6 +62,14 @@ pub enum DipsError {
         /// The floor.
         min: f64,
     },
+    /// ε/m above [`cells::MAX_EPSILON_PER_SET`] for a grid-based statistic.
+    #[error("ε = {epsilon} per set is above the {max} the sanitized sums are calibrated for: spend less per set")]
+    EpsilonTooLarge {
+        /// ε per set.
+        epsilon: f64,
+        /// The cap.
+        max: f64,
+    },
     /// The pseudo-count times the cells is too large for the exact sampler.
     #[error(
         "ε = {epsilon} per set for {rows} rows over {cells} cells gives the pseudo-count α = {alpha}, too large for \
@@ -78,7 +86,9 @@ pub enum DipsError {
         cells: usize,
     },
     /// Public bounds that are not an interval.
-    #[error("the bounds [{lo}, {hi}] of {column} are not an interval: give finite lo < hi, at most about 1e150 apart")]
+    #[error(
+        "the bounds [{lo}, {hi}] of {column} are not an interval: give finite lo < hi, between 1e-100 and 1e150 apart"
+    )]
     Bounds {
         /// The attribute.
         column: String,
@@ -104,6 +114,19 @@ pub enum DipsError {
     TooManyCells {
         /// Cells of the table.
         cells: f64,
+        /// The cap.
+        max: usize,
+    },
+    /// Every set's table at once would not fit in memory.
+    #[error(
+        "{sets} sets of {cells} cells are more than {max} cells in all, which a run holds at once: write fewer \
+         sets or use coarser bins"
+    )]
+    TooManyCellSets {
+        /// K.
+        cells: usize,
+        /// m.
+        sets: usize,
         /// The cap.
         max: usize,
     },

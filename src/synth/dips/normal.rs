@@ -86,7 +86,12 @@ impl NormalSpec {
         }
         // h² / ε must be a finite scale (bounds up to about ±1e150).
         let h = 0.5 * (self.hi - self.lo);
-        if !(self.lo.is_finite() && self.hi.is_finite() && self.lo < self.hi && (h * h * 1e12).is_finite()) {
+        if !(self.lo.is_finite()
+            && self.hi.is_finite()
+            && self.lo < self.hi
+            && (h * h * 1e12).is_finite()
+            && h >= 1e-100)
+        {
             return Err(DipsError::Bounds { column: self.column.clone(), lo: self.lo, hi: self.hi });
         }
         if self.sets == 0 {
@@ -96,6 +101,9 @@ impl NormalSpec {
             return Err(DipsError::NoRows);
         }
         let per_set = epsilon / self.sets as f64;
+        if per_set > super::cells::MAX_EPSILON_PER_SET {
+            return Err(DipsError::EpsilonTooLarge { epsilon: per_set, max: super::cells::MAX_EPSILON_PER_SET });
+        }
         if per_set < super::cells::MIN_EPSILON_PER_SET {
             return Err(DipsError::EpsilonPerSet {
                 epsilon: per_set,
@@ -121,8 +129,8 @@ pub fn modips_normal(
 ) -> Result<NormalRelease> {
     spec.check(epsilon)?;
     let (lo, hi) = (spec.lo, spec.hi);
-    let c = 0.5 * (lo + hi);
     let h = 0.5 * (hi - lo);
+    let c = lo + h;
     let parts = if spec.public_n.is_some() { 2.0 } else { 3.0 };
     let eps = epsilon / spec.sets as f64 / parts;
     // Public grids (docs/PRIVACY.md §0): each clamped, centred value and its
@@ -181,7 +189,7 @@ pub fn modips_normal(
 
 /// x̄*, S²* and n* from the noisy sums, cut into their ranges (module docs).
 pub fn statistics(n: f64, sum: f64, squares: f64, lo: f64, hi: f64) -> NormalStatistics {
-    let c = 0.5 * (lo + hi);
+    let c = lo + 0.5 * (hi - lo);
     let n = n.round().max(2.0);
     let mean = (c + sum / n).clamp(lo, hi);
     let max_var = (hi - lo).powi(2) / 4.0 * n / (n - 1.0);

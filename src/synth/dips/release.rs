@@ -48,11 +48,50 @@ const BATCH: usize = 1 << 16;
 
 /// The table's domain and how it is read under `missing`.
 fn table_view(req: &SynthRequest) -> Result<(Domain, NullMode, CodeSource)> {
-    let domain = req.dataset.domain();
-    match req.missing {
-        Strategy::Reproduce => Ok((domain.clone(), NullMode::Cells, CodeSource::Plain)),
-        Strategy::CompleteRow => Ok((domain.without_nulls(), NullMode::Observed, CodeSource::CompleteRows)),
-        other => Err(DipsError::Missing(other.to_string()).into()),
+    let domain = table_domain(req.dataset.domain(), req.missing)?;
+    Ok(match req.missing {
+        Strategy::CompleteRow => (domain, NullMode::Observed, CodeSource::CompleteRows),
+        _ => (domain, NullMode::Cells, CodeSource::Plain),
+    })
+}
+
+/// Largest cells × sets a run accepts: every set's table is held at once
+/// (about 32 bytes a cell), so this keeps a run under about 4 GiB.
+pub const MAX_CELLS_TIMES_SETS: usize = 1 << 27;
+
+/// The public checks of a cell synthesizer run on the table `domain`, also
+/// made by the pipeline spec check: the table's size (cells, and cells × m),
+/// the mechanism's own checks ([`check`]) and `--model-out`. Returns the
+/// number of cells.
+pub fn check_public(
+    mechanism: CellMechanism,
+    domain: &Domain,
+    epsilon: f64,
+    options: &CellOptions,
+    model_out: bool,
+) -> Result<usize, DipsError> {
+    let sizes = domain.cardinalities();
+    let cells = sizes.iter().try_fold(1usize, |a, &s| a.checked_mul(s)).filter(|&c| c <= MAX_CELLS);
+    let Some(cells) = cells else {
+        let shown = sizes.iter().map(|&s| s as f64).product::<f64>();
+        return Err(DipsError::TooManyCells { cells: shown, max: MAX_CELLS });
+    };
+    if cells.saturating_mul(options.sets) > MAX_CELLS_TIMES_SETS {
+        return Err(DipsError::TooManyCellSets { cells, sets: options.sets, max: MAX_CELLS_TIMES_SETS });
+    }
+    check(mechanism, cells, epsilon, options)?;
+    if model_out {
+        return Err(DipsError::ModelOut(mechanism.name()));
+    }
+    Ok(cells)
+}
+
+/// The table's domain under a missing-data strategy (public).
+pub fn table_domain(domain: &Domain, missing: Strategy) -> Result<Domain, DipsError> {
+    match missing {
+        Strategy::Reproduce => Ok(domain.clone()),
+        Strategy::CompleteRow => Ok(domain.without_nulls()),
+        other => Err(DipsError::Missing(other.to_string())),
     }
 }
 
@@ -72,16 +111,8 @@ pub(crate) async fn run(
     let (domain, mode, source) = table_view(req)?;
     let na_rules = crate::synth::structure::rules(&domain)?;
     let sizes = domain.cardinalities();
-    let cells = sizes.iter().try_fold(1usize, |a, &s| a.checked_mul(s)).filter(|&c| c <= MAX_CELLS);
-    let Some(cells) = cells else {
-        let shown = sizes.iter().map(|&s| s as f64).product::<f64>();
-        return Err(DipsError::TooManyCells { cells: shown, max: MAX_CELLS }.into());
-    };
     let options = CellOptions { sets: req.options.multiple, rows: req.rows.unwrap_or(0), ..Default::default() };
-    check(mechanism, cells, epsilon, &options)?;
-    if req.model_out.is_some() {
-        return Err(DipsError::ModelOut(mechanism.name()).into());
-    }
+    let cells = check_public(mechanism, &domain, epsilon, &options, req.model_out.is_some())?;
     if req.unsafe_seed.is_some() && req.ledger.is_some() {
         return Err(SynthError::UnsafeSeed);
     }
