@@ -855,13 +855,20 @@ pub async fn run_synth(ctx: &SessionContext, req: &SynthRequest, progress: &dyn 
         set_column: (req.options.multiple > 1).then(|| SET_COLUMN.to_string()),
         napsu: None,
     };
+    save_record(ctx, req, &record).await?;
+    Ok(record)
+}
+
+/// Writes `record` to the request's record location (`--record-out`,
+/// default `<out>.record.json`; empty: none).
+pub(crate) async fn save_record(ctx: &SessionContext, req: &SynthRequest, record: &SynthRecord) -> Result<()> {
     let record_path = req.record_out.clone().unwrap_or_else(|| format!("{}.record.json", req.out));
     if !record_path.is_empty() {
-        let json = serde_json::to_vec_pretty(&record)
+        let json = serde_json::to_vec_pretty(record)
             .map_err(|source| SynthError::Json { what: "the release record", source })?;
         crate::io::write_bytes(ctx, &record_path, json).await?;
     }
-    Ok(record)
+    Ok(())
 }
 
 /// Most synthetic sets one run writes.

@@ -36,7 +36,8 @@ use crate::measure::ReleaseAccountant;
 use crate::missing::Strategy;
 use crate::privacy::{PrivacyFilter, Share};
 use crate::synth::run::{
-    SET_COLUMN, SynthRecord, SynthRequest, TimingRecord, budget_check, exact_answers_from, reserve, write_streams,
+    SET_COLUMN, SynthRecord, SynthRequest, TimingRecord, budget_check, exact_answers_from, reserve, save_record,
+    write_streams,
 };
 use crate::synth::{FitMetadata, Result, SynthError};
 
@@ -205,12 +206,7 @@ pub(crate) async fn run(
         set_column: (m > 1).then(|| SET_COLUMN.to_string()),
         napsu: None,
     };
-    let record_path = req.record_out.clone().unwrap_or_else(|| format!("{}.record.json", req.out));
-    if !record_path.is_empty() {
-        let json = serde_json::to_vec_pretty(&record)
-            .map_err(|source| SynthError::Json { what: "the release record", source })?;
-        crate::io::write_bytes(ctx, &record_path, json).await?;
-    }
+    save_record(ctx, req, &record).await?;
     Ok(record)
 }
 
