@@ -120,6 +120,14 @@ pub struct SynthArgs {
     /// PrivBayes degree k.
     #[arg(long, default_value_t = 2)]
     pub degree: usize,
+    /// MODIPS's Dirichlet prior per cell (002 §4.1 uses 1/3, §4.3.1 uses 1/2).
+    #[arg(long, default_value_t = 1.0 / 3.0)]
+    pub dips_prior: f64,
+    /// How laplace-sanitizer and perturbed-histogram turn their sanitized table into rows:
+    /// `sample` draws them from the normalised table, `round` writes the table itself, scaled to
+    /// the rows by randomized rounding (002 §4.1's Laplace sanitizer).
+    #[arg(long, value_enum, default_value = "sample")]
+    pub dips_generate: dpflow::synth::dips::Generate,
     /// Declared missingness mechanism of the input; with --missing-rates, the release
     /// record reports the ground-truth ε̄ under MCAR (000 §5.2); refused for mar/mnar.
     #[arg(long, value_enum)]
@@ -231,6 +239,7 @@ pub(super) async fn run(a: SynthArgs) -> Result<i32> {
             degree: a.degree,
             multiple: a.multiple,
             napsu: napsu_options(&a),
+            dips: dpflow::synth::DipsOptions { prior: a.dips_prior, generate: a.dips_generate },
         },
         decode: if a.midpoints { DecodeMode::Midpoint } else { DecodeMode::Uniform },
         missing: a.missing,

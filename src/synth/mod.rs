@@ -83,6 +83,24 @@ pub struct SynthOptions {
     pub multiple: usize,
     /// NAPSU-MQ's inference settings.
     pub napsu: napsu::release::NapsuOptions,
+    /// The 002 cell synthesizers' settings.
+    pub dips: DipsOptions,
+}
+
+/// Settings of the 002 cell synthesizers (`dips::cells`) that are not
+/// budget, sets or rows.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct DipsOptions {
+    /// MODIPS's Dirichlet prior per cell (002 §4.1: 1/3, Kerman 2011).
+    pub prior: f64,
+    /// How the Laplace sanitizer and perturbed histogram turn their table into rows.
+    pub generate: dips::Generate,
+}
+
+impl Default for DipsOptions {
+    fn default() -> Self {
+        Self { prior: 1.0 / 3.0, generate: dips::Generate::Sample }
+    }
 }
 
 impl Default for SynthOptions {
@@ -95,6 +113,7 @@ impl Default for SynthOptions {
             degree: 2,
             multiple: 1,
             napsu: Default::default(),
+            dips: Default::default(),
         }
     }
 }

@@ -100,6 +100,7 @@ impl CellMechanism {
 /// How a sanitized table becomes r rows (post-processing).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, Deserialize)]
 #[serde(rename_all = "kebab-case")]
+#[cfg_attr(feature = "cli", derive(clap::ValueEnum))]
 pub enum Generate {
     /// r independent draws from the normalised table.
     #[default]

@@ -383,6 +383,22 @@ mod tests {
         assert!((w[0] - 4.0).abs() < 1e-3 && (w[1] - 8.0).abs() < 1e-3 && (w[2] - 2.0).abs() < 1e-3, "{w:?}");
     }
 
+    /// Float centring can leave a row more than h from the centre (here
+    /// the centre of [1, 1 + 2⁻⁵²] rounds to 1, so the upper bound is 2h
+    /// away); the clamp in grid units keeps one row within the charged bound.
+    #[test]
+    fn one_row_moves_a_sum_by_at_most_its_bound_even_when_centring_rounds() {
+        let s = GlomSpec { bounds: vec![[(1.0, 1.0 + 2f64.powi(-52)), (-1.0, 1.0)]], sets: 1, rows: 1, prior: 0.5 };
+        let (c, h) = (s.centre(0), s.half(0));
+        let d = (1.0 + 2f64.powi(-52)) - c[0];
+        assert!(d > h[0], "the float centre did not round");
+        for eps in [1e-3, 1.0, 1e3] {
+            let mut st = Stat::new("x", h[0], eps, 1);
+            st.add(0, d);
+            assert!(st.sums[0].abs() as f64 <= st.units, "ε = {eps}");
+        }
+    }
+
     #[test]
     fn bad_public_inputs_are_refused() {
         let mut rng = DpRng::unsafe_seeded(1);

@@ -112,7 +112,12 @@ pub(crate) async fn run(
     let (domain, mode, source) = table_view(req)?;
     let na_rules = crate::synth::structure::rules(&domain)?;
     let sizes = domain.cardinalities();
-    let options = CellOptions { sets: req.options.multiple, rows: req.rows.unwrap_or(0), ..Default::default() };
+    let options = CellOptions {
+        sets: req.options.multiple,
+        rows: req.rows.unwrap_or(0),
+        prior: req.options.dips.prior,
+        generate: req.options.dips.generate,
+    };
     let cells = check_public(mechanism, &domain, epsilon, &options, req.model_out.is_some())?;
     if req.unsafe_seed.is_some() && req.ledger.is_some() {
         return Err(SynthError::UnsafeSeed);
