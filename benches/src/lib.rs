@@ -4,6 +4,7 @@
 #![warn(missing_docs)]
 
 pub mod bench_data;
+pub mod dips_case;
 pub mod dips_study;
 pub mod knn_experiment;
 pub mod napsu_adult;

@@ -16,7 +16,7 @@ use serde_json::json;
 
 use dpflow::dataset::Dataset;
 use dpflow::io::session_context;
-use dpflow_bench::{bench_data, dips_study, knn_experiment, napsu_adult, napsu_toy, peak_rss_mb, pgm};
+use dpflow_bench::{bench_data, dips_case, dips_study, knn_experiment, napsu_adult, napsu_toy, peak_rss_mb, pgm};
 
 /// dpflow-bench: benchmark data and measurements for dpflow (not a release tool).
 #[derive(Debug, Parser)]
@@ -120,6 +120,21 @@ enum BenchCommand {
         /// CSV output.
         #[arg(long)]
         out: String,
+    },
+    /// 002 §5's case study shape on the penguins: SVM accuracy after LAP and MODIPS at ε = e.
+    DipsCase {
+        /// The penguins CSV.
+        #[arg(long, default_value = "sample_data/penguins/penguins.csv")]
+        input: String,
+        /// Repetitions.
+        #[arg(long, default_value_t = 100)]
+        repeats: usize,
+        /// ε (002 §5: e).
+        #[arg(long, default_value_t = std::f64::consts::E)]
+        epsilon: f64,
+        /// Seed (simulation only).
+        #[arg(long, default_value_t = 0)]
+        seed: u64,
     },
     /// 003 §5.1's toy experiment: coverage of NA+MI (NAPSU-MQ, Laplace, Rubin's rules) intervals.
     NapsuToy {
@@ -270,6 +285,9 @@ async fn run(command: BenchCommand) -> Result<()> {
             let mut summary = serde_json::to_value(&r)?;
             summary.as_object_mut().expect("object").remove("estimates");
             println!("{}", serde_json::to_string_pretty(&summary)?);
+        }
+        BenchCommand::DipsCase { input, repeats, epsilon, seed } => {
+            println!("{}", serde_json::to_string_pretty(&dips_case::run(&input, repeats, epsilon, seed)?)?);
         }
         BenchCommand::DipsStudy { study, repeats, step, seed, out } => {
             let (rows, seconds) = dips_study::run(study, repeats, step, seed)?;
