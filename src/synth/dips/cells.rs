@@ -117,7 +117,8 @@ pub struct CellOptions {
     pub sets: usize,
     /// r, rows per set. The sampling mechanisms' ε depends on it, so it is
     /// fixed before the data is read. 0 (noise-based mechanisms only): each
-    /// set has as many rows as its sanitized counts add up to.
+    /// set has as many rows as its noisy counts add up to (before negatives
+    /// are cut: an unbiased estimate of n).
     pub rows: u64,
     /// MODIPS's Dirichlet prior α₀ per cell (002 §4.1: 1/3, Kerman 2011).
     pub prior: f64,
@@ -254,15 +255,15 @@ pub fn synthesize(
                 });
             }
             (CellMechanism::Modips, None) => {
-                let noisy = sanitize(exact, eps, rng);
-                let r = if r == 0 { noisy.iter().sum::<f64>() as u64 } else { r };
+                let (noisy, total) = sanitize(exact, eps, rng);
+                let r = if r == 0 { total.max(0) as u64 } else { r };
                 let pi = dirichlet_draw(rng, &noisy, options.prior);
                 release.sets.push(multinomial(rng, &pi, r));
                 release.sanitized.push(noisy);
             }
             (_, None) => {
-                let noisy = sanitize(exact, eps, rng);
-                let r = if r == 0 { noisy.iter().sum::<f64>() as u64 } else { r };
+                let (noisy, total) = sanitize(exact, eps, rng);
+                let r = if r == 0 { total.max(0) as u64 } else { r };
                 release.sets.push(match options.generate {
                     Generate::Sample => multinomial(rng, &noisy, r),
                     Generate::Round => randomized_round(rng, &noisy, r),
@@ -288,9 +289,22 @@ fn sampling_record(mechanism: CellMechanism, target: String, epsilon: f64, alpha
 /// Adds discrete Laplace noise of scale 1/ε to every cell (L1 sensitivity
 /// 1 under add/remove-one; the caller has charged ε) and sets negatives to
 /// 0. The addition saturates, so no count can wrap around.
-fn sanitize(exact: &[u64], epsilon: f64, rng: &mut DpRng) -> Vec<f64> {
+///
+/// Also returns the sum of the noisy counts *before* the negatives are cut,
+/// an unbiased estimate of n (the cut sum is biased upwards by about
+/// K·b/2 on a sparse table of K cells with noise scale b).
+fn sanitize(exact: &[u64], epsilon: f64, rng: &mut DpRng) -> (Vec<f64>, i128) {
     let sampler = NoiseDistribution::Laplace { scale: 1.0 / epsilon }.integer_sampler();
-    exact.iter().map(|&c| (c as i128).saturating_add(sampler.sample(rng)).max(0) as f64).collect()
+    let mut total = 0i128;
+    let noisy = exact
+        .iter()
+        .map(|&c| {
+            let v = (c as i128).saturating_add(sampler.sample(rng));
+            total = total.saturating_add(v);
+            v.max(0) as f64
+        })
+        .collect();
+    (noisy, total)
 }
 
 /// A Dirichlet(prior + counts) draw (post-processing: float Gamma variates).
@@ -514,7 +528,9 @@ mod tests {
         assert!(acc.records().is_empty());
     }
 
-    /// Without r, a noise-based set has as many rows as its sanitized total.
+    /// Without r, a noise-based set has as many rows as its noisy total
+    /// before the cut at 0; on a sparse table the cut total would be far
+    /// too large (here 1000 empty cells at ε = 0.5 add about 1000 rows).
     #[test]
     fn noise_based_sets_default_to_their_sanitized_total() {
         let mut rng = DpRng::unsafe_seeded(8);
@@ -524,6 +540,17 @@ mod tests {
             let rel = synthesize(mech, &[300, 0, 700], "x", 1e5, &opts, &mut acc, &mut rng).unwrap();
             assert!(rel.sets.iter().all(|s| s.iter().sum::<u64>() == 1000), "{mech:?}");
         }
+        let mut sparse = vec![0u64; 1000];
+        sparse[0] = 500;
+        let mut totals = Vec::new();
+        for _ in 0..20 {
+            let one = CellOptions { sets: 1, rows: 0, ..Default::default() };
+            let rel = synthesize(CellMechanism::LaplaceSanitizer, &sparse, "x", 0.5, &one, &mut acc, &mut rng).unwrap();
+            totals.push(rel.sets[0].iter().sum::<u64>() as f64);
+        }
+        // Noise sd of the total √(1000·2·2²) ≈ 89; the mean of 20 within 5 of its sd/√20 ≈ 20 → 100.
+        let mean = totals.iter().sum::<f64>() / 20.0;
+        assert!((mean - 500.0).abs() < 100.0, "{mean}");
     }
 
     #[test]

@@ -255,7 +255,7 @@ pub(crate) fn count_stream(
 /// A 002 cell synthesizer behind the [`crate::synth::Synthesizer`]
 /// interface: one set (m = 1) as a model with one clique over every column
 /// whose table is the set's counts. Only the noise-based mechanisms run
-/// this way (their rows default to the sanitized total); the sampling
+/// this way (their rows default to the noisy total); the sampling
 /// ones need the public number of rows, which `dpflow synth --rows` gives.
 #[derive(Debug, Clone, Copy)]
 pub struct CellSynth(pub CellMechanism);
