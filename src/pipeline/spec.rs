@@ -643,42 +643,38 @@ impl Pipeline {
                                 .check(me.features.len)
                                 .map_err(|e| err(l, &key("synthesize.nuts_chains"), e.to_string()))?;
                         }
-                    } else if let Some(cells) = x.mechanism.cells() {
-                        // The 002 synthesizers' public inputs, checked before the release is charged.
-                        let fail = |f: &str, e: String| err(l, &key(f), e);
-                        let table = crate::synth::dips::release::table_domain(&spec.domain, missing)
-                            .map_err(|e| fail("synthesize.missing", e.to_string()))?;
-                        let epsilon = match crate::synth::run::fit_share(&b, true)
-                            .map_err(|e| fail("synthesize.budget", e.to_string()))?
-                        {
-                            crate::privacy::Share::Epsilon(e) => e,
-                            crate::privacy::Share::Rho(r) => (2.0 * r).sqrt(),
-                        };
-                        let options = crate::synth::dips::CellOptions {
-                            sets: x.multiple,
-                            rows: x.rows.unwrap_or(0),
-                            ..Default::default()
-                        };
-                        crate::synth::dips::release::check_public(
-                            cells,
-                            &table,
-                            epsilon,
-                            &options,
-                            x.model_output.is_some(),
-                        )
-                        .map_err(|e| fail("synthesize.rows", e.to_string()))?;
-                        if x.queries.is_some() || x.inference.is_some() || x.max_features.is_some() {
-                            return Err(fail(
-                                "synthesize.queries",
-                                "queries, inference and max_features are napsu-mq settings".into(),
-                            ));
-                        }
                     } else if x.queries.is_some() || x.inference.is_some() || x.max_features.is_some() {
                         return Err(err(
                             l,
                             &key("synthesize.queries"),
                             "queries, inference and max_features are napsu-mq settings".into(),
                         ));
+                    }
+                    if let Some(cells) = x.mechanism.cells() {
+                        // The 002 synthesizers' public inputs, checked before the release is charged.
+                        use crate::synth::dips::DipsError as E;
+                        let table = crate::synth::dips::release::table_domain(&spec.domain, missing)
+                            .map_err(|e| err(l, &key("synthesize.missing"), e.to_string()))?;
+                        let options = crate::synth::dips::CellOptions {
+                            sets: x.multiple,
+                            rows: x.rows.unwrap_or(0),
+                            ..Default::default()
+                        };
+                        let epsilon = crate::synth::run::pure_epsilon(&b);
+                        let model_output = x.model_output.is_some();
+                        crate::synth::dips::release::check_public(cells, &table, epsilon, &options, model_output)
+                            .map_err(|e| {
+                                let field = match e {
+                                    E::ModelOut(_) => "synthesize.model_output",
+                                    E::NoRows | E::PseudoCount { .. } => "synthesize.rows",
+                                    E::NoSets | E::EpsilonPerSet { .. } | E::TooManyCellSets { .. } => {
+                                        "synthesize.multiple"
+                                    }
+                                    E::TooManyCells { .. } => "dataset.domain",
+                                    _ => "synthesize.budget",
+                                };
+                                err(l, &key(field), e.to_string())
+                            })?;
                     }
                     Step::Synthesize {
                         name: x.name.clone(),

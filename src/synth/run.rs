@@ -89,7 +89,7 @@ impl Mechanism {
     /// rather than zCDP: its ledger charge is then ε (a ρ budget runs it at
     /// ε = √(2ρ), which is ρ-zCDP).
     pub fn pure_dp(&self) -> bool {
-        matches!(self, Mechanism::Privbayes | Mechanism::PrivbayesPgm) || self.cells().is_some()
+        self.synthesizer(&SynthOptions::default()).pure_dp()
     }
 
     /// The 002 cell synthesizer behind a variant, if it is one.
@@ -376,14 +376,20 @@ pub struct TimingRecord {
 /// A fit's budget as a share in the synthesizer's own unit: pure ε for
 /// PrivBayes, ρ-zCDP for AIM, MST, MWEM and Independent. An ε-DP fit in a ρ
 /// budget takes ε = √(2ρ) (ε-DP implies ε²/2-zCDP).
-pub(crate) fn fit_share(budget: &Budget, pure: bool) -> Result<Share> {
+fn fit_share(budget: &Budget, pure: bool) -> Result<Share> {
     if pure {
-        return Ok(Share::Epsilon(match *budget {
-            Budget::Pure { epsilon } | Budget::Approx { epsilon, .. } => epsilon,
-            Budget::Zcdp { rho } => (2.0 * rho).sqrt(),
-        }));
+        return Ok(Share::Epsilon(pure_epsilon(budget)));
     }
     Ok(Share::Rho(rho_of(budget)?))
+}
+
+/// The ε a pure-DP mechanism runs with under `budget`: its ε, or √(2ρ) for
+/// a ρ budget (ε-DP implies ε²/2-zCDP).
+pub(crate) fn pure_epsilon(budget: &Budget) -> f64 {
+    match *budget {
+        Budget::Pure { epsilon } | Budget::Approx { epsilon, .. } => epsilon,
+        Budget::Zcdp { rho } => (2.0 * rho).sqrt(),
+    }
 }
 
 /// Runs the synthesizer on exact answers already computed (crate-private data).

@@ -168,7 +168,27 @@ pub const MIN_EPSILON_PER_SET: f64 = 1e-9;
 /// stays far below i128's range for any number of rows.
 pub const MAX_EPSILON_PER_SET: f64 = 1e9;
 
-/// The pseudo-count (in units of 1/D) of a sampling mechanism, if it is one.
+/// ε/m after the checks every DIPS mechanism shares: ε positive and finite,
+/// m ≥ 1, ε/m at least [`MIN_EPSILON_PER_SET`] and, for the grid-based
+/// statistics (`grid`), at most [`MAX_EPSILON_PER_SET`].
+pub(crate) fn per_set_epsilon(epsilon: f64, sets: usize, grid: bool) -> Result<f64> {
+    if !(epsilon.is_finite() && epsilon > 0.0) {
+        return Err(DipsError::Epsilon(epsilon));
+    }
+    if sets == 0 {
+        return Err(DipsError::NoSets);
+    }
+    let eps = epsilon / sets as f64;
+    if eps < MIN_EPSILON_PER_SET {
+        return Err(DipsError::EpsilonPerSet { epsilon: eps, sets, min: MIN_EPSILON_PER_SET });
+    }
+    if grid && eps > MAX_EPSILON_PER_SET {
+        return Err(DipsError::EpsilonTooLarge { epsilon: eps, max: MAX_EPSILON_PER_SET });
+    }
+    Ok(eps)
+}
+
+/// The pseudo-count of a sampling mechanism (`None`: a noise-based one).
 fn calibration(mechanism: CellMechanism, eps: f64, rows: u64) -> Option<f64> {
     match mechanism {
         CellMechanism::SmoothedHistogram | CellMechanism::BinomialBeta => Some(pseudo_count(eps, rows)),
@@ -181,33 +201,36 @@ fn calibration(mechanism: CellMechanism, eps: f64, rows: u64) -> Option<f64> {
 /// the exact samplers' integer weights below 2¹²⁷: K cells of weight
 /// n_k·D + ⌈α·D⌉ plus r·D, where n·D and r·D are each below 2⁹⁶.
 pub fn check(mechanism: CellMechanism, cells: usize, epsilon: f64, options: &CellOptions) -> Result<()> {
-    if !(epsilon.is_finite() && epsilon > 0.0) {
-        return Err(DipsError::Epsilon(epsilon));
-    }
-    if options.sets == 0 {
-        return Err(DipsError::NoSets);
-    }
-    if options.rows == 0 && calibration(mechanism, 1.0, 1).is_some() {
-        return Err(DipsError::NoRows);
-    }
+    units(mechanism, cells, epsilon, options).map(|_| ())
+}
+
+/// [`check`], returning ε/m and the sampling mechanisms' pseudo-count α
+/// with its integer weight ⌈α·D⌉.
+fn units(
+    mechanism: CellMechanism,
+    cells: usize,
+    epsilon: f64,
+    options: &CellOptions,
+) -> Result<(f64, Option<(f64, u128)>)> {
+    let eps = per_set_epsilon(epsilon, options.sets, false)?;
     if cells == 0 {
         return Err(DipsError::NoCells);
     }
     if !(options.prior.is_finite() && options.prior > 0.0) {
         return Err(DipsError::Prior(options.prior));
     }
-    let eps = epsilon / options.sets as f64;
-    if eps < MIN_EPSILON_PER_SET {
-        return Err(DipsError::EpsilonPerSet { epsilon: eps, sets: options.sets, min: MIN_EPSILON_PER_SET });
+    let Some(alpha) = calibration(mechanism, eps, options.rows) else {
+        return Ok((eps, None));
+    };
+    if options.rows == 0 {
+        return Err(DipsError::NoRows);
     }
-    if let Some(alpha) = calibration(mechanism, eps, options.rows) {
-        let fits = alpha_units(alpha).and_then(|u| u.checked_mul(cells as u128)).is_some_and(|w| w < 1u128 << 126)
-            && options.rows < 1u64 << 63;
-        if !fits {
-            return Err(DipsError::PseudoCount { alpha, epsilon: eps, rows: options.rows, cells });
-        }
+    let fits = alpha_units(alpha)
+        .filter(|u| u.checked_mul(cells as u128).is_some_and(|w| w < 1u128 << 126) && options.rows < 1u64 << 63);
+    match fits {
+        Some(u) => Ok((eps, Some((alpha, u)))),
+        None => Err(DipsError::PseudoCount { alpha, epsilon: eps, rows: options.rows, cells }),
     }
-    Ok(())
 }
 
 /// Runs `mechanism` on the exact cell counts `exact` (protected) with total
@@ -221,17 +244,14 @@ pub fn synthesize(
     accountant: &mut dyn Accountant,
     rng: &mut DpRng,
 ) -> Result<CellRelease> {
-    check(mechanism, exact.len(), epsilon, options)?;
-    let m = options.sets;
-    let eps = epsilon / m as f64;
-    let r = options.rows;
+    let (eps, alpha) = units(mechanism, exact.len(), epsilon, options)?;
+    let (m, r) = (options.sets, options.rows);
     // Every set's charge at once, before any draw: all or nothing.
-    let alpha = calibration(mechanism, eps, r);
     let records: Vec<MechanismRecord> = (1..=m)
         .map(|set| {
             let target = format!("{}({target}) set {set}", mechanism.name());
             match alpha {
-                Some(a) => sampling_record(mechanism, target, eps, a, r),
+                Some((a, _)) => sampling_record(mechanism, target, eps, a, r),
                 None => MechanismRecord::laplace(target, 1.0, 1.0 / eps),
             }
         })
@@ -239,38 +259,27 @@ pub fn synthesize(
     accountant.charge(&records)?;
     let mut release = CellRelease { sets: Vec::with_capacity(m), sanitized: Vec::new() };
     for _ in 0..m {
-        match (mechanism, alpha) {
-            (_, Some(a)) => {
-                // `check` made sure the weights fit.
-                let units = alpha_units(a).ok_or(DipsError::PseudoCount {
-                    alpha: a,
-                    epsilon: eps,
-                    rows: r,
-                    cells: exact.len(),
-                })?;
-                release.sets.push(if mechanism == CellMechanism::MultinomialDirichlet {
-                    polya_urn_counts(rng, exact, units, r)
-                } else {
-                    categorical_counts(rng, exact, units, r)
-                });
+        let counts = match alpha {
+            Some((_, units)) if mechanism == CellMechanism::MultinomialDirichlet => {
+                polya_urn_counts(rng, exact, units, r)
             }
-            (CellMechanism::Modips, None) => {
+            Some((_, units)) => categorical_counts(rng, exact, units, r),
+            None => {
                 let (noisy, total) = sanitize(exact, eps, rng);
                 let r = if r == 0 { total.max(0) as u64 } else { r };
-                let pi = dirichlet_draw(rng, &noisy, options.prior);
-                release.sets.push(multinomial(rng, &pi, r));
+                let counts = match (mechanism, options.generate) {
+                    (CellMechanism::Modips, _) => {
+                        let pi = dirichlet_draw(rng, &noisy, options.prior);
+                        multinomial(rng, &pi, r)
+                    }
+                    (_, Generate::Sample) => multinomial(rng, &noisy, r),
+                    (_, Generate::Round) => randomized_round(rng, &noisy, r),
+                };
                 release.sanitized.push(noisy);
+                counts
             }
-            (_, None) => {
-                let (noisy, total) = sanitize(exact, eps, rng);
-                let r = if r == 0 { total.max(0) as u64 } else { r };
-                release.sets.push(match options.generate {
-                    Generate::Sample => multinomial(rng, &noisy, r),
-                    Generate::Round => randomized_round(rng, &noisy, r),
-                });
-                release.sanitized.push(noisy);
-            }
-        }
+        };
+        release.sets.push(counts);
     }
     Ok(release)
 }

@@ -31,12 +31,12 @@
 //! with ν = max(n* − K, 3), μ_k, then r rows: cells from π, z ~ N(μ_k, Σ)
 //! cut into the cell's box.
 
+use dpflow_udfs::noise::DpRng;
 use dpflow_udfs::noise::cauchy::{sample_gamma, standard_normal_sample};
-use dpflow_udfs::noise::real::{grid_exponent, to_grid_units};
-use dpflow_udfs::noise::{DpRng, NoiseDistribution};
 
 use super::DipsError;
-use super::cells::{MAX_EPSILON_PER_SET, MIN_EPSILON_PER_SET, dirichlet_draw, multinomial};
+use super::cells::{dirichlet_draw, multinomial, per_set_epsilon};
+use super::grid::{GridSum, check_bounds};
 use crate::measure::Accountant;
 use crate::privacy::MechanismRecord;
 
@@ -87,35 +87,20 @@ pub struct GlomRelease {
 impl GlomSpec {
     /// The public checks, before anything is charged.
     pub fn check(&self, epsilon: f64) -> Result<()> {
-        if !(epsilon.is_finite() && epsilon > 0.0) {
-            return Err(DipsError::Epsilon(epsilon));
-        }
+        per_set_epsilon(epsilon, self.sets, true)?;
         if self.bounds.is_empty() {
             return Err(DipsError::NoCells);
         }
         for (k, b) in self.bounds.iter().enumerate() {
             for (j, &(lo, hi)) in b.iter().enumerate() {
-                let h = 0.5 * (hi - lo);
-                if !(lo.is_finite() && hi.is_finite() && lo < hi && (h * h * 1e12).is_finite() && h >= 1e-100) {
-                    return Err(DipsError::Bounds { column: format!("z{} in cell {k}", j + 1), lo, hi });
-                }
+                check_bounds(|| format!("z{} in cell {k}", j + 1), lo, hi)?;
             }
-        }
-        if self.sets == 0 {
-            return Err(DipsError::NoSets);
         }
         if self.rows == 0 {
             return Err(DipsError::NoRows);
         }
         if !(self.prior.is_finite() && self.prior > 0.0) {
             return Err(DipsError::Prior(self.prior));
-        }
-        let per_set = epsilon / self.sets as f64;
-        if per_set > MAX_EPSILON_PER_SET {
-            return Err(DipsError::EpsilonTooLarge { epsilon: per_set, max: MAX_EPSILON_PER_SET });
-        }
-        if per_set < MIN_EPSILON_PER_SET {
-            return Err(DipsError::EpsilonPerSet { epsilon: per_set, sets: self.sets, min: MIN_EPSILON_PER_SET });
         }
         Ok(())
     }
@@ -129,44 +114,6 @@ impl GlomSpec {
     fn half(&self, k: usize) -> [f64; 2] {
         let b = &self.bounds[k];
         [0.5 * (b[0].1 - b[0].0), 0.5 * (b[1].1 - b[1].0)]
-    }
-}
-
-/// One of the six sanitized sums: its per-row bound, grid and exact sums per cell.
-struct Stat {
-    name: &'static str,
-    bound: f64,
-    k: i32,
-    units: f64,
-    sums: Vec<i128>,
-}
-
-impl Stat {
-    fn new(name: &'static str, bound: f64, eps: f64, cells: usize) -> Self {
-        let k = grid_exponent(&NoiseDistribution::Laplace { scale: bound / eps }, bound);
-        let units = (bound / 2f64.powi(k)).ceil();
-        Self { name, bound, k, units, sums: vec![0; cells] }
-    }
-
-    fn add(&mut self, cell: usize, x: f64) {
-        let u = self.units as i128;
-        self.sums[cell] += to_grid_units(x, self.k).clamp(-u, u);
-    }
-
-    fn record(&self, set: usize, eps: f64) -> MechanismRecord {
-        let g = 2f64.powi(self.k);
-        MechanismRecord::laplace(
-            format!("modips-glom {} per cell, set {set}", self.name),
-            self.units * g,
-            self.units * g / eps,
-        )
-        .with_params(serde_json::json!({ "per_row_bound": self.bound }))
-    }
-
-    fn noisy(&self, rng: &mut DpRng, eps: f64) -> Vec<f64> {
-        let noise = NoiseDistribution::Laplace { scale: self.units / eps };
-        let g = 2f64.powi(self.k);
-        self.sums.iter().map(|&s| s.saturating_add(noise.sample_integer(rng)) as f64 * g).collect()
     }
 }
 
@@ -185,17 +132,15 @@ pub fn modips_glom(
     let eps = epsilon / spec.sets as f64 / 6.0;
     let hmax = |j: usize| (0..kc).map(|k| spec.half(k)[j]).fold(0.0, f64::max);
     let cross = (0..kc).map(|k| spec.half(k)[0] * spec.half(k)[1]).fold(0.0, f64::max);
+    let stat = |name: &str, bound: f64| GridSum::new(format!("modips-glom {name} per cell"), bound, eps, kc);
     let mut stats = [
-        Stat::new("count", 1.0, eps, kc),
-        Stat::new("sum(z1 − c1)", hmax(0), eps, kc),
-        Stat::new("sum(z2 − c2)", hmax(1), eps, kc),
-        Stat::new("sum((z1 − c1)²)", hmax(0).powi(2), eps, kc),
-        Stat::new("sum((z2 − c2)²)", hmax(1).powi(2), eps, kc),
-        Stat::new("sum((z1 − c1)(z2 − c2))", cross, eps, kc),
+        GridSum::count("modips-glom count per cell".into(), kc),
+        stat("sum(z1 − c1)", hmax(0)),
+        stat("sum(z2 − c2)", hmax(1)),
+        stat("sum((z1 − c1)²)", hmax(0).powi(2)),
+        stat("sum((z2 − c2)²)", hmax(1).powi(2)),
+        stat("sum((z1 − c1)(z2 − c2))", cross),
     ];
-    // The count is an exact integer (grid 1).
-    stats[0].k = 0;
-    stats[0].units = 1.0;
     for (&k, v) in cells.iter().zip(z) {
         let k = k as usize;
         if k >= kc || v[0].is_nan() || v[1].is_nan() {
@@ -203,7 +148,7 @@ pub fn modips_glom(
         }
         let (c, b) = (spec.centre(k), &spec.bounds[k]);
         let d = [v[0].clamp(b[0].0, b[0].1) - c[0], v[1].clamp(b[1].0, b[1].1) - c[1]];
-        stats[0].sums[k] += 1;
+        stats[0].add(k, 1.0);
         stats[1].add(k, d[0]);
         stats[2].add(k, d[1]);
         stats[3].add(k, d[0] * d[0]);
@@ -313,6 +258,9 @@ pub fn inverse_wishart_2(rng: &mut DpRng, nu: f64, psi: [f64; 3]) -> [f64; 3] {
 
 #[cfg(test)]
 mod tests {
+    use dpflow_udfs::noise::NoiseDistribution;
+    use dpflow_udfs::noise::real::grid_exponent;
+
     use super::*;
     use crate::measure::ReleaseAccountant;
     use crate::privacy::{Budget, PrivacyFilter, PrivacyLoss};
@@ -393,9 +341,11 @@ mod tests {
         let d = (1.0 + 2f64.powi(-52)) - c[0];
         assert!(d > h[0], "the float centre did not round");
         for eps in [1e-3, 1.0, 1e3] {
-            let mut st = Stat::new("x", h[0], eps, 1);
+            let mut st = GridSum::new("x".into(), h[0], eps, 1);
             st.add(0, d);
-            assert!(st.sums[0].abs() as f64 <= st.units, "ε = {eps}");
+            let units =
+                (h[0] / 2f64.powi(grid_exponent(&NoiseDistribution::Laplace { scale: h[0] / eps }, h[0]))).ceil();
+            assert!(st.sums[0].abs() as f64 <= units, "ε = {eps}");
         }
     }
 

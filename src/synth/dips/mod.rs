@@ -22,6 +22,7 @@
 pub mod cells;
 pub mod exact;
 pub mod glom;
+mod grid;
 pub mod normal;
 pub mod release;
 

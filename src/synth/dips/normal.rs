@@ -30,12 +30,13 @@
 //! σ²* ~ Inv-Gamma((n* − 1)/2, (n* − 1)S²*/2), μ* ~ N(x̄*, σ²*/n*) and r
 //! values x̃ ~ N(μ*, σ²*), each cut to [c₀, c₁] (002 §4.2 does the same).
 
+use dpflow_udfs::noise::DpRng;
 use dpflow_udfs::noise::cauchy::{sample_gamma, standard_normal_sample};
-use dpflow_udfs::noise::real::{grid_exponent, to_grid_units};
-use dpflow_udfs::noise::{DpRng, NoiseDistribution};
 use serde::{Deserialize, Serialize};
 
 use super::DipsError;
+use super::cells::per_set_epsilon;
+use super::grid::{GridSum, check_bounds};
 use crate::measure::Accountant;
 use crate::privacy::MechanismRecord;
 
@@ -81,35 +82,10 @@ pub struct NormalRelease {
 impl NormalSpec {
     /// The public checks, before anything is charged.
     pub fn check(&self, epsilon: f64) -> Result<()> {
-        if !(epsilon.is_finite() && epsilon > 0.0) {
-            return Err(DipsError::Epsilon(epsilon));
-        }
-        // h² / ε must be a finite scale (bounds up to about ±1e150).
-        let h = 0.5 * (self.hi - self.lo);
-        if !(self.lo.is_finite()
-            && self.hi.is_finite()
-            && self.lo < self.hi
-            && (h * h * 1e12).is_finite()
-            && h >= 1e-100)
-        {
-            return Err(DipsError::Bounds { column: self.column.clone(), lo: self.lo, hi: self.hi });
-        }
-        if self.sets == 0 {
-            return Err(DipsError::NoSets);
-        }
+        per_set_epsilon(epsilon, self.sets, true)?;
+        check_bounds(|| self.column.clone(), self.lo, self.hi)?;
         if self.rows == 0 {
             return Err(DipsError::NoRows);
-        }
-        let per_set = epsilon / self.sets as f64;
-        if per_set > super::cells::MAX_EPSILON_PER_SET {
-            return Err(DipsError::EpsilonTooLarge { epsilon: per_set, max: super::cells::MAX_EPSILON_PER_SET });
-        }
-        if per_set < super::cells::MIN_EPSILON_PER_SET {
-            return Err(DipsError::EpsilonPerSet {
-                epsilon: per_set,
-                sets: self.sets,
-                min: super::cells::MIN_EPSILON_PER_SET,
-            });
         }
         match self.public_n {
             Some(n) if n < 2 => Err(DipsError::PublicRows(n)),
@@ -133,54 +109,33 @@ pub fn modips_normal(
     let c = lo + h;
     let parts = if spec.public_n.is_some() { 2.0 } else { 3.0 };
     let eps = epsilon / spec.sets as f64 / parts;
-    // Public grids (docs/PRIVACY.md §0): each clamped, centred value and its
-    // square is rounded to its grid once, and the sums are exact integers,
-    // so one row moves them by at most ⌈h/g₁⌉ and ⌈h²/g₂⌉ units whatever
-    // the order of the rows (a float running sum would not: its rounding
-    // depends on the other rows).
-    let k1 = grid_exponent(&NoiseDistribution::Laplace { scale: h / eps }, h);
-    let k2 = grid_exponent(&NoiseDistribution::Laplace { scale: h * h / eps }, h * h);
-    let d1 = (h / 2f64.powi(k1)).ceil();
-    let d2 = (h * h / 2f64.powi(k2)).ceil();
-    // A NaN row is dropped from every statistic (a row-wise, 1-stable map).
-    let (mut s1, mut s2, mut count) = (0i128, 0i128, 0i128);
+    // Exact grid sums ([`super::grid`]); a NaN row is dropped from every
+    // statistic (a row-wise, 1-stable map).
+    let name = &spec.column;
+    let mut sum = GridSum::new(format!("modips sum({name} − {c})"), h, eps, 1);
+    let mut squares = GridSum::new(format!("modips sum(({name} − {c})²)"), h * h, eps, 1);
+    let mut count = spec.public_n.is_none().then(|| GridSum::count(format!("modips count({name})"), 1));
     for &x in values.iter().filter(|x| !x.is_nan()) {
         let d = x.clamp(lo, hi) - c;
-        s1 += to_grid_units(d, k1).clamp(-(d1 as i128), d1 as i128);
-        s2 += to_grid_units(d * d, k2).clamp(0, d2 as i128);
-        count += 1;
-    }
-    // Every set's charge at once, before any draw. The noise is in grid
-    // units, so the real-valued scales are the unit sensitivities times g.
-    let (g1, g2) = (2f64.powi(k1), 2f64.powi(k2));
-    let name = &spec.column;
-    let mut records = Vec::new();
-    for set in 1..=spec.sets {
-        records.push(MechanismRecord::laplace(format!("modips sum({name} − {c}) set {set}"), d1 * g1, d1 * g1 / eps));
-        records.push(MechanismRecord::laplace(
-            format!("modips sum(({name} − {c})²) set {set}"),
-            d2 * g2,
-            d2 * g2 / eps,
-        ));
-        if spec.public_n.is_none() {
-            records.push(MechanismRecord::laplace(format!("modips count({name}) set {set}"), 1.0, 1.0 / eps));
+        sum.add(0, d);
+        squares.add(0, d * d);
+        if let Some(n) = &mut count {
+            n.add(0, 1.0);
         }
     }
+    // Every set's charge at once, before any draw.
+    let stats: Vec<&GridSum> = [Some(&sum), Some(&squares), count.as_ref()].into_iter().flatten().collect();
+    let records: Vec<MechanismRecord> =
+        (1..=spec.sets).flat_map(|set| stats.iter().map(move |s| s.record(set, eps))).collect();
     accountant.charge(&records)?;
-    let noisy = |rng: &mut DpRng, exact: i128, units: f64, k: i32| {
-        let noise = NoiseDistribution::Laplace { scale: units / eps };
-        exact.saturating_add(noise.sample_integer(rng)) as f64 * 2f64.powi(k)
-    };
     let mut release = NormalRelease { sets: Vec::with_capacity(spec.sets), statistics: Vec::new() };
     for _ in 0..spec.sets {
-        let sum = noisy(rng, s1, d1, k1);
-        let squares = noisy(rng, s2, d2, k2);
-        let n = match spec.public_n {
-            Some(n) => n as f64,
-            None => noisy(rng, count, 1.0, 0),
-        };
+        let s1 = sum.noisy(rng, eps)[0];
+        let s2 = squares.noisy(rng, eps)[0];
+        // Without a count the declared public n is used.
+        let n = count.as_ref().map_or(spec.public_n.unwrap_or(0) as f64, |n| n.noisy(rng, eps)[0]);
         // Post-processing from here on.
-        let stats = statistics(n, sum, squares, lo, hi);
+        let stats = statistics(n, s1, s2, lo, hi);
         release.sets.push(draw_set(rng, &stats, lo, hi, spec.rows));
         release.statistics.push(stats);
     }
@@ -300,6 +255,8 @@ mod tests {
     /// row's grid value, whatever the order.
     #[test]
     fn one_row_moves_the_sums_by_at_most_its_sensitivity() {
+        use dpflow_udfs::noise::NoiseDistribution;
+        use dpflow_udfs::noise::real::grid_exponent;
         let (lo, hi, eps) = (-1.0, 1.0, 1.0);
         let k1 = grid_exponent(&NoiseDistribution::Laplace { scale: 1.0 / eps }, 1.0);
         let u = 2f64.powi(-33);
@@ -308,7 +265,12 @@ mod tests {
         d.extend(std::iter::repeat_n(-0.75 * u, 1 << 14));
         let mut d2 = vec![1.0];
         d2.extend(&d);
-        let units = |v: &[f64]| v.iter().map(|&x| to_grid_units(x.clamp(lo, hi), k1)).sum::<i128>();
+        // The sums MODIPS-normal releases (`GridSum`, module `grid`).
+        let units = |v: &[f64]| {
+            let mut s = GridSum::new("x".into(), 1.0, eps, 1);
+            v.iter().for_each(|&x| s.add(0, x.clamp(lo, hi)));
+            s.sums[0]
+        };
         let bound = (1.0 / 2f64.powi(k1)).ceil() as i128;
         assert!((units(&d2) - units(&d)).abs() <= bound);
         // The float running sums differ by more than the sensitivity.

@@ -104,10 +104,7 @@ pub(crate) async fn run(
     progress: &dyn Fn(&str),
 ) -> Result<SynthRecord> {
     budget_check(&req.budget)?;
-    let epsilon = match crate::synth::run::fit_share(&req.budget, true)? {
-        Share::Epsilon(e) => e,
-        Share::Rho(r) => (2.0 * r).sqrt(),
-    };
+    let epsilon = crate::synth::run::pure_epsilon(&req.budget);
     // Every public input is checked before anything is charged or read.
     let (domain, mode, source) = table_view(req)?;
     let na_rules = crate::synth::structure::rules(&domain)?;
@@ -253,10 +250,12 @@ pub(crate) fn count_stream(
 }
 
 /// A 002 cell synthesizer behind the [`crate::synth::Synthesizer`]
-/// interface: one set (m = 1) as a model with one clique over every column
-/// whose table is the set's counts. Only the noise-based mechanisms run
-/// this way (their rows default to the noisy total); the sampling
-/// ones need the public number of rows, which `dpflow synth --rows` gives.
+/// interface: one set (m = 1) as a model with one clique over every column.
+/// The Laplace sanitizer's and perturbed histogram's table is the sanitized
+/// counts themselves (sampling rows from them is the model's job, not the
+/// fit's); MODIPS's is its posterior-predictive set. Only the noise-based
+/// mechanisms run this way; the sampling ones need the public number of
+/// rows, which `dpflow synth --rows` gives.
 #[derive(Debug, Clone, Copy)]
 pub struct CellSynth(pub CellMechanism);
 
@@ -276,12 +275,15 @@ impl crate::synth::Synthesizer for CellSynth {
         let options = CellOptions { sets: 1, rows: 0, ..Default::default() };
         let target = ctx.names(&all).join(",");
         let release = synthesize(self.0, &exact, &target, ctx.epsilon, &options, ctx.accountant, ctx.rng)?;
-        let counts = &release.sets[0];
-        let total: u64 = counts.iter().sum();
-        let mut model = crate::pgm::GraphicalModel::uniform(&ctx.sizes, std::slice::from_ref(&all), total as f64);
-        if total > 0 {
+        let table: Vec<f64> = match (self.0, release.sanitized.first()) {
+            (CellMechanism::Modips, _) | (_, None) => release.sets[0].iter().map(|&c| c as f64).collect(),
+            (_, Some(sanitized)) => sanitized.clone(),
+        };
+        let total: f64 = table.iter().sum();
+        let mut model = crate::pgm::GraphicalModel::uniform(&ctx.sizes, std::slice::from_ref(&all), total);
+        if total > 0.0 {
             // ln 0 as a finite floor: exp underflows to exactly 0 in belief propagation.
-            model.potentials[0].values = counts.iter().map(|&c| if c > 0 { (c as f64).ln() } else { -1e300 }).collect();
+            model.potentials[0].values = table.iter().map(|&c| if c > 0.0 { c.ln() } else { -1e300 }).collect();
         }
         Ok(crate::synth::Fitted { model, compression: None, metadata: FitMetadata::default() })
     }
