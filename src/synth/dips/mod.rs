@@ -10,6 +10,8 @@
 //!   proofs under dpflow's add/remove-one neighbours.
 //! - [`normal`]: MODIPS for a bounded normal attribute (002 §4.2).
 //! - [`glom`]: MODIPS with the general location model (002 §4.3.1).
+//! - [`sequential`]: the sequential regression synthesizer (002 §3.2.3,
+//!   §4.3.2) on the DP regressions of [`regression`].
 //! - [`exact`]: the exact integer samplers the sampling-based mechanisms
 //!   need.
 //!
@@ -24,7 +26,9 @@ pub mod exact;
 pub mod glom;
 mod grid;
 pub mod normal;
+pub mod regression;
 pub mod release;
+pub mod sequential;
 
 pub use cells::{CellMechanism, CellOptions, CellRelease, Generate};
 
@@ -134,6 +138,47 @@ pub enum DipsError {
     /// `--model-out` with a mechanism that has no model file.
     #[error("{0} releases synthetic counts, not a model: drop --model-out")]
     ModelOut(&'static str),
+    /// A non-positive ridge Λ.
+    #[error(
+        "a regression's ridge (prior precision) must be between 1e-6 and 1e12, not {0}: for the logistic \
+         regressions the noise scale is proportional to 1/Λ and the shrinkage grows with Λ (try 1 to 10)"
+    )]
+    Ridge(f64),
+    /// A categorical column with fewer than two levels.
+    #[error("{column} has {levels} level(s): a regression target needs at least 2 (drop a constant column)")]
+    Levels {
+        /// The column.
+        column: String,
+        /// Its levels.
+        levels: u32,
+    },
+    /// A regression with too many coefficients.
+    #[error(
+        "the regression of {column} on the columns before it has {parameters} coefficients, over the {max} the \
+         solver takes: put {column} earlier in the order, or use fewer or coarser columns before it"
+    )]
+    TooManyParameters {
+        /// The target column.
+        column: String,
+        /// Its coefficients.
+        parameters: usize,
+        /// The cap.
+        max: usize,
+    },
+    /// Data with another number of columns than the spec.
+    #[error("the data have {given} columns but the sequence names {expected}")]
+    Columns {
+        /// Columns given.
+        given: usize,
+        /// Columns in the spec.
+        expected: usize,
+    },
+    /// A numeric column in the table form.
+    #[error("sequential-regression over a table takes categorical columns; {0} is numeric: bin it in the domain")]
+    NotCategorical(String),
+    /// Data columns of different lengths.
+    #[error("the data columns have different lengths: give one value per row in every column")]
+    RaggedColumns,
     /// The accountant refused a charge.
     #[error(transparent)]
     Charge(#[from] crate::measure::MeasureError),
