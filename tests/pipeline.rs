@@ -911,3 +911,32 @@ fn a_dips_step_is_charged_its_pure_epsilon_and_checked_before_the_charge() {
     assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
     assert!(d.join("out/r1/dips.parquet").exists());
 }
+
+/// A sequential-regression step (002 §3.2.3) runs end to end in a
+/// pipeline; its public inputs (rows, no model file) are checked at load.
+#[test]
+fn a_sequential_regression_step_runs_and_is_checked_at_load() {
+    let dir = tempfile::tempdir().unwrap();
+    let d = dir.path();
+    let p = world(
+        d,
+        5.0,
+        None,
+        "  - synthesize: {name: seq, mechanism: sequential-regression, multiple: 2, rows: 150, \
+         budget: {epsilon: 1.0}, output: seq.parquet}",
+    );
+    let text = std::fs::read_to_string(&p).unwrap().replace("budget: {epsilon: 0.3,", "budget: {epsilon: 1.5,");
+    std::fs::write(&p, &text).unwrap();
+    for (from, to, says) in [
+        ("multiple: 2, rows: 150,", "multiple: 2,", "rows"),
+        ("output: seq.parquet}", "output: seq.parquet, model_output: m.json}", "model"),
+    ] {
+        std::fs::write(d.join("bad.yaml"), text.replace(from, to)).unwrap();
+        let out = dpflow().args(["validate", d.join("bad.yaml").to_str().unwrap()]).output().unwrap();
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert!(!out.status.success() && err.contains(says), "{to}: {err}");
+    }
+    let out = dpflow().args(["run", p.to_str().unwrap(), "--release-id", "r1"]).output().unwrap();
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    assert!(d.join("out/r1/seq.parquet").exists());
+}

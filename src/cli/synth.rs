@@ -128,6 +128,10 @@ pub struct SynthArgs {
     /// the rows by randomized rounding (002 §4.1's Laplace sanitizer).
     #[arg(long, value_enum, default_value = "sample")]
     pub dips_generate: dpflow::synth::dips::Generate,
+    /// sequential-regression's ridge Λ, each logistic regression's prior precision on the scaled
+    /// design: the noise scale is ∝ 1/Λ and the shrinkage toward independence grows with Λ.
+    #[arg(long, default_value_t = 1.0)]
+    pub dips_ridge: f64,
     /// Declared missingness mechanism of the input; with --missing-rates, the release
     /// record reports the ground-truth ε̄ under MCAR (000 §5.2); refused for mar/mnar.
     #[arg(long, value_enum)]
@@ -239,7 +243,7 @@ pub(super) async fn run(a: SynthArgs) -> Result<i32> {
             degree: a.degree,
             multiple: a.multiple,
             napsu: napsu_options(&a),
-            dips: dpflow::synth::DipsOptions { prior: a.dips_prior, generate: a.dips_generate },
+            dips: dpflow::synth::DipsOptions { prior: a.dips_prior, generate: a.dips_generate, ridge: a.dips_ridge },
         },
         decode: if a.midpoints { DecodeMode::Midpoint } else { DecodeMode::Uniform },
         missing: a.missing,

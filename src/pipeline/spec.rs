@@ -675,6 +675,35 @@ impl Pipeline {
                                 };
                                 err(l, &key(field), e.to_string())
                             })?;
+                    } else if x.mechanism == crate::synth::run::Mechanism::SequentialRegression {
+                        // Its public inputs, checked before the release is charged (default ridge).
+                        use crate::synth::dips::DipsError as E;
+                        let table = crate::synth::dips::release::table_domain(&spec.domain, missing)
+                            .map_err(|e| err(l, &key("synthesize.missing"), e.to_string()))?;
+                        let epsilon = crate::synth::run::pure_epsilon(&b);
+                        let ridge = crate::synth::DipsOptions::default().ridge;
+                        crate::synth::dips::release::check_public_sequential(
+                            &table,
+                            epsilon,
+                            x.multiple,
+                            x.rows.unwrap_or(0),
+                            ridge,
+                            x.model_output.is_some(),
+                        )
+                        .map_err(|e| {
+                            let field = match e {
+                                E::ModelOut(_) => "synthesize.model_output",
+                                E::NoRows => "synthesize.rows",
+                                E::NoSets | E::EpsilonPerSet { .. } | E::TooManyCellSets { .. } => {
+                                    "synthesize.multiple"
+                                }
+                                E::TooManyCells { .. } | E::TooManyParameters { .. } | E::Levels { .. } => {
+                                    "dataset.domain"
+                                }
+                                _ => "synthesize.budget",
+                            };
+                            err(l, &key(field), e.to_string())
+                        })?;
                     }
                     Step::Synthesize {
                         name: x.name.clone(),

@@ -95,11 +95,13 @@ pub struct DipsOptions {
     pub prior: f64,
     /// How the Laplace sanitizer and perturbed histogram turn their table into rows.
     pub generate: dips::Generate,
+    /// sequential-regression's ridge Λ (`dips::regression`: noise ∝ 1/Λ).
+    pub ridge: f64,
 }
 
 impl Default for DipsOptions {
     fn default() -> Self {
-        Self { prior: 1.0 / 3.0, generate: dips::Generate::Sample }
+        Self { prior: 1.0 / 3.0, generate: dips::Generate::Sample, ridge: 1.0 }
     }
 }
 

@@ -62,6 +62,10 @@ pub enum Mechanism {
     BinomialBeta,
     /// 002 §3.2.2: sanitized counts, a Dirichlet posterior draw per set.
     Modips,
+    /// 002 §3.2.3: one DP multinomial logistic regression per column on the
+    /// columns before it (needs --rows).
+    #[serde(rename = "sequential-regression")]
+    SequentialRegression,
 }
 
 impl Mechanism {
@@ -82,6 +86,9 @@ impl Mechanism {
             | Mechanism::MultinomialDirichlet
             | Mechanism::BinomialBeta
             | Mechanism::Modips => Box::new(super::dips::release::CellSynth(self.cells().expect("a cell mechanism"))),
+            Mechanism::SequentialRegression => {
+                Box::new(super::dips::release::SequentialSynth { ridge: options.dips.ridge })
+            }
         }
     }
 
@@ -90,6 +97,16 @@ impl Mechanism {
     /// ε = √(2ρ), which is ρ-zCDP).
     pub fn pure_dp(&self) -> bool {
         self.synthesizer(&SynthOptions::default()).pure_dp()
+    }
+
+    /// The synthesizer over the full cross-tabulation behind a variant, if
+    /// it is one (`dpflow synth` runs these in [`super::dips::release`]).
+    pub fn table(&self) -> Option<super::dips::release::TableMechanism> {
+        use super::dips::release::TableMechanism as T;
+        match self {
+            Mechanism::SequentialRegression => Some(T::SequentialRegression),
+            other => other.cells().map(T::Cells),
+        }
     }
 
     /// The 002 cell synthesizer behind a variant, if it is one.
@@ -685,8 +702,8 @@ pub async fn run_synth(ctx: &SessionContext, req: &SynthRequest, progress: &dyn 
     if req.mechanism == Mechanism::NapsuMq {
         return super::napsu::synthesize::run(ctx, req, progress).await;
     }
-    if let Some(cells) = req.mechanism.cells() {
-        return super::dips::release::run(ctx, req, cells, progress).await;
+    if let Some(table) = req.mechanism.table() {
+        return super::dips::release::run(ctx, req, table, progress).await;
     }
     let synth = req.mechanism.synthesizer(&req.options);
     let budget = fit_share(&req.budget, synth.pure_dp())?;

@@ -1,6 +1,8 @@
 //! `dpflow synth --mechanism laplace-sanitizer | perturbed-histogram |
-//! smoothed-histogram | multinomial-dirichlet | binomial-beta | modips`:
-//! the 002 cell synthesizers ([`super::cells`]) on a dataset, end to end.
+//! smoothed-histogram | multinomial-dirichlet | binomial-beta | modips |
+//! sequential-regression`: the 002 cell synthesizers ([`super::cells`])
+//! and the sequential regression synthesizer in its table form
+//! ([`super::sequential::sequential_table`]) on a dataset, end to end.
 //!
 //! The table is the full cross-tabulation of the domain's columns (nulls
 //! are cells of their own under `--missing reproduce`; `complete-row`
@@ -28,8 +30,9 @@ use dpflow_udfs::marginal::NullMode;
 use dpflow_udfs::noise::DpRng;
 
 use super::DipsError;
-use super::cells::{CellMechanism, CellOptions, check, synthesize};
+use super::cells::{CellMechanism, CellOptions, check, multinomial, synthesize};
 use super::exact::{Fenwick, uniform_below_u128};
+use super::sequential::{SequentialSpec, sequential_table};
 use crate::dataset::CodeSource;
 use crate::domain::Domain;
 use crate::measure::ReleaseAccountant;
@@ -40,6 +43,64 @@ use crate::synth::run::{
     write_streams,
 };
 use crate::synth::{FitMetadata, Result, SynthError};
+
+/// A synthesizer over the full cross-tabulation.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub enum TableMechanism {
+    /// One of the 002 cell synthesizers.
+    Cells(CellMechanism),
+    /// The sequential regression synthesizer (002 §3.2.3), each column a
+    /// multinomial logistic regression on the one-hot columns before it.
+    SequentialRegression,
+}
+
+impl TableMechanism {
+    /// Name in records.
+    pub fn name(&self) -> &'static str {
+        match self {
+            TableMechanism::Cells(c) => c.name(),
+            TableMechanism::SequentialRegression => "sequential-regression",
+        }
+    }
+
+    /// Whether each set comes from its own noisy release and posterior draw.
+    pub fn noise_aware(&self) -> bool {
+        match self {
+            TableMechanism::Cells(c) => c.noise_aware(),
+            TableMechanism::SequentialRegression => true,
+        }
+    }
+}
+
+/// The public checks of a sequential-regression run on the table
+/// `domain` (cells caps, the spec's own checks, `--model-out`), also made
+/// by the pipeline spec check. Returns the number of cells.
+pub fn check_public_sequential(
+    domain: &Domain,
+    epsilon: f64,
+    sets: usize,
+    rows: u64,
+    ridge: f64,
+    model_out: bool,
+) -> Result<usize, DipsError> {
+    let cells = check_public(
+        CellMechanism::LaplaceSanitizer,
+        domain,
+        epsilon,
+        &CellOptions { sets, ..Default::default() },
+        false,
+    )?;
+    sequential_spec(domain, sets, rows, ridge).check(epsilon)?;
+    if model_out {
+        return Err(DipsError::ModelOut("sequential-regression"));
+    }
+    Ok(cells)
+}
+
+fn sequential_spec(domain: &Domain, sets: usize, rows: u64, ridge: f64) -> SequentialSpec {
+    let names: Vec<String> = domain.names().iter().map(|n| n.to_string()).collect();
+    SequentialSpec::categorical(&names, &domain.cardinalities(), sets, rows, ridge)
+}
 
 /// Largest table (cells of the full cross-tabulation) a run accepts.
 pub const MAX_CELLS: usize = 1 << 24;
@@ -100,7 +161,7 @@ pub fn table_domain(domain: &Domain, missing: Strategy) -> Result<Domain, DipsEr
 pub(crate) async fn run(
     ctx: &SessionContext,
     req: &SynthRequest,
-    mechanism: CellMechanism,
+    mechanism: TableMechanism,
     progress: &dyn Fn(&str),
 ) -> Result<SynthRecord> {
     budget_check(&req.budget)?;
@@ -115,7 +176,13 @@ pub(crate) async fn run(
         prior: req.options.dips.prior,
         generate: req.options.dips.generate,
     };
-    let cells = check_public(mechanism, &domain, epsilon, &options, req.model_out.is_some())?;
+    let ridge = req.options.dips.ridge;
+    let cells = match mechanism {
+        TableMechanism::Cells(c) => check_public(c, &domain, epsilon, &options, req.model_out.is_some())?,
+        TableMechanism::SequentialRegression => {
+            check_public_sequential(&domain, epsilon, options.sets, options.rows, ridge, req.model_out.is_some())?
+        }
+    };
     if req.unsafe_seed.is_some() && req.ledger.is_some() {
         return Err(SynthError::UnsafeSeed);
     }
@@ -137,13 +204,22 @@ pub(crate) async fn run(
         let t1 = Instant::now();
         let mut accountant = ReleaseAccountant::new(PrivacyFilter::new(Share::Epsilon(epsilon).as_budget()));
         let target = domain.names().join(",");
-        let release = synthesize(mechanism, &exact, &target, epsilon, &options, &mut accountant, &mut rng)?;
+        let sets: Vec<Vec<u64>> = match mechanism {
+            TableMechanism::Cells(c) => {
+                synthesize(c, &exact, &target, epsilon, &options, &mut accountant, &mut rng)?.sets
+            }
+            TableMechanism::SequentialRegression => {
+                let spec = sequential_spec(&domain, options.sets, options.rows, ridge);
+                let joints = sequential_table(&exact, &spec, epsilon, &mut accountant, &mut rng)?;
+                // Post-processing: r rows from each set's joint distribution.
+                joints.iter().map(|p| multinomial(&mut rng, p, options.rows)).collect()
+            }
+        };
         drop(exact);
         let t_fit = t1.elapsed().as_secs_f64();
         // Post-processing from here on: the counts are the release.
         let t2 = Instant::now();
-        let streams = release
-            .sets
+        let streams = sets
             .into_iter()
             .map(|counts| {
                 let set_rng = DpRng::new(req.unsafe_seed.map(|_| rand::Rng::next_u64(&mut rng)))?;
@@ -177,6 +253,13 @@ pub(crate) async fn run(
         mechanism.name(),
         sizes.len()
     )];
+    if mechanism == TableMechanism::SequentialRegression {
+        notes.push(format!(
+            "sequential-regression: one multinomial logistic regression per column on the one-hot columns before it, \
+             in the domain's order, ε/(m·{}) each, output perturbation with ridge Λ = {ridge}",
+            sizes.len()
+        ));
+    }
     if !mechanism.noise_aware() && m > 1 {
         notes.push(format!("{}: every set is drawn with its own ε/m; 002 releases one set", mechanism.name()));
     }
@@ -285,6 +368,42 @@ impl crate::synth::Synthesizer for CellSynth {
             // ln 0 as a finite floor: exp underflows to exactly 0 in belief propagation.
             model.potentials[0].values = table.iter().map(|&c| if c > 0.0 { c.ln() } else { -1e300 }).collect();
         }
+        Ok(crate::synth::Fitted { model, compression: None, metadata: FitMetadata::default() })
+    }
+
+    fn pure_dp(&self) -> bool {
+        true
+    }
+}
+
+/// The sequential regression synthesizer behind the
+/// [`crate::synth::Synthesizer`] interface: one set, no posterior draw (the
+/// interface has no row count), the model one clique over every column
+/// holding the set's joint distribution (total 1: give the rows to sample).
+#[derive(Debug, Clone, Copy)]
+pub struct SequentialSynth {
+    /// The logistic regressions' ridge Λ.
+    pub ridge: f64,
+}
+
+impl crate::synth::Synthesizer for SequentialSynth {
+    fn name(&self) -> &'static str {
+        "sequential-regression"
+    }
+
+    fn required_marginals(&self, domain: &Domain, _workload: &crate::synth::Workload) -> Vec<Vec<usize>> {
+        vec![(0..domain.columns().len()).collect()]
+    }
+
+    #[allow(private_interfaces)]
+    fn fit(&self, ctx: &mut crate::synth::FitContext<'_>) -> Result<crate::synth::Fitted> {
+        let all: Vec<usize> = (0..ctx.sizes.len()).collect();
+        let exact: Vec<u64> = ctx.answers.get(&all)?.iter().map(|&c| c as u64).collect();
+        let spec = SequentialSpec::categorical(&ctx.names(&all), &ctx.sizes, 1, 0, self.ridge);
+        let joint = sequential_table(&exact, &spec, ctx.epsilon, ctx.accountant, ctx.rng)?.remove(0);
+        let mut model = crate::pgm::GraphicalModel::uniform(&ctx.sizes, std::slice::from_ref(&all), 1.0);
+        // ln 0 as a finite floor: exp underflows to exactly 0 in belief propagation.
+        model.potentials[0].values = joint.iter().map(|&p| if p > 0.0 { p.ln() } else { -1e300 }).collect();
         Ok(crate::synth::Fitted { model, compression: None, metadata: FitMetadata::default() })
     }
 
