@@ -251,7 +251,8 @@ impl PrivacyFilter {
     pub fn check_normalized(&self, n: Normalized) -> Result<Normalized, BudgetError> {
         let after = spent_in_unit(&self.budget, &(self.spent + n));
         let total = self.budget.amount();
-        if after > total * (1.0 + BUDGET_SLACK) {
+        // A NaN loss compares false with everything: refuse it as over budget.
+        if !after.is_finite() || after > total * (1.0 + BUDGET_SLACK) {
             let before = self.spent_amount();
             return Err(BudgetError::Exceeded {
                 cost: after - before,
@@ -297,6 +298,17 @@ mod tests {
     }
 
     use super::*;
+
+    /// A NaN loss (e.g. from a mechanism calibrated with an overflowing
+    /// sensitivity) is refused and leaves the filter usable.
+    #[test]
+    fn a_nan_loss_is_refused() {
+        let mut f = PrivacyFilter::new(Budget::Pure { epsilon: 1.0 });
+        assert!(f.charge(&PrivacyLoss::Pure { epsilon: f64::NAN }).is_err());
+        assert!(f.charge(&PrivacyLoss::Pure { epsilon: f64::INFINITY }).is_err());
+        f.charge(&PrivacyLoss::Pure { epsilon: 0.5 }).unwrap();
+        assert!((f.spent_amount() - 0.5).abs() < 1e-12);
+    }
 
     #[test]
     fn pure_budget_composes_linearly_and_refuses() {
