@@ -64,18 +64,18 @@ pub struct Row {
 
 /// Where a row of results belongs.
 #[derive(Debug, Clone, Copy)]
-struct Scenario {
-    study: u8,
-    n: u64,
-    param: f64,
-    log_epsilon: f64,
+pub(crate) struct Scenario {
+    pub(crate) study: u8,
+    pub(crate) n: u64,
+    pub(crate) param: f64,
+    pub(crate) log_epsilon: f64,
 }
 
 /// Results of one scenario, tagged with its index.
 type Tagged = anyhow::Result<Vec<(usize, Vec<Row>)>>;
 
 #[derive(Default, Clone)]
-struct Acc {
+pub(crate) struct Acc {
     err: f64,
     sq: f64,
     cover: usize,
@@ -84,7 +84,7 @@ struct Acc {
 }
 
 impl Acc {
-    fn add(&mut self, truth: f64, c: &dpflow::analyze::Combined) {
+    pub(crate) fn add(&mut self, truth: f64, c: &dpflow::analyze::Combined) {
         let e = c.estimate - truth;
         self.err += e;
         self.sq += e * e;
@@ -93,7 +93,7 @@ impl Acc {
         self.k += 1;
     }
 
-    fn row(&self, at: Scenario, method: &str, estimand: &str, scale: f64) -> Row {
+    pub(crate) fn row(&self, at: Scenario, method: &str, estimand: &str, scale: f64) -> Row {
         let k = self.k.max(1) as f64;
         Row {
             study: at.study,
@@ -111,7 +111,7 @@ impl Acc {
     }
 }
 
-fn accountant(epsilon: f64) -> ReleaseAccountant {
+pub(crate) fn accountant(epsilon: f64) -> ReleaseAccountant {
     ReleaseAccountant::new(PrivacyFilter::new(Budget::Pure { epsilon }))
 }
 
@@ -133,7 +133,7 @@ fn proportions(sets: &[Vec<u64>]) -> (Vec<f64>, Vec<f64>) {
         .unzip()
 }
 
-const M: usize = 5;
+pub(crate) const M: usize = 5;
 
 /// ln ε from −4 to 4 in steps of `step`.
 pub fn log_epsilons(step: f64) -> Vec<f64> {
@@ -307,7 +307,7 @@ fn combine_sets(sets: &[Vec<f64>]) -> anyhow::Result<Vec<dpflow::analyze::Combin
         .collect()
 }
 
-/// Runs study `study` (1 or 2) on two threads; returns the table and seconds.
+/// Runs study `study` (1 to 4) on all cores; returns the table and seconds.
 pub fn run(study: u8, repeats: usize, step: f64, seed: u64) -> anyhow::Result<(Vec<Row>, f64)> {
     let t = Instant::now();
     let log_eps = log_epsilons(step);
@@ -315,7 +315,8 @@ pub fn run(study: u8, repeats: usize, step: f64, seed: u64) -> anyhow::Result<(V
         1 => [40u64, 100, 1000].iter().flat_map(|&n| [0.1, 0.25, 0.5].map(|p| (n, p))).collect(),
         2 => [20u64, 100, 1000].iter().flat_map(|&n| [1.0, 4.0, 9.0].map(|s| (n, s))).collect(),
         3 => return run_study3(repeats, step, seed),
-        other => anyhow::bail!("--study {other}: studies 1, 2 and 3 are implemented (4 is not yet)"),
+        4 => return crate::dips_study4::run_study4(repeats, step, seed),
+        other => anyhow::bail!("--study {other}: the studies are 1, 2, 3 and 4"),
     };
     let threads = std::thread::available_parallelism().map_or(2, |n| n.get());
     let chunks: Vec<Vec<(usize, (u64, f64))>> = {
@@ -433,7 +434,7 @@ fn glom_estimates(cells: &[u32], z: &[[f64; 2]]) -> Vec<Option<(f64, f64)>> {
 }
 
 /// Combines per-set estimates term by term (a term with a missing set is `None`).
-fn combine_terms(per_set: &[Vec<Option<(f64, f64)>>]) -> Vec<Option<dpflow::analyze::Combined>> {
+pub(crate) fn combine_terms(per_set: &[Vec<Option<(f64, f64)>>]) -> Vec<Option<dpflow::analyze::Combined>> {
     (0..per_set[0].len())
         .map(|t| {
             let pairs: Option<Vec<(f64, f64)>> = per_set.iter().map(|s| s[t]).collect();
@@ -441,6 +442,21 @@ fn combine_terms(per_set: &[Vec<Option<(f64, f64)>>]) -> Vec<Option<dpflow::anal
             combined(&q, &u).ok()
         })
         .collect()
+}
+
+/// Adds one thread's accumulators (ε × method × term) to the total.
+pub(crate) fn merge(total: &mut [Vec<Vec<Acc>>], part: &[Vec<Vec<Acc>>]) {
+    for (te, pe) in total.iter_mut().zip(part) {
+        for (tm, pm) in te.iter_mut().zip(pe) {
+            for (t, a) in tm.iter_mut().zip(pm) {
+                t.err += a.err;
+                t.sq += a.sq;
+                t.cover += a.cover;
+                t.width += a.width;
+                t.k += a.k;
+            }
+        }
+    }
 }
 
 /// Study 3: MODIPS (GLOM) against NP-DIPS (the Laplace sanitizer on the 24
@@ -614,19 +630,7 @@ pub fn run_study3(repeats: usize, step: f64, seed: u64) -> anyhow::Result<(Vec<R
     });
     let mut total: Accs = vec![vec![vec![Acc::default(); terms]; methods.len()]; log_eps.len()];
     for p in parts {
-        let p = p?;
-        for (ei, per_m) in p.iter().enumerate() {
-            for (mi, per_t) in per_m.iter().enumerate() {
-                for (ti, a) in per_t.iter().enumerate() {
-                    let t = &mut total[ei][mi][ti];
-                    t.err += a.err;
-                    t.sq += a.sq;
-                    t.cover += a.cover;
-                    t.width += a.width;
-                    t.k += a.k;
-                }
-            }
-        }
+        merge(&mut total, &p?);
     }
     let names: Vec<String> =
         PI_TERMS.iter().map(|(n, _)| n.to_string()).chain((0..24).map(|k| format!("mu1[{k}]"))).collect();

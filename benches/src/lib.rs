@@ -6,6 +6,7 @@
 pub mod bench_data;
 pub mod dips_case;
 pub mod dips_study;
+pub mod dips_study4;
 pub mod knn_experiment;
 pub mod napsu_adult;
 pub mod napsu_toy;

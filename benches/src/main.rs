@@ -105,7 +105,7 @@ enum BenchCommand {
     },
     /// 002 §4.1–§4.3.1: DIPS simulation studies 1 (Bernoulli), 2 (normal), 3 (GLOM); a CSV table.
     DipsStudy {
-        /// Study number (1, 2 or 3).
+        /// Study number (1 to 4).
         #[arg(long)]
         study: u8,
         /// Repeats per scenario (002 ran 5000; the issue asks for at least 1000).
