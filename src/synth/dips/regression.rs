@@ -45,9 +45,11 @@
 //! ‖∇F‖ (near the optimum F's rounding hides a Newton step's decrease, and
 //! a line search on F alone stalls there, for some n and not their
 //! neighbours: the privacy review's counterexample, now a test). F and ∇F
-//! are summed with Neumaier's compensation, so the float error of ∇F is
-//! about n·u·G (u = 2⁻⁵³) from the per-row terms alone, below
-//! τ = 10⁻⁵ for n up to about 10¹⁰ rows. The solver has no failure path:
+//! are summed with Neumaier's compensation, so the float error e of ∇F is
+//! about n·u·G (u = 2⁻⁵³) from the per-row terms alone (a row's ‖x‖ can
+//! exceed 1 by an ulp, which this also covers). The mechanism stops at a
+//! computed ‖∇F‖ ≤ τ/2 and charges the slack 2τ/Λ, which holds while
+//! e ≤ τ/2 = 5·10⁻⁶: n up to about 10¹⁰ rows. The solver has no failure path:
 //! it always releases its last iterate, so whether a run fails cannot
 //! depend on the data. The proof assumes that iterate certifies
 //! ‖∇F‖ ≤ τ; the tests scan neighbouring n for it, and docs/PRIVACY.md §1
@@ -84,7 +86,8 @@ pub const GRADIENT_TOLERANCE: f64 = 1e-5;
 /// Δ = G/Λ and the grid overflow; above, every estimate is 0.
 pub const RIDGE_RANGE: (f64, f64) = (1e-6, 1e12);
 
-/// Newton iterations at most (module docs: a safeguard).
+/// Newton iterations at most: a safeguard (on this strongly convex
+/// objective Newton's method needs a few dozen; see "The solver").
 const MAX_NEWTON: usize = 500;
 
 /// A design matrix: n rows of `dim` features, row-major, each row with a
@@ -99,19 +102,66 @@ pub struct Design {
     pub x: Vec<f64>,
     /// Per-row weights (counts), or every row once.
     pub weights: Option<Vec<f64>>,
+    /// Rows given as cell indices of one-hot columns instead of `x`
+    /// (memory per row: one index, whatever `dim` is).
+    pub one_hot: Option<OneHot>,
+}
+
+/// A one-hot design: row i is an intercept and one block per column
+/// (levels − 1 indicators, level 0 the reference), all times `scale`, for
+/// the cell `patterns[i]` of those columns (row-major, the last fastest).
+#[derive(Clone)]
+pub struct OneHot {
+    /// Levels of each column.
+    pub levels: Vec<usize>,
+    /// The common scale (1/R).
+    pub scale: f64,
+    /// Each row's cell index.
+    pub patterns: Vec<usize>,
+}
+
+/// Writes the one-hot row of cell `q` over columns of `levels` into `out`
+/// (length 1 + Σ(levels − 1)).
+pub fn one_hot_row(levels: &[usize], scale: f64, mut q: usize, out: &mut [f64]) {
+    out.fill(0.0);
+    out[0] = scale;
+    let mut at = out.len();
+    for &k in levels.iter().rev() {
+        at -= k - 1;
+        let v = q % k;
+        q /= k;
+        if v > 0 {
+            out[at + v - 1] = scale;
+        }
+    }
 }
 
 // A design built from protected rows is protected.
 dpflow_udfs::protected_debug!(Design);
 
 impl Design {
-    /// Rows.
-    pub fn rows(&self) -> usize {
-        self.x.len().checked_div(self.dim).unwrap_or(0)
+    /// A dense design.
+    pub fn dense(dim: usize, x: Vec<f64>, weights: Option<Vec<f64>>) -> Self {
+        Self { dim, x, weights, one_hot: None }
     }
 
-    fn row(&self, i: usize) -> &[f64] {
-        &self.x[i * self.dim..(i + 1) * self.dim]
+    /// Rows.
+    pub fn rows(&self) -> usize {
+        match &self.one_hot {
+            Some(o) => o.patterns.len(),
+            None => self.x.len().checked_div(self.dim).unwrap_or(0),
+        }
+    }
+
+    /// Row i: a slice of `x`, or decoded into `buf`.
+    fn row<'a>(&'a self, i: usize, buf: &'a mut [f64]) -> &'a [f64] {
+        match &self.one_hot {
+            Some(o) => {
+                one_hot_row(&o.levels, o.scale, o.patterns[i], buf);
+                buf
+            }
+            None => &self.x[i * self.dim..(i + 1) * self.dim],
+        }
     }
 
     fn weight(&self, i: usize) -> f64 {
@@ -141,8 +191,9 @@ pub fn probabilities(beta: &[f64], x: &[f64], p: &mut [f64]) {
 fn objective(design: &Design, y: &[u32], classes: usize, ridge: f64, beta: &[f64], hessian: bool) -> Evaluation {
     let mut e = Evaluation::prior(beta, ridge, hessian);
     let mut buf = RowBuffers::new(classes);
+    let mut row = vec![0.0; design.dim];
     for (i, &yi) in y.iter().enumerate() {
-        e.add_row(design.row(i), design.weight(i), Some(yi), beta, &mut buf);
+        e.add_row(design.row(i, &mut row), design.weight(i), Some(yi), beta, &mut buf);
     }
     e.finish();
     e
@@ -295,6 +346,10 @@ fn newton(design: &Design, y: &[u32], classes: usize, ridge: f64, tolerance: f64
         let mut t = 1.0;
         let accepted = loop {
             let cand: Vec<f64> = beta.iter().zip(step.iter()).map(|(b, s)| b - t * s).collect();
+            if cand == beta {
+                // The step no longer moves β: the float floor.
+                break None;
+            }
             let ec = objective(design, y, classes, ridge, &cand, true);
             // Armijo on F, or a smaller gradient: near the optimum F's
             // rounding hides the decrease of a Newton step, but its
@@ -385,7 +440,9 @@ impl LogisticMechanism {
     /// failure path: whatever the data, the solver's last iterate is
     /// released (module docs, "The solver").
     pub fn estimate(&self, design: &Design, y: &[u32], eps: f64) -> Vec<i128> {
-        let (beta, _) = newton(design, y, self.classes, self.ridge, GRADIENT_TOLERANCE);
+        // Stop at τ/2: with the float error e of the computed gradient at
+        // most τ/2 (module docs), the true ‖∇F‖ is at most τ.
+        let (beta, _) = newton(design, y, self.classes, self.ridge, GRADIENT_TOLERANCE / 2.0);
         let (_, k) = self.units(eps);
         beta.iter().map(|&b| to_grid_units(b, k)).collect()
     }
@@ -469,8 +526,9 @@ impl LinearMechanism {
         let d = self.dim;
         let mut m = vec![0i128; self.entries()];
         let mut v = vec![0.0; d + 1];
+        let mut row = vec![0.0; d];
         for (i, &yi) in y.iter().enumerate() {
-            v[..d].copy_from_slice(design.row(i));
+            v[..d].copy_from_slice(design.row(i, &mut row));
             v[d] = yi;
             let mut e = 0;
             for a in 0..=d {
@@ -533,7 +591,12 @@ mod tests {
     use super::*;
 
     fn design(rows: &[&[f64]]) -> Design {
-        Design { dim: rows[0].len(), x: rows.iter().flat_map(|r| r.iter().copied()).collect(), weights: None }
+        Design {
+            dim: rows[0].len(),
+            x: rows.iter().flat_map(|r| r.iter().copied()).collect(),
+            weights: None,
+            one_hot: None,
+        }
     }
 
     /// One intercept, two rows with y = 1 and one with y = 0: the MLE is
@@ -560,7 +623,7 @@ mod tests {
     /// 0, log(n_k/n_0).
     #[test]
     fn multinomial_intercepts_are_the_log_odds() {
-        let d = Design { dim: 1, x: vec![1.0; 6], weights: None };
+        let d = Design { dim: 1, x: vec![1.0; 6], weights: None, one_hot: None };
         let y = [0, 1, 1, 2, 2, 2];
         let b = fit_logistic(&d, &y, 3, 0.0, 1e-12).unwrap();
         assert!((b[0] - 2f64.ln()).abs() < 1e-9 && (b[1] - 3f64.ln()).abs() < 1e-9, "{b:?}");
@@ -587,9 +650,9 @@ mod tests {
                     })
                     .collect();
                 let ys: Vec<u32> = (0..=n).map(|_| rng.random_range(0..classes as u32)).collect();
-                let full = Design { dim: 3, x: rows.concat(), weights: None };
+                let full = Design { dim: 3, x: rows.concat(), weights: None, one_hot: None };
                 rows.pop();
-                let less = Design { dim: 3, x: rows.concat(), weights: None };
+                let less = Design { dim: 3, x: rows.concat(), weights: None, one_hot: None };
                 let a = fit_logistic(&full, &ys, classes, ridge, 1e-12).unwrap();
                 let b = fit_logistic(&less, &ys[..n], classes, ridge, 1e-12).unwrap();
                 let moved = norm(&a.iter().zip(&b).map(|(x, y)| x - y).collect::<Vec<_>>());
@@ -624,7 +687,7 @@ mod tests {
     fn linear_moments_give_the_ridge_estimate() {
         let m = LinearMechanism { name: "y".into(), dim: 2, ridge: 0.1 };
         let xs = [-0.5, -0.2, 0.1, 0.4, 0.7];
-        let d = Design { dim: 2, x: xs.iter().flat_map(|&x| [0.7, x]).collect(), weights: None };
+        let d = Design { dim: 2, x: xs.iter().flat_map(|&x| [0.7, x]).collect(), weights: None, one_hot: None };
         let y: Vec<f64> = xs.iter().map(|x| 0.5 * x).collect();
         let est = m.estimate(&d, &y, 1e8);
         let mut rng = DpRng::unsafe_seeded(2);
@@ -646,7 +709,7 @@ mod tests {
             let (u, _) = m.units(eps);
             let s = 1.0 / 3f64.sqrt();
             for row in [[s, s, s, 1.0], [1.0, 0.0, 0.0, -1.0], [s, -s, s, 1.0]] {
-                let d = Design { dim: 3, x: row[..3].to_vec(), weights: None };
+                let d = Design { dim: 3, x: row[..3].to_vec(), weights: None, one_hot: None };
                 let units: i128 = m.estimate(&d, &[row[3]], eps).iter().map(|v| v.abs()).sum();
                 assert!(units as f64 <= u, "ε = {eps}: {units} > {u}");
             }
@@ -659,7 +722,12 @@ mod tests {
         let rows = [[0.6, 0.5], [0.6, -0.5], [0.6, 0.1]];
         let y = [0u32, 1, 2];
         let counts = [3.0, 1.0, 2.0];
-        let weighted = Design { dim: 2, x: rows.iter().flatten().copied().collect(), weights: Some(counts.to_vec()) };
+        let weighted = Design {
+            dim: 2,
+            x: rows.iter().flatten().copied().collect(),
+            weights: Some(counts.to_vec()),
+            one_hot: None,
+        };
         let (mut x, mut yy) = (Vec::new(), Vec::new());
         for ((r, &c), &l) in rows.iter().zip(&counts).zip(&y) {
             for _ in 0..c as usize {
@@ -667,7 +735,7 @@ mod tests {
                 yy.push(l);
             }
         }
-        let repeated = Design { dim: 2, x, weights: None };
+        let repeated = Design { dim: 2, x, weights: None, one_hot: None };
         let a = fit_logistic(&weighted, &y, 3, 0.3, 1e-12).unwrap();
         let b = fit_logistic(&repeated, &yy, 3, 0.3, 1e-12).unwrap();
         assert!(a.iter().zip(&b).all(|(p, q)| (p - q).abs() < 1e-10), "{a:?} vs {b:?}");
@@ -699,14 +767,19 @@ mod tests {
                         }
                     })
                     .collect();
-                let d = Design { dim: 1, x: vec![1.0; n], weights: None };
-                let (_, ok) = newton(&d, &y, classes, 1.0, GRADIENT_TOLERANCE);
+                let d = Design { dim: 1, x: vec![1.0; n], weights: None, one_hot: None };
+                let (_, ok) = newton(&d, &y, classes, 1.0, GRADIENT_TOLERANCE / 2.0);
                 assert!(ok, "n = {n}, K = {classes}: the solver did not certify");
             }
         }
         for big in [999_999_937.0, 1_000_000_007.0, 4_294_967_291.0] {
-            let d = Design { dim: 2, x: vec![0.7, 0.5, 0.7, -0.5], weights: Some(vec![big, 0.6 * big + 1.0]) };
-            let (_, ok) = newton(&d, &[1, 0], 2, 1.0, GRADIENT_TOLERANCE);
+            let d = Design {
+                dim: 2,
+                x: vec![0.7, 0.5, 0.7, -0.5],
+                weights: Some(vec![big, 0.6 * big + 1.0]),
+                one_hot: None,
+            };
+            let (_, ok) = newton(&d, &[1, 0], 2, 1.0, GRADIENT_TOLERANCE / 2.0);
             assert!(ok, "counts near {big}: the solver did not certify");
         }
     }

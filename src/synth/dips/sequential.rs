@@ -35,8 +35,8 @@ use super::DipsError;
 use super::cells::per_set_epsilon;
 use super::grid::check_bounds;
 use super::regression::{
-    Design, LinearMechanism, LogisticMechanism, RIDGE_RANGE, gaussian_draw, logistic_hessian_rows,
-    logistic_posterior_draw, probabilities,
+    Design, LinearMechanism, LogisticMechanism, OneHot, RIDGE_RANGE, gaussian_draw, logistic_hessian_rows,
+    logistic_posterior_draw, one_hot_row, probabilities,
 };
 use crate::measure::Accountant;
 use crate::privacy::MechanismRecord;
@@ -224,7 +224,7 @@ impl SequentialSpec {
                 }
             }
         }
-        Design { dim, x, weights: None }
+        Design { dim, x, weights: None, one_hot: None }
     }
 }
 
@@ -365,20 +365,13 @@ impl SequentialSpec {
 
     /// Decodes pattern q of columns 0..t (row-major, the last fastest) into
     /// column t's design row.
-    fn pattern_row(&self, t: usize, mut q: usize, out: &mut [f64]) {
-        let r = (1.0 + t as f64).sqrt().recip();
-        out.fill(0.0);
-        out[0] = r;
-        let mut at = out.len();
-        for c in self.columns[..t].iter().rev() {
-            let k = c.width() + 1;
-            at -= k - 1;
-            let v = q % k;
-            q /= k;
-            if v > 0 {
-                out[at + v - 1] = r;
-            }
-        }
+    fn pattern_row(&self, t: usize, q: usize, out: &mut [f64]) {
+        one_hot_row(&self.levels(t), (1.0 + t as f64).sqrt().recip(), q, out);
+    }
+
+    /// Levels of the columns before t (categorical columns only).
+    fn levels(&self, t: usize) -> Vec<usize> {
+        self.columns[..t].iter().map(|c| c.width() + 1).collect()
     }
 }
 
@@ -434,22 +427,22 @@ pub fn sequential_table(
     for (t, m) in mechanisms.iter().enumerate() {
         let k = sizes[t];
         let block = cells / (prefix * k);
-        let mut x = Vec::new();
-        let (mut y, mut w) = (Vec::new(), Vec::new());
-        let mut row = vec![0.0; m.dim];
+        // One (pattern, level) row per occupied prefix cell: an index, a
+        // label and a count, decoded on the fly (memory independent of dim).
+        let (mut patterns, mut y, mut w) = (Vec::new(), Vec::new(), Vec::new());
         for q in 0..prefix {
-            spec.pattern_row(t, q, &mut row);
             for level in 0..k {
                 let j = q * k + level;
                 let c: u64 = counts[j * block..(j + 1) * block].iter().sum();
                 if c > 0 {
-                    x.extend_from_slice(&row);
+                    patterns.push(q);
                     y.push(level as u32);
                     w.push(c as f64);
                 }
             }
         }
-        let design = Design { dim: m.dim, x, weights: Some(w) };
+        let one_hot = OneHot { levels: spec.levels(t), scale: (1.0 + t as f64).sqrt().recip(), patterns };
+        let design = Design { dim: m.dim, x: Vec::new(), weights: Some(w), one_hot: Some(one_hot) };
         estimates.push(m.estimate(&design, &y, eps));
         prefix *= k;
     }
@@ -627,7 +620,7 @@ mod tests {
             })
             .collect();
         let y: Vec<u32> = cols[2].iter().map(|&v| v as u32).collect();
-        let design = Design { dim: 4, x, weights: None };
+        let design = Design { dim: 4, x, weights: None, one_hot: None };
         let beta = crate::synth::dips::regression::fit_logistic(&design, &y, 4, 1e-4, 1e-10).unwrap();
         let mut prob = vec![0.0; 4];
         for ab in 0..6 {
