@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """Plots 002 Figs. 2-4 style panels from `dpflow-bench dips-study` CSV tables.
 
-usage: dips_plot.py study1.csv|study2.csv OUT_DIR
+usage: dips_plot.py study1.csv|study2.csv|study3.csv|study4.csv OUT_DIR
 
 One PNG per (estimand, π or σ²): rows are bias, RMSE, 95% coverage and CI
 width, columns are n, one line per method, x is ln ε. Study 2's σ² metrics
@@ -23,6 +23,9 @@ STYLE = {
     "SMOOTH": ("tab:orange", "-"),
     "BB-MR": ("tab:green", "-"),
     "MODIPS": ("tab:red", "-"),
+    "MODIPS(L=1)": ("tab:red", "-"),
+    "MODIPS(L=10)": ("tab:purple", "-"),
+    "MODIPS-wrong": ("tab:orange", "-"),
     "NP-DIPS": ("tab:blue", "-"),
     "MS": ("black", "--"),
     "ORI": ("grey", ":"),
@@ -30,9 +33,13 @@ STYLE = {
 METRICS = [("bias", "bias"), ("rmse", "RMSE"), ("coverage", "95% CP"), ("width", "CI width")]
 
 
-def study3(rows, out):
+def study3(rows, out, panels=None, suptitle="002 study 3 (GLOM, n = 1000): metrics averaged over the terms",
+           name="study3", log_bias=False):
     """Fig. 5 style: Π (mean over its 6 marginals) and μ₁ (mean over the 24 cells)."""
-    panels = [("Π (6 marginals)", lambda e: e.startswith("P(")), ("μ₁ (24 cell means)", lambda e: e.startswith("mu1"))]
+    panels = panels or [
+        ("Π (6 marginals)", lambda e: e.startswith("P(")),
+        ("μ₁ (24 cell means)", lambda e: e.startswith("mu1")),
+    ]
     methods = list(dict.fromkeys(r["method"] for r in rows))
     fig, axes = plt.subplots(len(METRICS), len(panels), figsize=(9, 2.6 * len(METRICS)), squeeze=False)
     for j, (title, pick) in enumerate(panels):
@@ -50,7 +57,7 @@ def study3(rows, out):
             if key == "coverage":
                 ax.axhline(0.95, color="grey", lw=0.6)
                 ax.set_ylim(0, 1.02)
-            if key in ("rmse", "width"):
+            if key in ("rmse", "width") or (key == "bias" and log_bias):
                 ax.set_yscale("log")
             if i == 0:
                 ax.set_title(title)
@@ -59,16 +66,31 @@ def study3(rows, out):
             if i == len(METRICS) - 1:
                 ax.set_xlabel("ln ε")
     axes[0][-1].legend(fontsize=8)
-    fig.suptitle("002 study 3 (GLOM, n = 1000): metrics averaged over the terms")
+    fig.suptitle(suptitle)
     fig.tight_layout()
-    fig.savefig(f"{out}/study3.png", dpi=80)
+    fig.savefig(f"{out}/{name}.png", dpi=80)
     plt.close(fig)
+
+
+def study4(rows, out):
+    """Figs. 6-7 style: β₂ and β₃ (002's figures), and μ, Σ; each metric averaged over the
+    panel's terms (|bias| for the bias), only (ε, method, term) cells with estimates."""
+    panels = [
+        ("μ₁, μ₂", lambda e: e.startswith("mu")),
+        ("σ₁², σ₂², ρ", lambda e: e.startswith("sigma") or e == "rho"),
+        ("β₂ (4 coefficients)", lambda e: e.startswith("beta2")),
+        ("β₃ (5 coefficients)", lambda e: e.startswith("beta3")),
+    ]
+    title = "002 study 4 (SLOMAG, n = 1000): metrics averaged over the terms (log |bias|)"
+    study3(rows, out, panels, title, "study4", log_bias=True)
 
 
 def main(path, out):
     rows = list(csv.DictReader(open(path)))
     if rows and rows[0]["study"] == "3":
         return study3(rows, out)
+    if rows and rows[0]["study"] == "4":
+        return study4(rows, out)
     groups = defaultdict(list)
     for r in rows:
         groups[(r["study"], r["estimand"], float(r["param"]))].append(r)

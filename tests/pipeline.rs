@@ -874,6 +874,17 @@ fn an_analyze_step_takes_a_rule_and_a_standard_error_filter() {
     assert!(!out.status.success() || !csv.contains(",4,dips"), "{err}\n{csv}");
 }
 
+/// `dpflow validate` refuses each edit (from → to) of a pipeline `text`
+/// with a message naming `says`.
+fn refused_at_load(d: &std::path::Path, text: &str, edits: &[(&str, &str, &str)]) {
+    for (from, to, says) in edits {
+        std::fs::write(d.join("bad.yaml"), text.replace(from, to)).unwrap();
+        let out = dpflow().args(["validate", d.join("bad.yaml").to_str().unwrap()]).output().unwrap();
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert!(!out.status.success() && err.contains(says), "{to}: {err}");
+    }
+}
+
 /// A 002 synthesizer's step is charged its pure ε. With the pipeline's
 /// other steps (0.1 + 0.2), a step of (ε = 1.3, δ = 10⁻⁶) does not fit in a
 /// budget of 1.5; before the fix the plan recorded the ρ that (1.3, 10⁻⁶)
@@ -898,15 +909,14 @@ fn a_dips_step_is_charged_its_pure_epsilon_and_checked_before_the_charge() {
     assert!(!out.status.success() && err.contains("budget"), "a pure ε = 1.3 step fit in the 1.5 budget: {err}");
     let text = text.replace("budget: {epsilon: 1.3,", "budget: {epsilon: 1.0,");
     std::fs::write(&p, &text).unwrap();
-    for (from, to, says) in [
-        ("mechanism: modips, multiple: 3, rows: 200,", "mechanism: binomial-beta, multiple: 3,", "rows"),
-        ("output: dips.parquet}", "output: dips.parquet, model_output: m.json}", "model"),
-    ] {
-        std::fs::write(d.join("bad.yaml"), text.replace(from, to)).unwrap();
-        let out = dpflow().args(["validate", d.join("bad.yaml").to_str().unwrap()]).output().unwrap();
-        let err = String::from_utf8_lossy(&out.stderr);
-        assert!(!out.status.success() && err.contains(says), "{to}: {err}");
-    }
+    refused_at_load(
+        d,
+        &text,
+        &[
+            ("mechanism: modips, multiple: 3, rows: 200,", "mechanism: binomial-beta, multiple: 3,", "rows"),
+            ("output: dips.parquet}", "output: dips.parquet, model_output: m.json}", "model"),
+        ],
+    );
     let out = dpflow().args(["run", p.to_str().unwrap(), "--release-id", "r1"]).output().unwrap();
     assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
     assert!(d.join("out/r1/dips.parquet").exists());
@@ -927,15 +937,14 @@ fn a_sequential_regression_step_runs_and_is_checked_at_load() {
     );
     let text = std::fs::read_to_string(&p).unwrap().replace("budget: {epsilon: 0.3,", "budget: {epsilon: 1.5,");
     std::fs::write(&p, &text).unwrap();
-    for (from, to, says) in [
-        ("multiple: 2, rows: 150,", "multiple: 2,", "rows"),
-        ("output: seq.parquet}", "output: seq.parquet, model_output: m.json}", "model"),
-    ] {
-        std::fs::write(d.join("bad.yaml"), text.replace(from, to)).unwrap();
-        let out = dpflow().args(["validate", d.join("bad.yaml").to_str().unwrap()]).output().unwrap();
-        let err = String::from_utf8_lossy(&out.stderr);
-        assert!(!out.status.success() && err.contains(says), "{to}: {err}");
-    }
+    refused_at_load(
+        d,
+        &text,
+        &[
+            ("multiple: 2, rows: 150,", "multiple: 2,", "rows"),
+            ("output: seq.parquet}", "output: seq.parquet, model_output: m.json}", "model"),
+        ],
+    );
     let out = dpflow().args(["run", p.to_str().unwrap(), "--release-id", "r1"]).output().unwrap();
     assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
     assert!(d.join("out/r1/seq.parquet").exists());

@@ -444,8 +444,26 @@ pub(crate) fn combine_terms(per_set: &[Vec<Option<(f64, f64)>>]) -> Vec<Option<d
         .collect()
 }
 
+/// Runs `work(thread)` on `threads` threads and adds up their accumulators
+/// (shape ε × method × term).
+pub(crate) fn on_threads<F>(threads: usize, work: F, shape: [usize; 3]) -> anyhow::Result<Vec<Vec<Vec<Acc>>>>
+where
+    F: Fn(usize) -> anyhow::Result<Vec<Vec<Vec<Acc>>>> + Sync,
+{
+    let work = &work;
+    let parts: Vec<anyhow::Result<Vec<Vec<Vec<Acc>>>>> = std::thread::scope(|scope| {
+        let handles: Vec<_> = (0..threads).map(|i| scope.spawn(move || work(i))).collect();
+        handles.into_iter().map(|h| h.join().expect("a study thread panicked")).collect()
+    });
+    let mut total = vec![vec![vec![Acc::default(); shape[2]]; shape[1]]; shape[0]];
+    for p in parts {
+        merge(&mut total, &p?);
+    }
+    Ok(total)
+}
+
 /// Adds one thread's accumulators (ε × method × term) to the total.
-pub(crate) fn merge(total: &mut [Vec<Vec<Acc>>], part: &[Vec<Vec<Acc>>]) {
+fn merge(total: &mut [Vec<Vec<Acc>>], part: &[Vec<Vec<Acc>>]) {
     for (te, pe) in total.iter_mut().zip(part) {
         for (tm, pm) in te.iter_mut().zip(pe) {
             for (t, a) in tm.iter_mut().zip(pm) {
@@ -624,14 +642,7 @@ pub fn run_study3(repeats: usize, step: f64, seed: u64) -> anyhow::Result<(Vec<R
         }
         Ok(acc)
     };
-    let parts: Vec<anyhow::Result<Accs>> = std::thread::scope(|scope| {
-        let handles: Vec<_> = (0..threads).map(|i| scope.spawn(move || work(i))).collect();
-        handles.into_iter().map(|h| h.join().expect("a study thread panicked")).collect()
-    });
-    let mut total: Accs = vec![vec![vec![Acc::default(); terms]; methods.len()]; log_eps.len()];
-    for p in parts {
-        merge(&mut total, &p?);
-    }
+    let total = on_threads(threads, work, [log_eps.len(), methods.len(), terms])?;
     let names: Vec<String> =
         PI_TERMS.iter().map(|(n, _)| n.to_string()).chain((0..24).map(|k| format!("mu1[{k}]"))).collect();
     let mut rows = Vec::new();

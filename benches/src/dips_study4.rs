@@ -39,14 +39,14 @@ use std::time::Instant;
 
 use dpflow::synth::dips::cells::{self, CellMechanism, CellOptions};
 use dpflow::synth::dips::glom::{GlomSpec, GlomStatistics, draw_set as glom_draw, modips_glom};
-use dpflow::synth::dips::regression::{Design, fit_logistic, logistic_hessian, probabilities};
+use dpflow::synth::dips::regression::{Design, fit_logistic, logistic_hessian, probabilities, sample_class};
 use dpflow::synth::dips::sequential::{SeqColumn, SequentialSpec, sequential_regression};
 use dpflow_udfs::noise::DpRng;
 use dpflow_udfs::noise::cauchy::standard_normal_sample;
 use nalgebra::DVector;
 use rand::RngExt;
 
-use crate::dips_study::{Acc, M, Row, Scenario, accountant, combine_terms, log_epsilons, merge};
+use crate::dips_study::{Acc, M, Row, Scenario, accountant, combine_terms, log_epsilons, on_threads};
 
 const N: usize = 1000;
 const B1: [f64; 3] = [-1.0, 0.5, -1.0];
@@ -60,14 +60,7 @@ const RIDGES: [f64; 2] = [1.0, 10.0];
 type Data = [Vec<f64>; 5];
 
 fn draw_category(rng: &mut DpRng, p: &[f64]) -> f64 {
-    let u: f64 = rng.random();
-    let mut acc = 0.0;
-    p.iter()
-        .position(|&q| {
-            acc += q;
-            u < acc
-        })
-        .unwrap_or(p.len() - 1) as f64
+    sample_class(rng, p) as f64
 }
 
 /// w₁, w₂, w₃ for given z from coefficients (β₁; β₂; β₃ ‖ β₄), each in the
@@ -205,6 +198,20 @@ fn ms_set(rng: &mut DpRng, d: &Data, spec: &GlomSpec, exact: &GlomStatistics) ->
     [z.iter().map(|v| v[0]).collect(), z.iter().map(|v| v[1]).collect(), w1, w2, w3]
 }
 
+/// The SLOMAG model as a sequence: z₁, z₂ | z₁ (together the bivariate
+/// normal), then w₁, w₂, w₃ as 002 orders them.
+fn slomag_spec(sets: usize, rows: u64, ridge: f64, linear_ridge: f64) -> SequentialSpec {
+    let numeric = |name: &str| SeqColumn::Numeric { name: name.into(), lo: -4.0, hi: 4.0 };
+    let categorical = |name: &str, levels| SeqColumn::Categorical { name: name.into(), levels };
+    SequentialSpec {
+        columns: vec![numeric("z1"), numeric("z2"), categorical("w1", 2), categorical("w2", 2), categorical("w3", 3)],
+        sets,
+        rows,
+        ridge,
+        linear_ridge,
+    }
+}
+
 fn bin(v: f64) -> usize {
     (((v + 4.0) / 8.0 * BINS as f64) as usize).min(BINS - 1)
 }
@@ -220,19 +227,7 @@ pub fn run_study4(repeats: usize, step: f64, seed: u64) -> anyhow::Result<(Vec<R
     let threads = std::thread::available_parallelism().map_or(2, |n| n.get());
     let one_cell = GlomSpec { bounds: vec![[(-4.0, 4.0), (-4.0, 4.0)]], sets: M, rows: N as u64, prior: 0.5 };
     let wrong = GlomSpec { bounds: vec![[(-4.0, 4.0), (-4.0, 4.0)]; 12], ..one_cell.clone() };
-    let seq = |ridge: f64| SequentialSpec {
-        columns: vec![
-            SeqColumn::Numeric { name: "z1".into(), lo: -4.0, hi: 4.0 },
-            SeqColumn::Numeric { name: "z2".into(), lo: -4.0, hi: 4.0 },
-            SeqColumn::Categorical { name: "w1".into(), levels: 2 },
-            SeqColumn::Categorical { name: "w2".into(), levels: 2 },
-            SeqColumn::Categorical { name: "w3".into(), levels: 3 },
-        ],
-        sets: M,
-        rows: N as u64,
-        ridge,
-        linear_ridge: 1.0,
-    };
+    let seq = |ridge: f64| slomag_spec(M, N as u64, ridge, 1.0);
     type Accs = Vec<Vec<Vec<Acc>>>;
     let work = |thread: usize| -> anyhow::Result<Accs> {
         let mut rng = DpRng::unsafe_seeded(seed.wrapping_add(4000 + thread as u64));
@@ -337,14 +332,7 @@ pub fn run_study4(repeats: usize, step: f64, seed: u64) -> anyhow::Result<(Vec<R
         }
         Ok(acc)
     };
-    let parts: Vec<anyhow::Result<Accs>> = std::thread::scope(|scope| {
-        let handles: Vec<_> = (0..threads).map(|i| scope.spawn(move || work(i))).collect();
-        handles.into_iter().map(|h| h.join().expect("a study thread panicked")).collect()
-    });
-    let mut total: Accs = vec![vec![vec![Acc::default(); terms]; methods.len()]; log_eps.len()];
-    for p in parts {
-        merge(&mut total, &p?);
-    }
+    let total = on_threads(threads, work, [log_eps.len(), methods.len(), terms])?;
     let mut rows = Vec::new();
     for (ei, &le) in log_eps.iter().enumerate() {
         for (mi, method) in methods.iter().enumerate() {
@@ -384,19 +372,7 @@ mod tests {
     fn sequential_regression_without_noise_reproduces_the_slomag_fit() {
         let mut rng = DpRng::unsafe_seeded(11);
         let d = generate_n(&mut rng, 4000);
-        let spec = SequentialSpec {
-            columns: vec![
-                SeqColumn::Numeric { name: "z1".into(), lo: -4.0, hi: 4.0 },
-                SeqColumn::Numeric { name: "z2".into(), lo: -4.0, hi: 4.0 },
-                SeqColumn::Categorical { name: "w1".into(), levels: 2 },
-                SeqColumn::Categorical { name: "w2".into(), levels: 2 },
-                SeqColumn::Categorical { name: "w3".into(), levels: 3 },
-            ],
-            sets: 1,
-            rows: 4000,
-            ridge: 1e-4,
-            linear_ridge: 1e-4,
-        };
+        let spec = slomag_spec(1, 4000, 1e-4, 1e-4);
         let rel = sequential_regression(&d, &spec, 1e8, &mut accountant(1e8), &mut rng).unwrap();
         let mut it = rel.sets.into_iter().next().unwrap().into_iter();
         let synth: Data = std::array::from_fn(|_| it.next().unwrap());

@@ -186,6 +186,20 @@ pub fn probabilities(beta: &[f64], x: &[f64], p: &mut [f64]) {
     p.iter_mut().for_each(|v| *v /= s);
 }
 
+/// A class drawn from probabilities `p` (inverse CDF on one uniform;
+/// post-processing only).
+pub fn sample_class<R: rand::Rng + ?Sized>(rng: &mut R, p: &[f64]) -> usize {
+    use rand::RngExt;
+    let u: f64 = rng.random();
+    let mut acc = 0.0;
+    p.iter()
+        .position(|&q| {
+            acc += q;
+            u < acc
+        })
+        .unwrap_or(p.len() - 1)
+}
+
 /// F(β), ∇F and (optionally) the Hessian of the penalized multinomial
 /// loss.
 fn objective(design: &Design, y: &[u32], classes: usize, ridge: f64, beta: &[f64], hessian: bool) -> Evaluation {

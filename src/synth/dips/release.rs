@@ -348,13 +348,12 @@ impl crate::synth::Synthesizer for CellSynth {
     }
 
     fn required_marginals(&self, domain: &Domain, _workload: &crate::synth::Workload) -> Vec<Vec<usize>> {
-        vec![(0..domain.columns().len()).collect()]
+        every_column(domain)
     }
 
     #[allow(private_interfaces)]
     fn fit(&self, ctx: &mut crate::synth::FitContext<'_>) -> Result<crate::synth::Fitted> {
-        let all: Vec<usize> = (0..ctx.sizes.len()).collect();
-        let exact: Vec<u64> = ctx.answers.get(&all)?.iter().map(|&c| c as u64).collect();
+        let (all, exact) = full_table(ctx)?;
         let options = CellOptions { sets: 1, rows: 0, ..Default::default() };
         let target = ctx.names(&all).join(",");
         let release = synthesize(self.0, &exact, &target, ctx.epsilon, &options, ctx.accountant, ctx.rng)?;
@@ -363,17 +362,36 @@ impl crate::synth::Synthesizer for CellSynth {
             (_, Some(sanitized)) => sanitized.clone(),
         };
         let total: f64 = table.iter().sum();
-        let mut model = crate::pgm::GraphicalModel::uniform(&ctx.sizes, std::slice::from_ref(&all), total);
-        if total > 0.0 {
-            // ln 0 as a finite floor: exp underflows to exactly 0 in belief propagation.
-            model.potentials[0].values = table.iter().map(|&c| if c > 0.0 { c.ln() } else { -1e300 }).collect();
-        }
-        Ok(crate::synth::Fitted { model, compression: None, metadata: FitMetadata::default() })
+        Ok(one_clique(&ctx.sizes, &table, total))
     }
 
     fn pure_dp(&self) -> bool {
         true
     }
+}
+
+/// The one attribute set the table synthesizers read: every column.
+fn every_column(domain: &Domain) -> Vec<Vec<usize>> {
+    vec![(0..domain.columns().len()).collect()]
+}
+
+/// Every column's ids and the exact full table (protected).
+fn full_table(ctx: &crate::synth::FitContext<'_>) -> Result<(Vec<usize>, Vec<u64>)> {
+    let all: Vec<usize> = (0..ctx.sizes.len()).collect();
+    let exact = ctx.answers.get(&all)?.iter().map(|&c| c as u64).collect();
+    Ok((all, exact))
+}
+
+/// A model with one clique over every column holding `table` (weights ∝
+/// probabilities; DP output) and `total` rows; uniform when the total is 0.
+fn one_clique(sizes: &[usize], table: &[f64], total: f64) -> crate::synth::Fitted {
+    let all: Vec<usize> = (0..sizes.len()).collect();
+    let mut model = crate::pgm::GraphicalModel::uniform(sizes, std::slice::from_ref(&all), total);
+    if total > 0.0 {
+        // ln 0 as a finite floor: exp underflows to exactly 0 in belief propagation.
+        model.potentials[0].values = table.iter().map(|&c| if c > 0.0 { c.ln() } else { -1e300 }).collect();
+    }
+    crate::synth::Fitted { model, compression: None, metadata: FitMetadata::default() }
 }
 
 /// The sequential regression synthesizer behind the
@@ -392,19 +410,15 @@ impl crate::synth::Synthesizer for SequentialSynth {
     }
 
     fn required_marginals(&self, domain: &Domain, _workload: &crate::synth::Workload) -> Vec<Vec<usize>> {
-        vec![(0..domain.columns().len()).collect()]
+        every_column(domain)
     }
 
     #[allow(private_interfaces)]
     fn fit(&self, ctx: &mut crate::synth::FitContext<'_>) -> Result<crate::synth::Fitted> {
-        let all: Vec<usize> = (0..ctx.sizes.len()).collect();
-        let exact: Vec<u64> = ctx.answers.get(&all)?.iter().map(|&c| c as u64).collect();
+        let (all, exact) = full_table(ctx)?;
         let spec = SequentialSpec::categorical(&ctx.names(&all), &ctx.sizes, 1, 0, self.ridge);
         let joint = sequential_table(&exact, &spec, ctx.epsilon, ctx.accountant, ctx.rng)?.remove(0);
-        let mut model = crate::pgm::GraphicalModel::uniform(&ctx.sizes, std::slice::from_ref(&all), 1.0);
-        // ln 0 as a finite floor: exp underflows to exactly 0 in belief propagation.
-        model.potentials[0].values = joint.iter().map(|&p| if p > 0.0 { p.ln() } else { -1e300 }).collect();
-        Ok(crate::synth::Fitted { model, compression: None, metadata: FitMetadata::default() })
+        Ok(one_clique(&ctx.sizes, &joint, 1.0))
     }
 
     fn pure_dp(&self) -> bool {

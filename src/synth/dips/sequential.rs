@@ -27,19 +27,17 @@
 //! draws its parameters around its noisy estimate and generates its r rows
 //! column by column from the *synthetic* predecessors.
 
-use dpflow_udfs::noise::DpRng;
-use dpflow_udfs::noise::cauchy::standard_normal_sample;
-use rand::RngExt;
-
 use super::DipsError;
 use super::cells::per_set_epsilon;
 use super::grid::check_bounds;
 use super::regression::{
     Design, LinearMechanism, LogisticMechanism, OneHot, RIDGE_RANGE, gaussian_draw, logistic_hessian_rows,
-    logistic_posterior_draw, one_hot_row, probabilities,
+    logistic_posterior_draw, one_hot_row, probabilities, sample_class,
 };
 use crate::measure::Accountant;
 use crate::privacy::MechanismRecord;
+use dpflow_udfs::noise::DpRng;
+use dpflow_udfs::noise::cauchy::standard_normal_sample;
 
 type Result<T, E = DipsError> = std::result::Result<T, E>;
 
@@ -312,14 +310,7 @@ pub fn sequential_regression(
                     (0..r)
                         .map(|i| {
                             probabilities(&beta, &design.x[i * m.dim..(i + 1) * m.dim], &mut prob);
-                            let u: f64 = rng.random();
-                            let mut acc = 0.0;
-                            prob.iter()
-                                .position(|&q| {
-                                    acc += q;
-                                    u < acc
-                                })
-                                .unwrap_or(m.classes - 1) as f64
+                            sample_class(rng, &prob) as f64
                         })
                         .collect()
                 }
@@ -481,6 +472,8 @@ pub fn sequential_table(
 
 #[cfg(test)]
 mod tests {
+    use rand::RngExt;
+
     use super::*;
     use crate::measure::ReleaseAccountant;
     use crate::privacy::{Budget, PrivacyFilter, PrivacyLoss};
