@@ -332,14 +332,25 @@ fn norm(v: &[f64]) -> f64 {
 /// iteration cap. `ridge` = 0 gives the plain maximum likelihood estimate
 /// (no privacy use: the analyses of synthetic data).
 pub fn fit_logistic(design: &Design, y: &[u32], classes: usize, ridge: f64, tolerance: f64) -> Option<Vec<f64>> {
-    let (beta, certified) = newton(design, y, classes, ridge, tolerance);
+    // Without a ridge a separated set's MLE is at infinity: stop once a
+    // coefficient passes a bound no fitted model needs (|β| > 30 is a
+    // probability within e⁻³⁰ of 0 or 1), as glm reports separation.
+    let diverged = (ridge == 0.0).then_some(30.0);
+    let (beta, certified) = newton(design, y, classes, ridge, tolerance, diverged);
     certified.then_some(beta)
 }
 
 /// Newton's method from β = 0 (module docs, "The solver"). It never fails:
 /// it returns its last iterate and whether that iterate certified
 /// ‖∇F‖ ≤ `tolerance`.
-fn newton(design: &Design, y: &[u32], classes: usize, ridge: f64, tolerance: f64) -> (Vec<f64>, bool) {
+fn newton(
+    design: &Design,
+    y: &[u32],
+    classes: usize,
+    ridge: f64,
+    tolerance: f64,
+    diverged: Option<f64>,
+) -> (Vec<f64>, bool) {
     let dd = (classes - 1) * design.dim;
     let mut beta = vec![0.0; dd];
     let mut e = objective(design, y, classes, ridge, &beta, true);
@@ -347,6 +358,9 @@ fn newton(design: &Design, y: &[u32], classes: usize, ridge: f64, tolerance: f64
         let gn = norm(&e.g);
         if gn <= tolerance {
             return (beta, true);
+        }
+        if diverged.is_some_and(|b| beta.iter().any(|v| v.abs() > b)) {
+            return (beta, false);
         }
         let g = DVector::from_vec(e.g.clone());
         // The Newton direction; steepest descent if H does not factorize.
@@ -456,7 +470,7 @@ impl LogisticMechanism {
     pub fn estimate(&self, design: &Design, y: &[u32], eps: f64) -> Vec<i128> {
         // Stop at τ/2: with the float error e of the computed gradient at
         // most τ/2 (module docs), the true ‖∇F‖ is at most τ.
-        let (beta, _) = newton(design, y, self.classes, self.ridge, GRADIENT_TOLERANCE / 2.0);
+        let (beta, _) = newton(design, y, self.classes, self.ridge, GRADIENT_TOLERANCE / 2.0, None);
         let (_, k) = self.units(eps);
         beta.iter().map(|&b| to_grid_units(b, k)).collect()
     }
@@ -782,7 +796,7 @@ mod tests {
                     })
                     .collect();
                 let d = Design { dim: 1, x: vec![1.0; n], weights: None, one_hot: None };
-                let (_, ok) = newton(&d, &y, classes, 1.0, GRADIENT_TOLERANCE / 2.0);
+                let (_, ok) = newton(&d, &y, classes, 1.0, GRADIENT_TOLERANCE / 2.0, None);
                 assert!(ok, "n = {n}, K = {classes}: the solver did not certify");
             }
         }
@@ -793,8 +807,17 @@ mod tests {
                 weights: Some(vec![big, 0.6 * big + 1.0]),
                 one_hot: None,
             };
-            let (_, ok) = newton(&d, &[1, 0], 2, 1.0, GRADIENT_TOLERANCE / 2.0);
+            let (_, ok) = newton(&d, &[1, 0], 2, 1.0, GRADIENT_TOLERANCE / 2.0, None);
             assert!(ok, "counts near {big}: the solver did not certify");
         }
+    }
+
+    /// A separated set has no maximum likelihood estimate: the plain fit
+    /// says so instead of running to the iteration cap.
+    #[test]
+    fn a_separated_set_has_no_mle() {
+        let d = design(&[&[1.0, -1.0], &[1.0, -0.5], &[1.0, 0.5], &[1.0, 1.0]]);
+        assert!(fit_logistic(&d, &[0, 0, 1, 1], 2, 0.0, 1e-8).is_none());
+        assert!(fit_logistic(&d, &[0, 1, 0, 1], 2, 0.0, 1e-8).is_some());
     }
 }
