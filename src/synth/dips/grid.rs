@@ -30,8 +30,8 @@ impl GridSum {
     /// Sums of values with |x| ≤ `bound` over `cells` cells, gridded for
     /// Laplace noise at ε (`eps`).
     pub(crate) fn new(target: String, bound: f64, eps: f64, cells: usize) -> Self {
-        let k = grid_exponent(&NoiseDistribution::Laplace { scale: bound / eps }, bound);
-        let units = (bound / 2f64.powi(k)).ceil();
+        // Each value is clamped to the bound in grid units: no rounding slack.
+        let (units, k) = grid_units(bound, 0, eps);
         Self { target, bound, k, units, sums: vec![0; cells] }
     }
 
@@ -48,17 +48,38 @@ impl GridSum {
 
     /// The charge of one set's release of these sums at ε.
     pub(crate) fn record(&self, set: usize, eps: f64) -> MechanismRecord {
-        let g = 2f64.powi(self.k);
-        MechanismRecord::laplace(format!("{}, set {set}", self.target), self.units * g, self.units * g / eps)
+        grid_record(format!("{}, set {set}", self.target), self.units, self.k, eps)
             .with_params(serde_json::json!({ "per_row_bound": self.bound }))
     }
 
     /// One noisy release of the sums (the caller has charged [`GridSum::record`]).
     pub(crate) fn noisy(&self, rng: &mut DpRng, eps: f64) -> Vec<f64> {
-        let noise = NoiseDistribution::Laplace { scale: self.units / eps };
-        let g = 2f64.powi(self.k);
-        self.sums.iter().map(|&s| s.saturating_add(noise.sample_integer(rng)) as f64 * g).collect()
+        grid_noisy(rng, &self.sums, self.units, self.k, eps)
     }
+}
+
+/// The grid for a vector of values whose exact L1 sensitivity is `delta1`,
+/// released with Laplace noise at ε: (sensitivity in grid units, grid
+/// exponent k). `rounded` values are each rounded to the grid on their own
+/// (at most one unit each); the units cover that too.
+pub(crate) fn grid_units(delta1: f64, rounded: usize, eps: f64) -> (f64, i32) {
+    let k = grid_exponent(&NoiseDistribution::Laplace { scale: delta1 / eps }, delta1);
+    ((delta1 / 2f64.powi(k)).ceil() + rounded as f64, k)
+}
+
+/// The charge of releasing integer sums of L1 sensitivity `units` (grid
+/// 2^k) with discrete Laplace noise at ε.
+pub(crate) fn grid_record(target: String, units: f64, k: i32, eps: f64) -> MechanismRecord {
+    let g = 2f64.powi(k);
+    MechanismRecord::laplace(target, units * g, units * g / eps)
+}
+
+/// Integer sums in grid units plus discrete Laplace noise of scale units/ε,
+/// as reals (the caller has charged [`grid_record`]).
+pub(crate) fn grid_noisy(rng: &mut DpRng, sums: &[i128], units: f64, k: i32, eps: f64) -> Vec<f64> {
+    let noise = NoiseDistribution::Laplace { scale: units / eps };
+    let g = 2f64.powi(k);
+    sums.iter().map(|&s| s.saturating_add(noise.sample_integer(rng)) as f64 * g).collect()
 }
 
 /// Public bounds a grid sum can use: finite, lo < hi, the half-width h

@@ -70,11 +70,12 @@
 //! β̂ = A⁻¹Xᵀy*, SSE* cut into [10⁻⁶n*, n*], σ² ~ SSE*/χ²_{ν},
 //! β ~ N(β̂, σ²A⁻¹).
 
+use dpflow_udfs::noise::DpRng;
 use dpflow_udfs::noise::cauchy::{sample_gamma, standard_normal_sample};
-use dpflow_udfs::noise::real::{grid_exponent, to_grid_units};
-use dpflow_udfs::noise::{DpRng, NoiseDistribution};
+use dpflow_udfs::noise::real::to_grid_units;
 use nalgebra::{DMatrix, DVector};
 
+use super::grid::{grid_noisy, grid_record, grid_units};
 use crate::privacy::MechanismRecord;
 
 /// The solver's stopping rule ‖∇F‖ ≤ τ (its slack is part of Δ). It sits
@@ -411,21 +412,6 @@ pub fn logistic_hessian(design: &Design, classes: usize, ridge: f64, beta: &[f64
     objective(design, &labels, classes, ridge, beta, true).h.unwrap_or_else(|| DMatrix::zeros(0, 0))
 }
 
-/// L1 sensitivity of a vector of `entries` values whose exact L1 sensitivity
-/// is `delta1`, after each is rounded to the grid: (units, grid exponent).
-fn grid_units(delta1: f64, entries: usize, eps: f64) -> (f64, i32) {
-    let k = grid_exponent(&NoiseDistribution::Laplace { scale: delta1 / eps }, delta1);
-    ((delta1 / 2f64.powi(k)).ceil() + entries as f64, k)
-}
-
-/// Adds discrete Laplace noise of scale units/ε to integer sums in grid
-/// units `k`.
-fn noisy_units(rng: &mut DpRng, units: &[i128], delta_units: f64, k: i32, eps: f64) -> Vec<f64> {
-    let noise = NoiseDistribution::Laplace { scale: delta_units / eps };
-    let g = 2f64.powi(k);
-    units.iter().map(|&u| u.saturating_add(noise.sample_integer(rng)) as f64 * g).collect()
-}
-
 /// The output-perturbation mechanism for one logistic regression.
 #[derive(Debug, Clone)]
 pub struct LogisticMechanism {
@@ -458,8 +444,7 @@ impl LogisticMechanism {
     /// The charge of one set's release at ε.
     pub fn record(&self, set: usize, eps: f64) -> MechanismRecord {
         let (u, k) = self.units(eps);
-        let g = 2f64.powi(k);
-        MechanismRecord::laplace(format!("{}, set {set}", self.name), u * g, u * g / eps)
+        grid_record(format!("{}, set {set}", self.name), u, k, eps)
             .with_params(serde_json::json!({ "classes": self.classes, "features": self.dim, "ridge": self.ridge,
                                 "method": "output perturbation (Chaudhuri & Monteleoni 2009, Alg. 1)" }))
     }
@@ -479,7 +464,7 @@ impl LogisticMechanism {
     /// [`LogisticMechanism::record`]).
     pub fn noisy(&self, rng: &mut DpRng, estimate: &[i128], eps: f64) -> Vec<f64> {
         let (u, k) = self.units(eps);
-        noisy_units(rng, estimate, u, k, eps)
+        grid_noisy(rng, estimate, u, k, eps)
     }
 }
 
@@ -540,8 +525,7 @@ impl LinearMechanism {
     /// The charge of one set's release at ε.
     pub fn record(&self, set: usize, eps: f64) -> MechanismRecord {
         let (u, k) = self.units(eps);
-        let g = 2f64.powi(k);
-        MechanismRecord::laplace(format!("{}, set {set}", self.name), u * g, u * g / eps)
+        grid_record(format!("{}, set {set}", self.name), u, k, eps)
             .with_params(serde_json::json!({ "features": self.dim, "ridge": self.ridge,
                                 "method": "sufficient-statistic perturbation" }))
     }
@@ -573,7 +557,7 @@ impl LinearMechanism {
     /// [`LinearMechanism::record`]).
     pub fn noisy(&self, rng: &mut DpRng, estimate: &[i128], eps: f64) -> Vec<f64> {
         let (u, k) = self.units(eps);
-        noisy_units(rng, estimate, u, k, eps)
+        grid_noisy(rng, estimate, u, k, eps)
     }
 
     /// The posterior from noisy moments; `scale2` = R², so that the

@@ -197,7 +197,8 @@ impl SequentialSpec {
         }
     }
 
-    /// Column t's design over `cols` (column-major, complete rows).
+    /// Column t's design over `cols` (column-major, complete rows, numeric
+    /// values already in unit scale, [`SeqColumn::unit`]).
     fn design(&self, t: usize, cols: &[Vec<f64>], n: usize) -> Design {
         let dim = self.dim(t);
         let r = (1.0 + t as f64).sqrt().recip();
@@ -216,7 +217,7 @@ impl SequentialSpec {
                         at += *levels as usize - 1;
                     }
                     SeqColumn::Numeric { .. } => {
-                        row[at] = c.unit(col[i]) * r;
+                        row[at] = col[i] * r;
                         at += 1;
                     }
                 }
@@ -268,22 +269,10 @@ pub fn sequential_regression(
             keep.iter().map(|&i| if let SeqColumn::Numeric { .. } = c { c.unit(col[i]) } else { col[i] }).collect()
         })
         .collect();
-    // Numeric columns are now in unit scale: give the design unit bounds.
-    let unit_spec = SequentialSpec {
-        columns: spec
-            .columns
-            .iter()
-            .map(|c| match c {
-                SeqColumn::Numeric { name, .. } => SeqColumn::Numeric { name: name.clone(), lo: -1.0, hi: 1.0 },
-                other => other.clone(),
-            })
-            .collect(),
-        ..spec.clone()
-    };
     let n = keep.len();
     let mut estimates = Vec::with_capacity(p);
     for (t, m) in mechanisms.iter().enumerate() {
-        let design = unit_spec.design(t, &cols[..t], n);
+        let design = spec.design(t, &cols[..t], n);
         estimates.push(match m {
             Mechanism::Logistic(m) => {
                 let y: Vec<u32> = cols[t].iter().map(|&v| v as u32).collect();
@@ -300,7 +289,7 @@ pub fn sequential_regression(
         let mut coefficients = Vec::with_capacity(p);
         for (t, (m, est)) in mechanisms.iter().zip(&estimates).enumerate() {
             // Post-processing from here on.
-            let design = unit_spec.design(t, &synth, r);
+            let design = spec.design(t, &synth, r);
             let column = match m {
                 Mechanism::Logistic(m) => {
                     let noisy = m.noisy(rng, est, eps);
