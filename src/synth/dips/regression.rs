@@ -407,9 +407,14 @@ fn newton(
 /// The penalized Hessian at β (for posterior draws and for the analyses'
 /// variances).
 pub fn logistic_hessian(design: &Design, classes: usize, ridge: f64, beta: &[f64]) -> DMatrix<f64> {
-    // The Hessian does not depend on the labels.
-    let labels = vec![0u32; design.rows()];
-    objective(design, &labels, classes, ridge, beta, true).h.unwrap_or_else(|| DMatrix::zeros(0, 0))
+    // The Hessian does not depend on the labels: no F or ∇F.
+    let mut e = Evaluation::prior(beta, ridge, true);
+    let mut buf = RowBuffers::new(classes);
+    let mut row = vec![0.0; design.dim];
+    for i in 0..design.rows() {
+        e.add_row(design.row(i, &mut row), design.weight(i), None, beta, &mut buf);
+    }
+    e.h.unwrap_or_else(|| DMatrix::zeros(0, 0))
 }
 
 /// The output-perturbation mechanism for one logistic regression.

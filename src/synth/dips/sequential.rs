@@ -135,6 +135,15 @@ enum Mechanism {
     Linear(LinearMechanism),
 }
 
+impl Mechanism {
+    fn record(&self, set: usize, eps: f64) -> MechanismRecord {
+        match self {
+            Mechanism::Logistic(m) => m.record(set, eps),
+            Mechanism::Linear(m) => m.record(set, eps),
+        }
+    }
+}
+
 impl SequentialSpec {
     /// Predictors of column t's regression (the intercept included).
     pub fn dim(&self, t: usize) -> usize {
@@ -248,14 +257,8 @@ pub fn sequential_regression(
     let eps = epsilon / spec.sets as f64 / p as f64;
     let mechanisms: Vec<Mechanism> = (0..p).map(|t| spec.mechanism(t)).collect();
     // Every set's charge at once, before the data is looked at.
-    let records: Vec<MechanismRecord> = (1..=spec.sets)
-        .flat_map(|set| {
-            mechanisms.iter().map(move |m| match m {
-                Mechanism::Logistic(m) => m.record(set, eps),
-                Mechanism::Linear(m) => m.record(set, eps),
-            })
-        })
-        .collect();
+    let records: Vec<MechanismRecord> =
+        (1..=spec.sets).flat_map(|set| mechanisms.iter().map(move |m| m.record(set, eps))).collect();
     accountant.charge(&records)?;
     // Complete rows, numeric values clamped (row-wise maps).
     let rows = data.first().map_or(0, Vec::len);
