@@ -504,3 +504,234 @@ async fn the_laplace_sanitizer_with_round_writes_the_sanitized_table_row_for_row
     let q = |t: &str| format!("SELECT x1, x2, y, count(*) AS n FROM {t} GROUP BY x1, x2, y ORDER BY x1, x2, y");
     assert_eq!(count(q("orig")).await, count(q("syn")).await);
 }
+
+/// The penguins' complete rows: (species, bill length, bill depth, flipper length).
+fn penguin_rows() -> Vec<(String, f64, f64, f64)> {
+    let text = std::fs::read_to_string("sample_data/penguins/penguins.csv").unwrap();
+    let mut lines = text.lines();
+    let header: Vec<&str> = lines.next().unwrap().split(',').collect();
+    let at = |name: &str| header.iter().position(|h| *h == name).unwrap();
+    let (s, l, d, f) = (at("species"), at("bill_length_mm"), at("bill_depth_mm"), at("flipper_length_mm"));
+    lines
+        .filter_map(|line| {
+            let v: Vec<&str> = line.split(',').collect();
+            Some((v[s].to_string(), v[l].parse().ok()?, v[d].parse().ok()?, v[f].parse().ok()?))
+        })
+        .collect()
+}
+
+async fn sql_rows(ctx: &datafusion::prelude::SessionContext, sql: &str) -> Vec<Vec<String>> {
+    let batches = ctx.sql(sql).await.unwrap().collect().await.unwrap();
+    let mut out = Vec::new();
+    for b in &batches {
+        for r in 0..b.num_rows() {
+            out.push(
+                (0..b.num_columns())
+                    .map(|c| datafusion::arrow::util::display::array_value_to_string(b.column(c), r).unwrap())
+                    .collect(),
+            );
+        }
+    }
+    out
+}
+
+/// MODIPS's general location and normal models from `dpflow synth`, on the
+/// penguins' raw measurements: one charge in the ledger (ε/(6m) per
+/// statistic, 6m records), m sets of the public row count inside the
+/// public bounds, integer columns written as integers, and with a large ε
+/// the sets recover the per-species means and the proportions. Layouts the
+/// models cannot take are refused before anything is charged.
+#[tokio::test]
+async fn modips_glom_and_normal_read_raw_values_and_refuse_bad_layouts_before_charging() {
+    use dpflow::synth::run::{Mechanism, run_synth};
+    let dir = tempfile::tempdir().unwrap();
+    let ledger_path = dir.path().join("l.sqlite");
+    let ledger = dpflow::privacy::Ledger::create(&ledger_path).unwrap();
+    ledger.add_dataset("penguins", "row", dpflow::privacy::Budget::Pure { epsilon: 100.0 }).unwrap();
+    drop(ledger);
+    let spent = || dpflow::privacy::Ledger::open(&ledger_path).unwrap().status("penguins").unwrap().spent;
+    let open = |domain: &str| {
+        dpflow::dataset::Dataset::open("penguins", "sample_data/penguins/penguins.csv", None, domain).unwrap()
+    };
+    let mut req = napsu_request(dir.path(), "all-3way", 3, None);
+    req.dataset = open("sample_data/penguins/glom.domain.yaml");
+    req.mechanism = Mechanism::ModipsGlom;
+    req.budget = dpflow::privacy::Budget::Pure { epsilon: 6.0 };
+    req.rows = Some(1000);
+    req.missing = dpflow::missing::Strategy::CompleteRow;
+    req.ledger = Some((ledger_path.display().to_string(), "penguins".into()));
+    let ctx = dpflow::io::session_context();
+    let record = run_synth(&ctx, &req, &|_| {}).await.unwrap();
+    assert!((spent() - 6.0).abs() < 1e-9, "{}", spent());
+    assert_eq!(record.mechanisms.len(), 18);
+    assert!((record.epsilon_spent.unwrap() - 6.0).abs() < 1e-12);
+    assert_eq!((record.rows, record.noise_aware, record.multiple), (1000, Some(true), Some(3)));
+    assert!(record.fit.notes.iter().any(|n| n.contains("left out")), "{:?}", record.fit.notes);
+    ctx.register_parquet("glom", &req.out, Default::default()).await.unwrap();
+    let check = "SELECT _set, count(*), min(bill_length_mm) >= 25 AND max(bill_length_mm) <= 65, \
+                 min(bill_depth_mm) >= 10 AND max(bill_depth_mm) <= 25, \
+                 sum(CASE WHEN species IN ('Adelie', 'Chinstrap', 'Gentoo') THEN 1 ELSE 0 END) \
+                 FROM glom GROUP BY _set ORDER BY _set";
+    let rows = sql_rows(&ctx, check).await;
+    for (i, r) in rows.iter().enumerate() {
+        assert_eq!(r, &vec![(i + 1).to_string(), "1000".into(), "true".into(), "true".into(), "1000".into()]);
+    }
+    assert_eq!(rows.len(), 3);
+
+    // Refused before any charge.
+    let refused = [
+        (
+            Mechanism::ModipsGlom,
+            "sample_data/penguins/penguins.domain.yaml",
+            "complete-row",
+            Some(10),
+            false,
+            "exactly two",
+        ),
+        (Mechanism::ModipsGlom, "sample_data/penguins/glom.domain.yaml", "reproduce", Some(10), false, "complete-row"),
+        (Mechanism::ModipsGlom, "sample_data/penguins/glom.domain.yaml", "complete-row", None, false, "--rows"),
+        (Mechanism::ModipsGlom, "sample_data/penguins/glom.domain.yaml", "complete-row", Some(10), true, "--model-out"),
+        (
+            Mechanism::ModipsNormal,
+            "sample_data/penguins/glom.domain.yaml",
+            "complete-row",
+            Some(10),
+            false,
+            "one numeric",
+        ),
+        (Mechanism::ModipsGlom, "sample_data/penguins/glom.domain.yaml", "adaptive", Some(10), false, "complete-row"),
+    ];
+    for (i, (mechanism, domain, missing, rows, model_out, says)) in refused.into_iter().enumerate() {
+        let mut bad = req.clone();
+        bad.mechanism = mechanism;
+        bad.dataset = open(domain);
+        bad.missing = missing.parse().unwrap();
+        bad.rows = rows;
+        bad.model_out = model_out.then(|| dir.path().join("m.json").display().to_string());
+        bad.release_id = Some(format!("bad-{i}"));
+        let e = run_synth(&ctx, &bad, &|_| {}).await.unwrap_err().to_string();
+        assert!(e.contains(says), "{i}: {e}");
+    }
+    assert!((spent() - 6.0).abs() < 1e-9, "a refused run charged the ledger: {}", spent());
+
+    // Accuracy, seeded and without a ledger: at ε = 600 the noise is far
+    // below the posterior's own spread (σ/√n_k ≈ 0.3 mm for a species mean).
+    let truth = penguin_rows();
+    let mut seeded = req.clone();
+    seeded.ledger = None;
+    seeded.unsafe_seed = Some(5);
+    seeded.budget = dpflow::privacy::Budget::Pure { epsilon: 600.0 };
+    seeded.rows = Some(5000);
+    seeded.out = dir.path().join("glom-seeded.parquet").display().to_string();
+    run_synth(&ctx, &seeded, &|_| {}).await.unwrap();
+    ctx.register_parquet("glom5", &seeded.out, Default::default()).await.unwrap();
+    let by_species = sql_rows(
+        &ctx,
+        "SELECT species, count(*) / 15000.0, avg(bill_length_mm), avg(bill_depth_mm) FROM glom5 \
+         GROUP BY species ORDER BY species",
+    )
+    .await;
+    assert_eq!(by_species.len(), 3);
+    for r in &by_species {
+        let of: Vec<&(String, f64, f64, f64)> = truth.iter().filter(|t| t.0 == r[0]).collect();
+        let n = of.len() as f64;
+        let share = n / truth.len() as f64;
+        let length = of.iter().map(|t| t.1).sum::<f64>() / n;
+        let depth = of.iter().map(|t| t.2).sum::<f64>() / n;
+        let got: Vec<f64> = r[1..].iter().map(|v| v.parse().unwrap()).collect();
+        // Tolerances: 5 posterior sds of a share (√(p(1−p)/n) ≤ 0.03 / 3 sets) and of a mean.
+        assert!((got[0] - share).abs() < 0.05, "{r:?} share {share}");
+        assert!((got[1] - length).abs() < 1.0, "{r:?} length {length}");
+        assert!((got[2] - depth).abs() < 0.5, "{r:?} depth {depth}");
+    }
+
+    // The normal model on one integer column: integers inside the bounds,
+    // and the data's mean and standard deviation back.
+    std::fs::write(
+        dir.path().join("flipper.yaml"),
+        "text: {header: true, delimiter: \",\", trim: true}\nnull_tokens: [\"NA\"]\ncolumns:\n  - {name: flipper_length_mm, \
+         kind: integer, bounds: [160, 239], bins: {width: 5}, nullable: true, out_of_domain: clip}\n",
+    )
+    .unwrap();
+    let mut normal = seeded.clone();
+    normal.mechanism = Mechanism::ModipsNormal;
+    normal.dataset = open(dir.path().join("flipper.yaml").to_str().unwrap());
+    normal.out = dir.path().join("normal.parquet").display().to_string();
+    let record = run_synth(&ctx, &normal, &|_| {}).await.unwrap();
+    assert_eq!(record.mechanisms.len(), 9);
+    ctx.register_parquet("normal", &normal.out, Default::default()).await.unwrap();
+    let got = sql_rows(
+        &ctx,
+        "SELECT arrow_typeof(flipper_length_mm), min(flipper_length_mm) >= 160 AND max(flipper_length_mm) <= 239, \
+         avg(flipper_length_mm), stddev(flipper_length_mm) FROM normal GROUP BY 1",
+    )
+    .await;
+    let n = truth.len() as f64;
+    let mean = truth.iter().map(|t| t.3).sum::<f64>() / n;
+    let sd = (truth.iter().map(|t| (t.3 - mean).powi(2)).sum::<f64>() / (n - 1.0)).sqrt();
+    assert_eq!((got[0][0].as_str(), got[0][1].as_str()), ("Int64", "true"), "{got:?}");
+    let (m, s): (f64, f64) = (got[0][2].parse().unwrap(), got[0][3].parse().unwrap());
+    // σ/√n ≈ 0.76 for the posterior's μ: 3 sets, 5 sds.
+    assert!((m - mean).abs() < 2.5 && (s - sd).abs() < 2.0, "{m} {s} against {mean} {sd}");
+}
+
+/// The cells of modips-glom are the row-major cross-tabulation of every
+/// non-numeric column (a categorical with its null cell, a boolean), and
+/// each synthetic row's z comes from its own cell's posterior: with a huge
+/// ε every cell's synthetic mean of z₁ is its data mean (10·a + 3·b, the
+/// null level of a counting as a = 2), and z₂ (an integer column) stays an
+/// integer in its bounds.
+#[tokio::test]
+async fn modips_glom_cells_are_the_cross_tabulation_with_null_cells() {
+    use dpflow::synth::run::{Mechanism, run_synth};
+    let dir = tempfile::tempdir().unwrap();
+    let mut s = String::from("a,b,z1,z2\n");
+    for i in 0..3000 {
+        let (a, b) = (i % 3, (i / 3) % 2);
+        let label = ["u", "v", ""][a];
+        let z1 = 10.0 * a as f64 + 3.0 * b as f64 + ((i * 7919) % 11) as f64 / 10.0 - 0.5;
+        s += &format!("{label},{},{z1},{}\n", b == 1, (i * 31) % 20);
+    }
+    std::fs::write(dir.path().join("g.csv"), s).unwrap();
+    std::fs::write(
+        dir.path().join("g.yaml"),
+        "columns:\n  - {name: a, kind: categorical, values: [u, v], nullable: true}\n  - {name: b, kind: boolean}\n  \
+         - {name: z1, kind: float, bounds: [-5, 30], bins: {width: 5}}\n  - {name: z2, kind: integer, bounds: [0, 19]}\n",
+    )
+    .unwrap();
+    let mut req = napsu_request(dir.path(), "all-3way", 1, None);
+    req.dataset = dpflow::dataset::Dataset::open(
+        "g",
+        dir.path().join("g.csv").to_str().unwrap(),
+        None,
+        dir.path().join("g.yaml").to_str().unwrap(),
+    )
+    .unwrap();
+    req.mechanism = Mechanism::ModipsGlom;
+    req.budget = dpflow::privacy::Budget::Pure { epsilon: 1e5 };
+    req.rows = Some(30_000);
+    req.unsafe_seed = Some(7);
+    let ctx = dpflow::io::session_context();
+    let record = run_synth(&ctx, &req, &|_| {}).await.unwrap();
+    assert!(record.fit.notes[0].contains("6 cell(s) of (a, b)"), "{:?}", record.fit.notes);
+    ctx.register_parquet("g", &req.out, Default::default()).await.unwrap();
+    let rows = sql_rows(
+        &ctx,
+        "SELECT coalesce(a, 'null'), b, avg(z1), count(*), arrow_typeof(min(z2)), min(z2) >= 0 AND max(z2) <= 19 \
+         FROM g GROUP BY 1, 2 ORDER BY 1, 2",
+    )
+    .await;
+    assert_eq!(rows.len(), 6, "{rows:?}");
+    for r in &rows {
+        let a = ["u", "v", "null"].iter().position(|l| *l == r[0]).unwrap() as f64;
+        let b = if r[1] == "true" { 3.0 } else { 0.0 };
+        // The data's cell mean is 10a + 3b (the offsets average to 0 over a cell's 500 rows).
+        let want = 10.0 * a + b;
+        let got: f64 = r[2].parse().unwrap();
+        let n: f64 = r[3].parse().unwrap();
+        assert!((got - want).abs() < 0.1, "{r:?}: want {want}");
+        // π is a Dirichlet posterior draw (sd of a share ≈ √(p(1 − p)/3000) ≈ 0.007): 5 sds of 30 000 rows.
+        assert!((n - 5000.0).abs() < 1100.0, "{r:?}");
+        assert_eq!((r[4].as_str(), r[5].as_str()), ("Int64", "true"), "{r:?}");
+    }
+}

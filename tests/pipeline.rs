@@ -949,3 +949,51 @@ fn a_sequential_regression_step_runs_and_is_checked_at_load() {
     assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
     assert!(d.join("out/r1/seq.parquet").exists());
 }
+
+/// A modips-glom step (002 §4.3.1: k and x bivariate normal within the
+/// cells of g) runs end to end on the raw values with its `dips_prior`;
+/// its public inputs are checked at load, and the 002 settings are
+/// refused on a mechanism that does not take them.
+#[test]
+fn a_modips_glom_step_runs_on_raw_values_and_is_checked_at_load() {
+    let dir = tempfile::tempdir().unwrap();
+    let d = dir.path();
+    let p = world(
+        d,
+        5.0,
+        None,
+        "  - synthesize: {name: glom, mechanism: modips-glom, multiple: 2, rows: 150, dips_prior: 0.5, \
+         budget: {epsilon: 1.0}, output: glom.csv}",
+    );
+    let text = std::fs::read_to_string(&p).unwrap().replace("budget: {epsilon: 0.3,", "budget: {epsilon: 1.5,");
+    std::fs::write(&p, &text).unwrap();
+    refused_at_load(
+        d,
+        &text,
+        &[
+            ("multiple: 2, rows: 150,", "multiple: 2,", "rows"),
+            ("output: glom.csv}", "output: glom.csv, model_output: m.json}", "model"),
+            ("dips_prior: 0.5", "dips_prior: 0", "prior"),
+            ("dips_prior: 0.5", "dips_ridge: 2", "does not take dips_ridge"),
+            ("dips_prior: 0.5", "dips_prior: 0.5, missing: adaptive", "complete-row"),
+            (
+                "modips-glom, multiple: 2, rows: 150, dips_prior: 0.5",
+                "modips-normal, multiple: 2, rows: 150",
+                "one numeric",
+            ),
+            ("mechanism: mst,", "mechanism: mst, dips_prior: 0.5,", "does not take dips_prior"),
+        ],
+    );
+    let out = dpflow().args(["run", p.to_str().unwrap(), "--release-id", "r1"]).output().unwrap();
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    let csv = std::fs::read_to_string(d.join("out/r1/glom.csv")).unwrap();
+    let mut lines = csv.lines();
+    assert_eq!(lines.next(), Some("g,k,x,_set"));
+    let rows: Vec<Vec<&str>> = lines.map(|l| l.split(',').collect()).collect();
+    assert_eq!(rows.len(), 300);
+    for r in &rows {
+        assert!(["a", "b", "c"].contains(&r[0]), "{r:?}");
+        let (k, x): (i64, i64) = (r[1].parse().unwrap(), r[2].parse().unwrap());
+        assert!((0..=4).contains(&k) && (0..=49).contains(&x), "{r:?}");
+    }
+}

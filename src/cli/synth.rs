@@ -120,7 +120,7 @@ pub struct SynthArgs {
     /// PrivBayes degree k.
     #[arg(long, default_value_t = 2)]
     pub degree: usize,
-    /// MODIPS's Dirichlet prior per cell (002 §4.1 uses 1/3, §4.3.1 uses 1/2).
+    /// MODIPS's Dirichlet prior per cell, modips and modips-glom (002 §4.1 uses 1/3, §4.3.1 uses 1/2).
     #[arg(long, default_value_t = 1.0 / 3.0)]
     pub dips_prior: f64,
     /// How laplace-sanitizer and perturbed-histogram turn their sanitized table into rows:

@@ -574,6 +574,7 @@ impl Pipeline {
                     missing,
                     multiple,
                     napsu,
+                    dips,
                 } => {
                     let is_napsu = *mechanism == crate::synth::run::Mechanism::NapsuMq;
                     // napsu-mq saves its noisy statistics (published with the release); the
@@ -600,6 +601,7 @@ impl Pipeline {
                             max_model_mb: *max_model_size,
                             multiple: *multiple,
                             napsu: napsu.clone(),
+                            dips: *dips,
                             ..Default::default()
                         },
                         decode: Default::default(),

@@ -164,6 +164,15 @@ struct RawSynth {
     /// NAPSU-MQ NUTS kept draws per chain (default 2000).
     #[serde(default)]
     nuts_draws: Option<u64>,
+    /// MODIPS's Dirichlet prior per cell (modips, modips-glom; default 1/3).
+    #[serde(default)]
+    dips_prior: Option<f64>,
+    /// laplace-sanitizer and perturbed-histogram: `sample` (default) or `round`.
+    #[serde(default)]
+    dips_generate: Option<crate::synth::dips::Generate>,
+    /// sequential-regression's ridge Λ (default 1).
+    #[serde(default)]
+    dips_ridge: Option<f64>,
 }
 
 fn one_set() -> usize {
@@ -237,6 +246,8 @@ pub enum Step {
         multiple: usize,
         /// NAPSU-MQ's inference settings.
         napsu: crate::synth::napsu::release::NapsuOptions,
+        /// The 002 synthesizers' settings.
+        dips: crate::synth::DipsOptions,
     },
     /// Estimates combined across a synthesize step's sets (post-processing:
     /// no budget of its own).
@@ -650,6 +661,64 @@ impl Pipeline {
                             "queries, inference and max_features are napsu-mq settings".into(),
                         ));
                     }
+                    let defaults = crate::synth::DipsOptions::default();
+                    let dips = crate::synth::DipsOptions {
+                        prior: x.dips_prior.unwrap_or(defaults.prior),
+                        generate: x.dips_generate.unwrap_or(defaults.generate),
+                        ridge: x.dips_ridge.unwrap_or(defaults.ridge),
+                    };
+                    {
+                        use crate::synth::run::Mechanism as M;
+                        let takes_prior = matches!(x.mechanism, M::Modips | M::ModipsGlom);
+                        let takes_generate = matches!(x.mechanism, M::LaplaceSanitizer | M::PerturbedHistogram);
+                        for (given, takes, field) in [
+                            (x.dips_prior.is_some(), takes_prior, "dips_prior"),
+                            (x.dips_generate.is_some(), takes_generate, "dips_generate"),
+                            (x.dips_ridge.is_some(), x.mechanism == M::SequentialRegression, "dips_ridge"),
+                        ] {
+                            if given && !takes {
+                                return Err(err(
+                                    l,
+                                    &key(&format!("synthesize.{field}")),
+                                    format!(
+                                        "{} does not take {field}: drop it",
+                                        x.mechanism.synthesizer(&Default::default()).name()
+                                    ),
+                                ));
+                            }
+                        }
+                    }
+                    if let Some(raw) = x.mechanism.raw() {
+                        // MODIPS over raw values: its public inputs, checked before the release is charged.
+                        use crate::synth::dips::DipsError as E;
+                        let epsilon = crate::synth::run::pure_epsilon(&b);
+                        crate::synth::dips::raw::check_public_raw(
+                            raw,
+                            &spec.domain,
+                            missing,
+                            epsilon,
+                            x.multiple,
+                            x.rows.unwrap_or(0),
+                            dips.prior,
+                            x.model_output.is_some(),
+                        )
+                        .map_err(|e| {
+                            let field = match e {
+                                E::ModelOut(_) => "synthesize.model_output",
+                                E::NoRows => "synthesize.rows",
+                                E::Missing(_) | E::NullableNumeric(_) => "synthesize.missing",
+                                E::Prior(_) => "synthesize.dips_prior",
+                                E::NoSets | E::EpsilonPerSet { .. } | E::TooManyCellSets { .. } => {
+                                    "synthesize.multiple"
+                                }
+                                E::TooManyCells { .. } | E::NormalColumns(_) | E::GlomColumns(_) | E::Bounds { .. } => {
+                                    "dataset.domain"
+                                }
+                                _ => "synthesize.budget",
+                            };
+                            err(l, &key(field), e.to_string())
+                        })?;
+                    }
                     if let Some(cells) = x.mechanism.cells() {
                         // The 002 synthesizers' public inputs, checked before the release is charged.
                         use crate::synth::dips::DipsError as E;
@@ -658,7 +727,8 @@ impl Pipeline {
                         let options = crate::synth::dips::CellOptions {
                             sets: x.multiple,
                             rows: x.rows.unwrap_or(0),
-                            ..Default::default()
+                            prior: dips.prior,
+                            generate: dips.generate,
                         };
                         let epsilon = crate::synth::run::pure_epsilon(&b);
                         let model_output = x.model_output.is_some();
@@ -667,6 +737,7 @@ impl Pipeline {
                                 let field = match e {
                                     E::ModelOut(_) => "synthesize.model_output",
                                     E::NoRows | E::PseudoCount { .. } => "synthesize.rows",
+                                    E::Prior(_) => "synthesize.dips_prior",
                                     E::NoSets | E::EpsilonPerSet { .. } | E::TooManyCellSets { .. } => {
                                         "synthesize.multiple"
                                     }
@@ -681,7 +752,7 @@ impl Pipeline {
                         let table = crate::synth::dips::release::table_domain(&spec.domain, missing)
                             .map_err(|e| err(l, &key("synthesize.missing"), e.to_string()))?;
                         let epsilon = crate::synth::run::pure_epsilon(&b);
-                        let ridge = crate::synth::DipsOptions::default().ridge;
+                        let ridge = dips.ridge;
                         crate::synth::dips::release::check_public_sequential(
                             &table,
                             epsilon,
@@ -694,6 +765,7 @@ impl Pipeline {
                             let field = match e {
                                 E::ModelOut(_) => "synthesize.model_output",
                                 E::NoRows => "synthesize.rows",
+                                E::Ridge(_) => "synthesize.dips_ridge",
                                 E::NoSets | E::EpsilonPerSet { .. } | E::TooManyCellSets { .. } => {
                                     "synthesize.multiple"
                                 }
@@ -718,6 +790,7 @@ impl Pipeline {
                         missing,
                         multiple: x.multiple,
                         napsu,
+                        dips,
                     }
                 }
                 RawStep::Analyze(x) => {

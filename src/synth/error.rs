@@ -238,6 +238,10 @@ pub enum SynthError {
     /// The OS random source.
     #[error(transparent)]
     Rng(#[from] getrandom_error::Error),
+    /// The raw read of a MODIPS model went wrong after protected data was
+    /// read (the cause is not reported: it could depend on the data).
+    #[error("reading the numeric columns failed")]
+    RawRead,
     /// `--multiple` out of range.
     #[error("--multiple must be between 1 and 10000 (the number of synthetic sets to write)")]
     NoSets,

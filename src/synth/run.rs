@@ -66,6 +66,14 @@ pub enum Mechanism {
     /// columns before it (needs --rows).
     #[serde(rename = "sequential-regression")]
     SequentialRegression,
+    /// 002 §4.2: MODIPS for one bounded numeric column, normal with unknown
+    /// mean and variance (needs --rows).
+    #[serde(rename = "modips-normal")]
+    ModipsNormal,
+    /// 002 §4.3.1: MODIPS with the general location model, two numeric
+    /// columns bivariate normal within the cells of the others (needs --rows).
+    #[serde(rename = "modips-glom")]
+    ModipsGlom,
 }
 
 impl Mechanism {
@@ -89,6 +97,9 @@ impl Mechanism {
             Mechanism::SequentialRegression => {
                 Box::new(super::dips::release::SequentialSynth { ridge: options.dips.ridge })
             }
+            Mechanism::ModipsNormal | Mechanism::ModipsGlom => {
+                Box::new(super::dips::release::RawSynth(self.raw().expect("a raw mechanism")))
+            }
         }
     }
 
@@ -106,6 +117,17 @@ impl Mechanism {
         match self {
             Mechanism::SequentialRegression => Some(T::SequentialRegression),
             other => other.cells().map(T::Cells),
+        }
+    }
+
+    /// The MODIPS model over raw numeric values behind a variant, if it is
+    /// one (`dpflow synth` runs these in [`super::dips::raw`]).
+    pub fn raw(&self) -> Option<super::dips::raw::RawMechanism> {
+        use super::dips::raw::RawMechanism as R;
+        match self {
+            Mechanism::ModipsNormal => Some(R::Normal),
+            Mechanism::ModipsGlom => Some(R::Glom),
+            _ => None,
         }
     }
 
@@ -704,6 +726,9 @@ pub async fn run_synth(ctx: &SessionContext, req: &SynthRequest, progress: &dyn 
     }
     if let Some(table) = req.mechanism.table() {
         return super::dips::release::run(ctx, req, table, progress).await;
+    }
+    if let Some(raw) = req.mechanism.raw() {
+        return super::dips::raw::run(ctx, req, raw, progress).await;
     }
     let synth = req.mechanism.synthesizer(&req.options);
     let budget = fit_share(&req.budget, synth.pure_dp())?;

@@ -127,48 +127,87 @@ pub fn modips_glom(
     accountant: &mut dyn Accountant,
     rng: &mut DpRng,
 ) -> Result<GlomRelease> {
-    spec.check(epsilon)?;
-    let kc = spec.bounds.len();
-    let eps = epsilon / spec.sets as f64 / 6.0;
-    let hmax = |j: usize| (0..kc).map(|k| spec.half(k)[j]).fold(0.0, f64::max);
-    let cross = (0..kc).map(|k| spec.half(k)[0] * spec.half(k)[1]).fold(0.0, f64::max);
-    let stat = |name: &str, bound: f64| GridSum::new(format!("modips-glom {name} per cell"), bound, eps, kc);
-    let mut stats = [
-        GridSum::count("modips-glom count per cell".into(), kc),
-        stat("sum(z1 − c1)", hmax(0)),
-        stat("sum(z2 − c2)", hmax(1)),
-        stat("sum((z1 − c1)²)", hmax(0).powi(2)),
-        stat("sum((z2 − c2)²)", hmax(1).powi(2)),
-        stat("sum((z1 − c1)(z2 − c2))", cross),
-    ];
-    for (&k, v) in cells.iter().zip(z) {
-        let k = k as usize;
-        if k >= kc || v[0].is_nan() || v[1].is_nan() {
-            continue;
+    let mut sums = GlomSums::new(spec, epsilon)?;
+    for (&k, &v) in cells.iter().zip(z) {
+        sums.add(spec, k, v);
+    }
+    let statistics = sums.release(spec, accountant, rng)?;
+    // Post-processing from here on.
+    let sets = statistics.iter().map(|s| draw_set(rng, spec, s)).collect();
+    Ok(GlomRelease { sets, statistics })
+}
+
+/// The six exact per-cell sums of a GLOM release, added row by row so that
+/// a caller can stream the data (protected: released only by
+/// [`GlomSums::release`]).
+pub struct GlomSums {
+    eps: f64,
+    stats: [GridSum; 6],
+}
+
+// The exact sums are protected: Debug never shows them.
+dpflow_udfs::protected_debug!(GlomSums);
+
+impl GlomSums {
+    /// Empty sums for `spec` at a total ε (checked: the public checks run here).
+    pub fn new(spec: &GlomSpec, epsilon: f64) -> Result<Self> {
+        spec.check(epsilon)?;
+        let kc = spec.bounds.len();
+        let eps = epsilon / spec.sets as f64 / 6.0;
+        let hmax = |j: usize| (0..kc).map(|k| spec.half(k)[j]).fold(0.0, f64::max);
+        let cross = (0..kc).map(|k| spec.half(k)[0] * spec.half(k)[1]).fold(0.0, f64::max);
+        let stat = |name: &str, bound: f64| GridSum::new(format!("modips-glom {name} per cell"), bound, eps, kc);
+        let stats = [
+            GridSum::count("modips-glom count per cell".into(), kc),
+            stat("sum(z1 − c1)", hmax(0)),
+            stat("sum(z2 − c2)", hmax(1)),
+            stat("sum((z1 − c1)²)", hmax(0).powi(2)),
+            stat("sum((z2 − c2)²)", hmax(1).powi(2)),
+            stat("sum((z1 − c1)(z2 − c2))", cross),
+        ];
+        Ok(Self { eps, stats })
+    }
+
+    /// Adds one row: its cell and z. A row whose cell is out of range or
+    /// whose z has a NaN is dropped (a row-wise, 1-stable map); z is
+    /// clamped into its cell's box.
+    pub fn add(&mut self, spec: &GlomSpec, cell: u32, v: [f64; 2]) {
+        let k = cell as usize;
+        if k >= spec.bounds.len() || v[0].is_nan() || v[1].is_nan() {
+            return;
         }
         let (c, b) = (spec.centre(k), &spec.bounds[k]);
         let d = [v[0].clamp(b[0].0, b[0].1) - c[0], v[1].clamp(b[1].0, b[1].1) - c[1]];
-        stats[0].add(k, 1.0);
-        stats[1].add(k, d[0]);
-        stats[2].add(k, d[1]);
-        stats[3].add(k, d[0] * d[0]);
-        stats[4].add(k, d[1] * d[1]);
-        stats[5].add(k, d[0] * d[1]);
+        let s = &mut self.stats;
+        s[0].add(k, 1.0);
+        s[1].add(k, d[0]);
+        s[2].add(k, d[1]);
+        s[3].add(k, d[0] * d[0]);
+        s[4].add(k, d[1] * d[1]);
+        s[5].add(k, d[0] * d[1]);
     }
-    let records: Vec<MechanismRecord> = (1..=spec.sets)
-        .flat_map(|set| stats.iter().map(move |s| (set, s)))
-        .map(|(set, s)| s.record(set, eps))
-        .collect();
-    accountant.charge(&records)?;
-    let mut release = GlomRelease { sets: Vec::with_capacity(spec.sets), statistics: Vec::new() };
-    for _ in 0..spec.sets {
-        let noisy: Vec<Vec<f64>> = stats.iter().map(|s| s.noisy(rng, eps)).collect();
-        // Post-processing from here on.
-        let st = statistics(spec, &noisy);
-        release.sets.push(draw_set(rng, spec, &st));
-        release.statistics.push(st);
+
+    /// Charges all m sets' releases at once (6m records of ε/(6m)), then
+    /// draws each set's noisy sums and turns them into its statistics.
+    pub fn release(
+        self,
+        spec: &GlomSpec,
+        accountant: &mut dyn Accountant,
+        rng: &mut DpRng,
+    ) -> Result<Vec<GlomStatistics>> {
+        let eps = self.eps;
+        let records: Vec<MechanismRecord> = (1..=spec.sets)
+            .flat_map(|set| self.stats.iter().map(move |s| (set, s)))
+            .map(|(set, s)| s.record(set, eps))
+            .collect();
+        accountant.charge(&records)?;
+        Ok((0..spec.sets)
+            .map(|_| {
+                let noisy: Vec<Vec<f64>> = self.stats.iter().map(|s| s.noisy(rng, eps)).collect();
+                statistics(spec, &noisy)
+            })
+            .collect())
     }
-    Ok(release)
 }
 
 /// The statistics from the six noisy per-cell sums (module docs).
@@ -196,29 +235,55 @@ pub fn statistics(spec: &GlomSpec, noisy: &[Vec<f64>]) -> GlomStatistics {
     GlomStatistics { counts, means, scatter: w }
 }
 
-/// (Σ, μ₁…μ_K, π) from the posterior given the statistics, then r rows.
+/// One draw of (π, μ₁…μ_K, Σ) from the posterior given a set's
+/// statistics (DP output: post-processing).
+#[derive(Debug, Clone, PartialEq)]
+pub struct GlomPosterior {
+    /// Cell probabilities π.
+    pub pi: Vec<f64>,
+    /// Cell means μ_k.
+    pub mu: Vec<[f64; 2]>,
+    /// The lower Cholesky factor (l₁₁, l₂₁, l₂₂) of Σ.
+    chol: [f64; 3],
+}
+
+impl GlomPosterior {
+    /// (Σ, μ₁…μ_K, π) drawn from the posterior given `s`.
+    pub fn draw(rng: &mut DpRng, spec: &GlomSpec, s: &GlomStatistics) -> Self {
+        let kc = spec.bounds.len();
+        let n: f64 = s.counts.iter().sum();
+        let nu = (n - kc as f64).max(3.0);
+        let sigma = inverse_wishart_2(rng, nu, s.scatter);
+        let chol = cholesky_2(sigma);
+        let pi = dirichlet_draw(rng, &s.counts, spec.prior);
+        let mu = (0..kc)
+            .map(|k| {
+                let nk = s.counts[k].max(1.0);
+                let e = gaussian_2(rng, chol);
+                [s.means[k][0] + e[0] / nk.sqrt(), s.means[k][1] + e[1] / nk.sqrt()]
+            })
+            .collect();
+        Self { pi, mu, chol }
+    }
+
+    /// One z ~ N(μ_k, Σ) in cell k, cut into the cell's box.
+    pub fn z(&self, rng: &mut DpRng, spec: &GlomSpec, k: usize) -> [f64; 2] {
+        let b = &spec.bounds[k];
+        let e = gaussian_2(rng, self.chol);
+        [(self.mu[k][0] + e[0]).clamp(b[0].0, b[0].1), (self.mu[k][1] + e[1]).clamp(b[1].0, b[1].1)]
+    }
+}
+
+/// (Σ, μ₁…μ_K, π) from the posterior given the statistics, then r rows
+/// (cells from a multinomial draw, in cell order).
 pub fn draw_set(rng: &mut DpRng, spec: &GlomSpec, s: &GlomStatistics) -> GlomSet {
-    let kc = spec.bounds.len();
-    let n: f64 = s.counts.iter().sum();
-    let nu = (n - kc as f64).max(3.0);
-    let sigma = inverse_wishart_2(rng, nu, s.scatter);
-    let chol = cholesky_2(sigma);
-    let pi = dirichlet_draw(rng, &s.counts, spec.prior);
-    let mu: Vec<[f64; 2]> = (0..kc)
-        .map(|k| {
-            let nk = s.counts[k].max(1.0);
-            let e = gaussian_2(rng, chol);
-            [s.means[k][0] + e[0] / nk.sqrt(), s.means[k][1] + e[1] / nk.sqrt()]
-        })
-        .collect();
-    let counts = multinomial(rng, &pi, spec.rows);
+    let post = GlomPosterior::draw(rng, spec, s);
+    let counts = multinomial(rng, &post.pi, spec.rows);
     let mut set = GlomSet { cells: Vec::with_capacity(spec.rows as usize), z: Vec::with_capacity(spec.rows as usize) };
     for (k, &c) in counts.iter().enumerate() {
-        let b = &spec.bounds[k];
         for _ in 0..c {
-            let e = gaussian_2(rng, chol);
             set.cells.push(k as u32);
-            set.z.push([(mu[k][0] + e[0]).clamp(b[0].0, b[0].1), (mu[k][1] + e[1]).clamp(b[1].0, b[1].1)]);
+            set.z.push(post.z(rng, spec, k));
         }
     }
     set

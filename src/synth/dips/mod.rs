@@ -10,6 +10,8 @@
 //!   proofs under dpflow's add/remove-one neighbours.
 //! - [`normal`]: MODIPS for a bounded normal attribute (002 §4.2).
 //! - [`glom`]: MODIPS with the general location model (002 §4.3.1).
+//! - [`raw`]: `dpflow synth` for the normal and general location models
+//!   (one streaming read of the raw numeric values).
 //! - [`sequential`]: the sequential regression synthesizer (002 §3.2.3,
 //!   §4.3.2) on the DP regressions of [`regression`].
 //! - [`exact`]: the exact integer samplers the sampling-based mechanisms
@@ -26,6 +28,7 @@ pub mod exact;
 pub mod glom;
 mod grid;
 pub mod normal;
+pub mod raw;
 pub mod regression;
 pub mod release;
 pub mod sequential;
@@ -179,6 +182,28 @@ pub enum DipsError {
     /// Data columns of different lengths.
     #[error("the data columns have different lengths: give one value per row in every column")]
     RaggedColumns,
+    /// modips-normal on a domain that is not one numeric column.
+    #[error(
+        "modips-normal models one numeric (integer or float) column, but the domain has: {0}. Give a domain file \
+         with just that column (for two numeric columns within categorical cells, use modips-glom)"
+    )]
+    NormalColumns(String),
+    /// modips-glom on a domain without exactly two numeric columns.
+    #[error(
+        "modips-glom models exactly two numeric (integer or float) columns as a bivariate normal within the cells of \
+         the categorical and boolean ones, but the domain's numeric columns are: {0}. Give a domain with two \
+         (bin any other numeric column as a categorical one)"
+    )]
+    GlomColumns(String),
+    /// A nullable numeric column under `--missing reproduce`.
+    #[error(
+        "{0} is nullable, but the normal models have no missing values: give --missing complete-row (rows with a \
+         null are left out and the record says so), or declare {0} not nullable"
+    )]
+    NullableNumeric(String),
+    /// A MODIPS model that reads raw values behind the model interface.
+    #[error("{0} reads raw numeric values: run it with `dpflow synth` or a pipeline synthesize step")]
+    RawValues(&'static str),
     /// The accountant refused a charge.
     #[error(transparent)]
     Charge(#[from] crate::measure::MeasureError),

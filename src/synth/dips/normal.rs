@@ -103,43 +103,90 @@ pub fn modips_normal(
     accountant: &mut dyn Accountant,
     rng: &mut DpRng,
 ) -> Result<NormalRelease> {
-    spec.check(epsilon)?;
-    let (lo, hi) = (spec.lo, spec.hi);
-    let h = 0.5 * (hi - lo);
-    let c = lo + h;
-    let parts = if spec.public_n.is_some() { 2.0 } else { 3.0 };
-    let eps = epsilon / spec.sets as f64 / parts;
-    // Exact grid sums ([`super::grid`]); a NaN row is dropped from every
-    // statistic (a row-wise, 1-stable map).
-    let name = &spec.column;
-    let mut sum = GridSum::new(format!("modips sum({name} − {c})"), h, eps, 1);
-    let mut squares = GridSum::new(format!("modips sum(({name} − {c})²)"), h * h, eps, 1);
-    let mut count = spec.public_n.is_none().then(|| GridSum::count(format!("modips count({name})"), 1));
-    for &x in values.iter().filter(|x| !x.is_nan()) {
-        let d = x.clamp(lo, hi) - c;
-        sum.add(0, d);
-        squares.add(0, d * d);
-        if let Some(n) = &mut count {
+    let mut sums = NormalSums::new(spec, epsilon)?;
+    values.iter().for_each(|&x| sums.add(x));
+    let statistics = sums.release(spec, accountant, rng)?;
+    // Post-processing from here on.
+    let sets = statistics.iter().map(|s| draw_set(rng, s, spec.lo, spec.hi, spec.rows)).collect();
+    Ok(NormalRelease { sets, statistics })
+}
+
+/// The exact centred sums (and count) of a normal MODIPS release, added
+/// value by value so that a caller can stream the data (protected:
+/// released only by [`NormalSums::release`]).
+pub struct NormalSums {
+    eps: f64,
+    lo: f64,
+    hi: f64,
+    centre: f64,
+    sum: GridSum,
+    squares: GridSum,
+    count: Option<GridSum>,
+}
+
+// The exact sums are protected: Debug never shows them.
+dpflow_udfs::protected_debug!(NormalSums);
+
+impl NormalSums {
+    /// Empty sums for `spec` at a total ε (the public checks run here).
+    pub fn new(spec: &NormalSpec, epsilon: f64) -> Result<Self> {
+        spec.check(epsilon)?;
+        let (lo, hi) = (spec.lo, spec.hi);
+        let h = 0.5 * (hi - lo);
+        let c = lo + h;
+        let parts = if spec.public_n.is_some() { 2.0 } else { 3.0 };
+        let eps = epsilon / spec.sets as f64 / parts;
+        // Exact grid sums ([`super::grid`]).
+        let name = &spec.column;
+        Ok(Self {
+            eps,
+            lo,
+            hi,
+            centre: c,
+            sum: GridSum::new(format!("modips sum({name} − {c})"), h, eps, 1),
+            squares: GridSum::new(format!("modips sum(({name} − {c})²)"), h * h, eps, 1),
+            count: spec.public_n.is_none().then(|| GridSum::count(format!("modips count({name})"), 1)),
+        })
+    }
+
+    /// Adds one value, clamped to the bounds; a NaN is dropped from every
+    /// statistic (a row-wise, 1-stable map).
+    pub fn add(&mut self, x: f64) {
+        if x.is_nan() {
+            return;
+        }
+        let d = x.clamp(self.lo, self.hi) - self.centre;
+        self.sum.add(0, d);
+        self.squares.add(0, d * d);
+        if let Some(n) = &mut self.count {
             n.add(0, 1.0);
         }
     }
-    // Every set's charge at once, before any draw.
-    let stats: Vec<&GridSum> = [Some(&sum), Some(&squares), count.as_ref()].into_iter().flatten().collect();
-    let records: Vec<MechanismRecord> =
-        (1..=spec.sets).flat_map(|set| stats.iter().map(move |s| s.record(set, eps))).collect();
-    accountant.charge(&records)?;
-    let mut release = NormalRelease { sets: Vec::with_capacity(spec.sets), statistics: Vec::new() };
-    for _ in 0..spec.sets {
-        let s1 = sum.noisy(rng, eps)[0];
-        let s2 = squares.noisy(rng, eps)[0];
-        // Without a count the declared public n is used.
-        let n = count.as_ref().map_or(spec.public_n.unwrap_or(0) as f64, |n| n.noisy(rng, eps)[0]);
-        // Post-processing from here on.
-        let stats = statistics(n, s1, s2, lo, hi);
-        release.sets.push(draw_set(rng, &stats, lo, hi, spec.rows));
-        release.statistics.push(stats);
+
+    /// Charges all m sets' releases at once, then draws each set's noisy
+    /// sums and turns them into its statistics.
+    pub fn release(
+        self,
+        spec: &NormalSpec,
+        accountant: &mut dyn Accountant,
+        rng: &mut DpRng,
+    ) -> Result<Vec<NormalStatistics>> {
+        let eps = self.eps;
+        let stats: Vec<&GridSum> =
+            [Some(&self.sum), Some(&self.squares), self.count.as_ref()].into_iter().flatten().collect();
+        let records: Vec<MechanismRecord> =
+            (1..=spec.sets).flat_map(|set| stats.iter().map(move |s| s.record(set, eps))).collect();
+        accountant.charge(&records)?;
+        Ok((0..spec.sets)
+            .map(|_| {
+                let s1 = self.sum.noisy(rng, eps)[0];
+                let s2 = self.squares.noisy(rng, eps)[0];
+                // Without a count the declared public n is used.
+                let n = self.count.as_ref().map_or(spec.public_n.unwrap_or(0) as f64, |n| n.noisy(rng, eps)[0]);
+                statistics(n, s1, s2, self.lo, self.hi)
+            })
+            .collect())
     }
-    Ok(release)
 }
 
 /// x̄*, S²* and n* from the noisy sums, cut into their ranges (module docs).

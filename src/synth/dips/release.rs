@@ -233,20 +233,8 @@ pub(crate) async fn run(
         Ok::<_, SynthError>((accountant, written, seconds))
     }
     .await;
-    let (accountant, written, seconds) = match released {
-        Ok(x) => x,
-        Err(e) => {
-            let ledger = ledger_state.as_ref().map(|(l, id)| (l, *id));
-            return Err(crate::privacy::charge_failure("synthesis run", ledger, e));
-        }
-    };
-    let mut ledger_charge = None;
-    if let Some((l, id)) = ledger_state {
-        l.commit(id)?;
-        ledger_charge = Some(id);
-    }
+    let (accountant, written, seconds) = settle(ledger_state.as_ref(), released)?;
     let m = req.options.multiple;
-    let spent = accountant.filter().spent_amount();
     let mut notes = vec![format!(
         "{}: the full cross-tabulation of {} columns ({cells} cells), ε = {epsilon} over {m} set(s) (ε/m each), \
          add/remove-one neighbours",
@@ -263,9 +251,49 @@ pub(crate) async fn run(
     if !mechanism.noise_aware() && m > 1 {
         notes.push(format!("{}: every set is drawn with its own ε/m; 002 releases one set", mechanism.name()));
     }
+    let done = Released { accountant, written, seconds, notes };
+    record(ctx, req, ledger_state, mechanism.name(), mechanism.noise_aware(), epsilon, done).await
+}
+
+/// What a 002 run produced, for its record.
+pub(crate) struct Released {
+    /// The run's charges.
+    pub accountant: ReleaseAccountant,
+    /// Rows written per set.
+    pub written: u64,
+    /// Timings.
+    pub seconds: TimingRecord,
+    /// Notes for the record.
+    pub notes: Vec<String>,
+}
+
+/// A 002 run's outcome after the protected read: a failure is charged
+/// (the ledger's `failed`) and reported without its cause.
+pub(crate) fn settle<T>(ledger_state: Option<&(crate::privacy::Ledger, i64)>, released: Result<T>) -> Result<T> {
+    released.map_err(|e| crate::privacy::charge_failure("synthesis run", ledger_state.map(|(l, id)| (l, *id)), e))
+}
+
+/// Commits the ledger charge and writes the release record of a 002 run
+/// of `name` at pure ε.
+pub(crate) async fn record(
+    ctx: &SessionContext,
+    req: &SynthRequest,
+    ledger_state: Option<(crate::privacy::Ledger, i64)>,
+    name: &str,
+    noise_aware: bool,
+    epsilon: f64,
+    done: Released,
+) -> Result<SynthRecord> {
+    let mut ledger_charge = None;
+    if let Some((l, id)) = ledger_state {
+        l.commit(id)?;
+        ledger_charge = Some(id);
+    }
+    let m = req.options.multiple;
+    let spent = done.accountant.filter().spent_amount();
     let record = SynthRecord {
         dpflow_version: env!("CARGO_PKG_VERSION").into(),
-        mechanism: mechanism.name().into(),
+        mechanism: name.into(),
         dataset: req.dataset.name.clone(),
         budget: req.budget,
         rho: epsilon * epsilon / 2.0,
@@ -277,17 +305,17 @@ pub(crate) async fn run(
         amplification_note: req
             .amplification
             .as_ref()
-            .map(|_| format!("{}: MCAR amplification is not computed for this mechanism", mechanism.name())),
+            .map(|_| format!("{name}: MCAR amplification is not computed for this mechanism")),
         workload: req.workload.clone(),
-        rows: written,
-        mechanisms: accountant.into_records(),
-        fit: FitMetadata { notes, ..Default::default() },
+        rows: done.written,
+        mechanisms: done.accountant.into_records(),
+        fit: FitMetadata { notes: done.notes, ..Default::default() },
         outputs: vec![req.out.clone()],
-        seconds,
+        seconds: done.seconds,
         unsafe_seed: req.unsafe_seed,
         ledger_charge,
         multiple: (m > 1).then_some(m),
-        noise_aware: (m > 1).then_some(mechanism.noise_aware()),
+        noise_aware: (m > 1).then_some(noise_aware),
         set_column: (m > 1).then(|| SET_COLUMN.to_string()),
         napsu: None,
     };
@@ -306,23 +334,10 @@ pub(crate) fn count_stream(
     mut rng: DpRng,
 ) -> SendableRecordBatchStream {
     let schema = decoded_schema(&domain);
-    let mut left: u128 = counts.iter().map(|&c| c as u128).sum();
-    let mut tree = Fenwick::new(&counts.iter().map(|&c| c as u128).collect::<Vec<_>>());
+    let mut cells = CellShuffle::new(&counts);
     let batches = std::iter::from_fn(move || {
-        if left == 0 {
-            return None;
-        }
-        let rows = (left.min(BATCH as u128)) as usize;
-        let mut codes: Vec<Vec<u32>> = vec![Vec::with_capacity(rows); sizes.len()];
-        for _ in 0..rows {
-            let mut k = tree.find(uniform_below_u128(&mut rng, left));
-            tree.sub(k, 1);
-            left -= 1;
-            for (d, &s) in sizes.iter().enumerate().rev() {
-                codes[d].push((k % s) as u32);
-                k /= s;
-            }
-        }
+        let batch = cells.next_batch(&mut rng)?;
+        let codes = split_cells(&batch, &sizes);
         let refs: Vec<&[u32]> = codes.iter().map(|c| c.as_slice()).collect();
         Some(
             decode_columns(&domain, &refs, decode, &mut rng)
@@ -330,6 +345,52 @@ pub(crate) fn count_stream(
         )
     });
     Box::pin(RecordBatchStreamAdapter::new(Arc::clone(&schema), futures::stream::iter(batches)))
+}
+
+/// Cell indices of rows drawn without replacement from cell counts: every
+/// order of the rows equally likely, in batches.
+pub(crate) struct CellShuffle {
+    tree: Fenwick,
+    left: u128,
+}
+
+impl CellShuffle {
+    /// The rows of `counts` (counts[k] rows in cell k).
+    pub(crate) fn new(counts: &[u64]) -> Self {
+        let left = counts.iter().map(|&c| c as u128).sum();
+        Self { tree: Fenwick::new(&counts.iter().map(|&c| c as u128).collect::<Vec<_>>()), left }
+    }
+
+    /// The cells of the next batch of at most [`BATCH`] rows; `None` when
+    /// every row has been drawn.
+    pub(crate) fn next_batch(&mut self, rng: &mut DpRng) -> Option<Vec<usize>> {
+        if self.left == 0 {
+            return None;
+        }
+        let rows = (self.left.min(BATCH as u128)) as usize;
+        let mut out = Vec::with_capacity(rows);
+        for _ in 0..rows {
+            let k = self.tree.find(uniform_below_u128(rng, self.left));
+            self.tree.sub(k, 1);
+            self.left -= 1;
+            out.push(k);
+        }
+        Some(out)
+    }
+}
+
+/// Each column's codes of row-major cell indices over `sizes` (the last
+/// column fastest).
+pub(crate) fn split_cells(cells: &[usize], sizes: &[usize]) -> Vec<Vec<u32>> {
+    let mut codes: Vec<Vec<u32>> = vec![Vec::with_capacity(cells.len()); sizes.len()];
+    for &cell in cells {
+        let mut k = cell;
+        for (d, &s) in sizes.iter().enumerate().rev() {
+            codes[d].push((k % s) as u32);
+            k /= s;
+        }
+    }
+    codes
 }
 
 /// A 002 cell synthesizer behind the [`crate::synth::Synthesizer`]
@@ -392,6 +453,32 @@ fn one_clique(sizes: &[usize], table: &[f64], total: f64) -> crate::synth::Fitte
         model.potentials[0].values = table.iter().map(|&c| if c > 0.0 { c.ln() } else { -1e300 }).collect();
     }
     crate::synth::Fitted { model, compression: None, metadata: FitMetadata::default() }
+}
+
+/// The MODIPS models over raw numeric values behind the
+/// [`crate::synth::Synthesizer`] interface, which hands a fit marginals of
+/// binned codes only: the fit refuses, before any charge. `dpflow synth`
+/// and pipelines run them through [`super::raw`].
+#[derive(Debug, Clone, Copy)]
+pub struct RawSynth(pub super::raw::RawMechanism);
+
+impl crate::synth::Synthesizer for RawSynth {
+    fn name(&self) -> &'static str {
+        self.0.name()
+    }
+
+    fn required_marginals(&self, _domain: &Domain, _workload: &crate::synth::Workload) -> Vec<Vec<usize>> {
+        vec![]
+    }
+
+    #[allow(private_interfaces)]
+    fn fit(&self, _ctx: &mut crate::synth::FitContext<'_>) -> Result<crate::synth::Fitted> {
+        Err(DipsError::RawValues(self.0.name()).into())
+    }
+
+    fn pure_dp(&self) -> bool {
+        true
+    }
 }
 
 /// The sequential regression synthesizer behind the
