@@ -943,11 +943,25 @@ fn a_sequential_regression_step_runs_and_is_checked_at_load() {
         &[
             ("multiple: 2, rows: 150,", "multiple: 2,", "rows"),
             ("output: seq.parquet}", "output: seq.parquet, model_output: m.json}", "model"),
+            ("rows: 150,", "rows: 150, dips_ridge: 1.0e13,", "ridge"),
+            ("rows: 150,", "rows: 150, dips_numeric: linear, missing: adaptive,", "complete-row"),
         ],
     );
     let out = dpflow().args(["run", p.to_str().unwrap(), "--release-id", "r1"]).output().unwrap();
     assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
     assert!(d.join("out/r1/seq.parquet").exists());
+    // Over rows, k and x are linear regressions on their raw values: integers in their bounds.
+    let linear = text.replace("rows: 150,", "rows: 150, dips_numeric: linear,").replace("seq.parquet", "seq.csv");
+    std::fs::write(&p, linear).unwrap();
+    let out = dpflow().args(["run", p.to_str().unwrap(), "--release-id", "r2"]).output().unwrap();
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    let csv = std::fs::read_to_string(d.join("out/r2/seq.csv")).unwrap();
+    let rows: Vec<Vec<&str>> = csv.lines().skip(1).map(|l| l.split(',').collect()).collect();
+    assert_eq!(rows.len(), 300);
+    for r in &rows {
+        let (k, x): (i64, i64) = (r[1].parse().unwrap(), r[2].parse().unwrap());
+        assert!((0..=4).contains(&k) && (0..=49).contains(&x), "{r:?}");
+    }
 }
 
 /// A modips-glom step (002 §4.3.1: k and x bivariate normal within the

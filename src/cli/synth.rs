@@ -132,6 +132,11 @@ pub struct SynthArgs {
     /// design: the noise scale is ∝ 1/Λ and the shrinkage toward independence grows with Λ.
     #[arg(long, default_value_t = 1.0)]
     pub dips_ridge: f64,
+    /// sequential-regression's numeric columns: `bins` models them as categorical over the
+    /// domain's bins (over the table: memory ∝ cells); `linear` as linear regressions on the raw
+    /// values (over rows: memory ∝ rows; needs --missing complete-row for a nullable one).
+    #[arg(long, value_enum, default_value = "bins")]
+    pub dips_numeric: dpflow::synth::dips::sequential::NumericModel,
     /// Declared missingness mechanism of the input; with --missing-rates, the release
     /// record reports the ground-truth ε̄ under MCAR (000 §5.2); refused for mar/mnar.
     #[arg(long, value_enum)]
@@ -243,7 +248,12 @@ pub(super) async fn run(a: SynthArgs) -> Result<i32> {
             degree: a.degree,
             multiple: a.multiple,
             napsu: napsu_options(&a),
-            dips: dpflow::synth::DipsOptions { prior: a.dips_prior, generate: a.dips_generate, ridge: a.dips_ridge },
+            dips: dpflow::synth::DipsOptions {
+                prior: a.dips_prior,
+                generate: a.dips_generate,
+                ridge: a.dips_ridge,
+                numeric: a.dips_numeric,
+            },
         },
         decode: if a.midpoints { DecodeMode::Midpoint } else { DecodeMode::Uniform },
         missing: a.missing,

@@ -173,6 +173,9 @@ struct RawSynth {
     /// sequential-regression's ridge Λ (default 1).
     #[serde(default)]
     dips_ridge: Option<f64>,
+    /// sequential-regression's numeric columns: `bins` (default) or `linear`.
+    #[serde(default)]
+    dips_numeric: Option<crate::synth::dips::sequential::NumericModel>,
 }
 
 fn one_set() -> usize {
@@ -666,6 +669,7 @@ impl Pipeline {
                         prior: x.dips_prior.unwrap_or(defaults.prior),
                         generate: x.dips_generate.unwrap_or(defaults.generate),
                         ridge: x.dips_ridge.unwrap_or(defaults.ridge),
+                        numeric: x.dips_numeric.unwrap_or(defaults.numeric),
                     };
                     {
                         use crate::synth::run::Mechanism as M;
@@ -675,6 +679,7 @@ impl Pipeline {
                             (x.dips_prior.is_some(), takes_prior, "dips_prior"),
                             (x.dips_generate.is_some(), takes_generate, "dips_generate"),
                             (x.dips_ridge.is_some(), x.mechanism == M::SequentialRegression, "dips_ridge"),
+                            (x.dips_numeric.is_some(), x.mechanism == M::SequentialRegression, "dips_numeric"),
                         ] {
                             if given && !takes {
                                 return Err(err(
@@ -688,7 +693,7 @@ impl Pipeline {
                             }
                         }
                     }
-                    if let Some(raw) = x.mechanism.raw() {
+                    if let Some(raw) = crate::synth::dips::raw::raw_mechanism(x.mechanism, &dips) {
                         // MODIPS over raw values: its public inputs, checked before the release is charged.
                         use crate::synth::dips::DipsError as E;
                         let epsilon = crate::synth::run::pure_epsilon(&b);
@@ -699,7 +704,7 @@ impl Pipeline {
                             epsilon,
                             x.multiple,
                             x.rows.unwrap_or(0),
-                            dips.prior,
+                            &dips,
                             x.model_output.is_some(),
                         )
                         .map_err(|e| {
@@ -708,12 +713,16 @@ impl Pipeline {
                                 E::NoRows => "synthesize.rows",
                                 E::Missing(_) | E::NullableNumeric(_) => "synthesize.missing",
                                 E::Prior(_) => "synthesize.dips_prior",
+                                E::Ridge(_) => "synthesize.dips_ridge",
                                 E::NoSets | E::EpsilonPerSet { .. } | E::TooManyCellSets { .. } => {
                                     "synthesize.multiple"
                                 }
-                                E::TooManyCells { .. } | E::NormalColumns(_) | E::GlomColumns(_) | E::Bounds { .. } => {
-                                    "dataset.domain"
-                                }
+                                E::TooManyCells { .. }
+                                | E::NormalColumns(_)
+                                | E::GlomColumns(_)
+                                | E::Bounds { .. }
+                                | E::TooManyParameters { .. }
+                                | E::Levels { .. } => "dataset.domain",
                                 _ => "synthesize.budget",
                             };
                             err(l, &key(field), e.to_string())
@@ -746,7 +755,9 @@ impl Pipeline {
                                 };
                                 err(l, &key(field), e.to_string())
                             })?;
-                    } else if x.mechanism == crate::synth::run::Mechanism::SequentialRegression {
+                    } else if x.mechanism == crate::synth::run::Mechanism::SequentialRegression
+                        && dips.numeric == crate::synth::dips::sequential::NumericModel::Bins
+                    {
                         // Its public inputs, checked before the release is charged (default ridge).
                         use crate::synth::dips::DipsError as E;
                         let table = crate::synth::dips::release::table_domain(&spec.domain, missing)

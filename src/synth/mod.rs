@@ -97,11 +97,13 @@ pub struct DipsOptions {
     pub generate: dips::Generate,
     /// sequential-regression's ridge Λ (`dips::regression`: noise ∝ 1/Λ).
     pub ridge: f64,
+    /// sequential-regression's model of numeric columns.
+    pub numeric: dips::sequential::NumericModel,
 }
 
 impl Default for DipsOptions {
     fn default() -> Self {
-        Self { prior: 1.0 / 3.0, generate: dips::Generate::Sample, ridge: 1.0 }
+        Self { prior: 1.0 / 3.0, generate: dips::Generate::Sample, ridge: 1.0, numeric: Default::default() }
     }
 }
 

@@ -724,11 +724,11 @@ pub async fn run_synth(ctx: &SessionContext, req: &SynthRequest, progress: &dyn 
     if req.mechanism == Mechanism::NapsuMq {
         return super::napsu::synthesize::run(ctx, req, progress).await;
     }
+    if let Some(raw) = super::dips::raw::raw_mechanism(req.mechanism, &req.options.dips) {
+        return super::dips::raw::run(ctx, req, raw, progress).await;
+    }
     if let Some(table) = req.mechanism.table() {
         return super::dips::release::run(ctx, req, table, progress).await;
-    }
-    if let Some(raw) = req.mechanism.raw() {
-        return super::dips::raw::run(ctx, req, raw, progress).await;
     }
     let synth = req.mechanism.synthesizer(&req.options);
     let budget = fit_share(&req.budget, synth.pure_dp())?;

@@ -15,7 +15,7 @@
 //!
 //! **The read.** The data are typed through the domain (aliases, null
 //! tokens, out-of-domain policies) in one streaming pass; each row adds to
-//! exact grid sums ([`super::grid`]) and nothing else is kept, so memory is
+//! exact grid sums (module `grid`) and nothing else is kept, so memory is
 //! ∝ cells, not rows. Privacy is the modules' own proofs (add/remove-one
 //! neighbours, ε/m per set, split equally over the sanitized statistics),
 //! charged in full in the ledger before the read.
@@ -45,16 +45,17 @@ use super::cells::multinomial;
 use super::glom::{GlomPosterior, GlomSpec, GlomSums};
 use super::normal::{NormalSpec, NormalSums, posterior_draw};
 use super::release::{
-    CellShuffle, MAX_CELLS, MAX_CELLS_TIMES_SETS, Released, record, settle, split_cells, table_domain,
+    BATCH, CellShuffle, MAX_CELLS, MAX_CELLS_TIMES_SETS, Released, record, settle, split_cells, table_domain,
 };
+use super::sequential::{NumericModel, SeqColumn, SequentialSpec, sequential_regression};
 use crate::domain::Domain;
 use crate::measure::ReleaseAccountant;
 use crate::missing::Strategy;
 use crate::privacy::{PrivacyFilter, Share};
 use crate::synth::run::{SynthRecord, SynthRequest, TimingRecord, budget_check, reserve, write_streams};
-use crate::synth::{Result, SynthError};
+use crate::synth::{DipsOptions, Result, SynthError};
 
-/// A MODIPS model over raw numeric values.
+/// A 002 model over raw numeric values.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum RawMechanism {
     /// One bounded normal column (002 §4.2).
@@ -62,6 +63,10 @@ pub enum RawMechanism {
     /// Two numeric columns, bivariate normal within the cells of the others
     /// (002 §4.3.1).
     Glom,
+    /// The sequential regression synthesizer over rows (002 §3.2.3):
+    /// numeric columns are linear regressions on the raw values
+    /// ([`super::sequential::sequential_regression`]).
+    Sequential,
 }
 
 impl RawMechanism {
@@ -70,7 +75,19 @@ impl RawMechanism {
         match self {
             RawMechanism::Normal => "modips-normal",
             RawMechanism::Glom => "modips-glom",
+            RawMechanism::Sequential => "sequential-regression",
         }
+    }
+}
+
+/// The raw-value model a mechanism runs as under `options`, if any:
+/// modips-normal, modips-glom, and sequential-regression with
+/// `--dips-numeric linear`.
+pub fn raw_mechanism(mechanism: crate::synth::run::Mechanism, options: &DipsOptions) -> Option<RawMechanism> {
+    use crate::synth::run::Mechanism as M;
+    match mechanism {
+        M::SequentialRegression if options.numeric == NumericModel::Linear => Some(RawMechanism::Sequential),
+        other => other.raw(),
     }
 }
 
@@ -103,30 +120,31 @@ pub fn check_public_raw(
     epsilon: f64,
     sets: usize,
     rows: u64,
-    prior: f64,
+    options: &DipsOptions,
     model_out: bool,
 ) -> Result<RawTable, DipsError> {
     let table = table_domain(domain, missing)?;
     let numeric: Vec<usize> =
         (0..table.columns().len()).filter(|&i| table.columns()[i].numeric_bounds().is_some()).collect();
     let named = |idx: &[usize]| idx.iter().map(|&i| table.columns()[i].name.clone()).collect::<Vec<_>>().join(", ");
-    let want = match mechanism {
-        RawMechanism::Normal => 1,
-        RawMechanism::Glom => 2,
-    };
-    if numeric.len() != want || (mechanism == RawMechanism::Normal && table.columns().len() != 1) {
-        let all: Vec<usize> = (0..table.columns().len()).collect();
-        return Err(match mechanism {
-            RawMechanism::Normal => DipsError::NormalColumns(named(&all)),
-            RawMechanism::Glom => DipsError::GlomColumns(named(&numeric)),
-        });
+    let all: Vec<usize> = (0..table.columns().len()).collect();
+    match mechanism {
+        RawMechanism::Normal if numeric.len() != 1 || all.len() != 1 => {
+            return Err(DipsError::NormalColumns(named(&all)));
+        }
+        RawMechanism::Glom if numeric.len() != 2 => return Err(DipsError::GlomColumns(named(&numeric))),
+        _ => {}
     }
     if let Some(&i) = numeric.iter().find(|&&i| table.columns()[i].nullable) {
         return Err(DipsError::NullableNumeric(table.columns()[i].name.clone()));
     }
     let cells_of: Vec<usize> = (0..table.columns().len()).filter(|i| !numeric.contains(i)).collect();
     let sizes: Vec<usize> = cells_of.iter().map(|&i| table.columns()[i].cardinality()).collect();
-    let cells = sizes.iter().try_fold(1usize, |a, &s| a.checked_mul(s)).filter(|&c| c <= MAX_CELLS);
+    // The sequence has no table: its cells are not counted.
+    let cells = match mechanism {
+        RawMechanism::Sequential => Some(0),
+        _ => sizes.iter().try_fold(1usize, |a, &s| a.checked_mul(s)).filter(|&c| c <= MAX_CELLS),
+    };
     let Some(cells) = cells else {
         let shown = sizes.iter().map(|&s| s as f64).product::<f64>();
         return Err(DipsError::TooManyCells { cells: shown, max: MAX_CELLS });
@@ -139,7 +157,8 @@ pub fn check_public_raw(
     let layout = RawTable { domain: table, numeric, cells_of, sizes, cells, bounds };
     match mechanism {
         RawMechanism::Normal => normal_spec(&layout, sets, rows).check(epsilon)?,
-        RawMechanism::Glom => glom_spec(&layout, sets, rows, prior).check(epsilon)?,
+        RawMechanism::Glom => glom_spec(&layout, sets, rows, options.prior).check(epsilon)?,
+        RawMechanism::Sequential => sequential_spec(&layout, sets, rows, options.ridge).check(epsilon)?,
     }
     if model_out {
         return Err(DipsError::ModelOut(mechanism.name()));
@@ -156,10 +175,28 @@ fn glom_spec(t: &RawTable, sets: usize, rows: u64, prior: f64) -> GlomSpec {
     GlomSpec { bounds: vec![[t.bounds[0], t.bounds[1]]; t.cells], sets, rows, prior }
 }
 
-/// The exact statistics of either model (protected).
+fn sequential_spec(t: &RawTable, sets: usize, rows: u64, ridge: f64) -> SequentialSpec {
+    let columns = t
+        .domain
+        .columns()
+        .iter()
+        .map(|c| match c.numeric_bounds() {
+            Some((lo, hi)) => SeqColumn::Numeric { name: c.name.clone(), lo, hi },
+            None => SeqColumn::Categorical {
+                name: c.name.clone(),
+                levels: u32::try_from(c.cardinality()).unwrap_or(u32::MAX),
+            },
+        })
+        .collect();
+    SequentialSpec { columns, sets, rows, ridge, linear_ridge: 1.0 }
+}
+
+/// The exact statistics of a model (protected): sums, or the rows.
 enum Sums {
     Normal(NormalSums, NormalSpec),
     Glom(GlomSums, GlomSpec),
+    /// Column-major rows in the domain's order (codes as f64).
+    Rows(Vec<Vec<f64>>, SequentialSpec),
 }
 
 /// Runs `mechanism` for `req` (the caller has checked the budget and `--multiple`).
@@ -174,17 +211,11 @@ pub(crate) async fn run(
     // Every public input is checked before anything is charged or read.
     let sets = req.options.multiple;
     let rows = req.rows.unwrap_or(0);
-    let prior = req.options.dips.prior;
-    let layout = check_public_raw(
-        mechanism,
-        req.dataset.domain(),
-        req.missing,
-        epsilon,
-        sets,
-        rows,
-        prior,
-        req.model_out.is_some(),
-    )?;
+    let options = &req.options.dips;
+    let prior = options.prior;
+    let model_out = req.model_out.is_some();
+    let layout =
+        check_public_raw(mechanism, req.dataset.domain(), req.missing, epsilon, sets, rows, options, model_out)?;
     let na_rules = crate::synth::structure::rules(&layout.domain)?;
     let mut sums = match mechanism {
         RawMechanism::Normal => {
@@ -195,6 +226,10 @@ pub(crate) async fn run(
             let spec = glom_spec(&layout, sets, rows, prior);
             Sums::Glom(GlomSums::new(&spec, epsilon)?, spec)
         }
+        RawMechanism::Sequential => Sums::Rows(
+            vec![Vec::new(); layout.domain.columns().len()],
+            sequential_spec(&layout, sets, rows, options.ridge),
+        ),
     };
     if req.unsafe_seed.is_some() && req.ledger.is_some() {
         return Err(SynthError::UnsafeSeed);
@@ -210,9 +245,21 @@ pub(crate) async fn run(
     let released = async {
         let t0 = Instant::now();
         let complete = req.missing == Strategy::CompleteRow;
-        read_rows(ctx, req, &layout, complete, |cell, z| match &mut sums {
+        let strides = strides(&layout.sizes);
+        read_rows(ctx, req, &layout, complete, |codes, z| match &mut sums {
             Sums::Normal(s, _) => s.add(z[0]),
-            Sums::Glom(s, spec) => s.add(spec, cell, [z[0], z[1]]),
+            Sums::Glom(s, spec) => {
+                let cell = codes.iter().zip(&strides).map(|(c, s)| c * s).sum();
+                s.add(spec, cell, [z[0], z[1]]);
+            }
+            Sums::Rows(columns, _) => {
+                for (&i, &c) in layout.cells_of.iter().zip(codes) {
+                    columns[i].push(f64::from(c));
+                }
+                for (&i, &v) in layout.numeric.iter().zip(z) {
+                    columns[i].push(v);
+                }
+            }
         })
         .await?;
         let t_read = t0.elapsed().as_secs_f64();
@@ -227,6 +274,14 @@ pub(crate) async fn run(
                     let set_rng = DpRng::new(req.unsafe_seed.map(|_| rand::Rng::next_u64(&mut rng)))?;
                     let draw = Draw::Normal { mu, sd: var.sqrt(), lo: spec.lo, hi: spec.hi };
                     streams.push(set_stream(&layout, draw, vec![rows], set_rng));
+                }
+            }
+            Sums::Rows(columns, spec) => {
+                let release = sequential_regression(&columns, &spec, epsilon, &mut accountant, &mut rng)?;
+                drop(columns);
+                for set in release.sets {
+                    let set_rng = DpRng::new(req.unsafe_seed.map(|_| rand::Rng::next_u64(&mut rng)))?;
+                    streams.push(rows_stream(&layout, set, set_rng));
                 }
             }
             Sums::Glom(s, spec) => {
@@ -265,6 +320,15 @@ pub(crate) async fn run(
             layout.cells,
             names(&layout.cells_of)
         ),
+        RawMechanism::Sequential => format!(
+            "sequential-regression over rows (002 §3.2.3): each column in the domain's order a regression on the \
+             ones before it, numeric ones ({}) linear by sufficient-statistic perturbation on the raw values within \
+             their public bounds {bounds}, categorical ones multinomial logistic by output perturbation with ridge \
+             Λ = {}; ε/(m·{}) each, ε = {epsilon} over {sets} set(s), add/remove-one neighbours",
+            names(&layout.numeric),
+            options.ridge,
+            layout.domain.columns().len()
+        ),
     }];
     if req.missing == Strategy::CompleteRow {
         notes.push(format!("{}: rows with a null in any column were left out", mechanism.name()));
@@ -274,8 +338,7 @@ pub(crate) async fn run(
 }
 
 /// Streams the dataset typed through the table's domain and calls `each`
-/// with every kept row's cell (row-major over the cell columns) and numeric
-/// values. A row with a null in a numeric column (possible only after an
+/// with every kept row's codes of the cell columns and its numeric values. A row with a null in a numeric column (possible only after an
 /// out-of-domain policy) is passed as NaN, which the sums drop; under
 /// `complete`, rows with any null are left out. Nothing is kept.
 async fn read_rows(
@@ -283,7 +346,7 @@ async fn read_rows(
     req: &SynthRequest,
     layout: &RawTable,
     complete: bool,
-    mut each: impl FnMut(u32, &[f64]),
+    mut each: impl FnMut(&[u32], &[f64]),
 ) -> Result<()> {
     let ds = &req.dataset;
     // The dataset's own domain types the input (the table's may lack null codes).
@@ -295,13 +358,6 @@ async fn read_rows(
     let typed: Arc<dyn ExecutionPlan> = Arc::new(EncodeExec::typed(plan, domain.clone()).map_err(read_err)?);
     let mut encoder = BatchEncoder::new(domain.clone(), &typed.schema()).map_err(|_| SynthError::RawRead)?;
     let mut stream = datafusion::physical_plan::execute_stream(typed, ctx.task_ctx()).map_err(read_err)?;
-    let strides: Vec<u32> = {
-        let mut s = vec![1u32; layout.sizes.len()];
-        for d in (0..layout.sizes.len().saturating_sub(1)).rev() {
-            s[d] = s[d + 1] * layout.sizes[d + 1] as u32;
-        }
-        s
-    };
     while let Some(batch) = stream.next().await {
         let batch = batch.map_err(read_err)?;
         // Codes of the cell columns, from the typed values (already in the domain).
@@ -322,13 +378,13 @@ async fn read_rows(
             .collect();
         let nulls: Vec<Option<u32>> = layout.cells_of.iter().map(|&i| domain.columns()[i].null_code()).collect();
         let mut z = vec![0.0; numeric.len()];
+        let mut row_codes = vec![0u32; cell_codes.len()];
         'rows: for r in 0..batch.num_rows() {
-            let mut cell = 0u32;
             for (d, c) in cell_codes.iter().enumerate() {
                 if complete && Some(c[r]) == nulls[d] {
                     continue 'rows;
                 }
-                cell += c[r] * strides[d];
+                row_codes[d] = c[r];
             }
             for (j, a) in numeric.iter().enumerate() {
                 if a.is_null(r) {
@@ -340,10 +396,54 @@ async fn read_rows(
                     z[j] = a.value(r);
                 }
             }
-            each(cell, &z);
+            each(&row_codes, &z);
         }
     }
     Ok(())
+}
+
+/// Row-major strides of cells over `sizes` (the last fastest).
+fn strides(sizes: &[usize]) -> Vec<u32> {
+    let mut s = vec![1u32; sizes.len()];
+    for d in (0..sizes.len().saturating_sub(1)).rev() {
+        s[d] = s[d + 1] * sizes[d + 1] as u32;
+    }
+    s
+}
+
+/// One set of the sequential synthesizer (column-major, codes as f64 and
+/// numeric values inside their bounds) as batches in the domain's schema.
+fn rows_stream(layout: &RawTable, set: Vec<Vec<f64>>, mut rng: DpRng) -> SendableRecordBatchStream {
+    let domain = layout.domain.clone();
+    let schema = decoded_schema(&domain);
+    let out_schema = schema.clone();
+    let rows = set.first().map_or(0, Vec::len);
+    let mut start = 0;
+    let batches = std::iter::from_fn(move || {
+        if start >= rows {
+            return None;
+        }
+        let end = (start + BATCH).min(rows);
+        let mut arrays = Vec::with_capacity(set.len());
+        for (c, values) in domain.columns().iter().zip(&set) {
+            let part = &values[start..end];
+            if c.numeric_bounds().is_some() {
+                arrays.push(numeric_array(c, part.to_vec()));
+            } else {
+                let codes: Vec<u32> = part.iter().map(|&v| v as u32).collect();
+                match c.decode(&codes, DecodeMode::Uniform, &mut rng) {
+                    Ok(a) => arrays.push(a),
+                    Err(e) => return Some(Err(datafusion::error::DataFusionError::External(Box::new(e)))),
+                }
+            }
+        }
+        start = end;
+        Some(
+            RecordBatch::try_new(out_schema.clone(), arrays)
+                .map_err(|e| datafusion::error::DataFusionError::ArrowError(Box::new(e), None)),
+        )
+    });
+    Box::pin(RecordBatchStreamAdapter::new(schema, futures::stream::iter(batches)))
 }
 
 /// What a set's rows are drawn from (DP output).

@@ -106,7 +106,7 @@ fn sequential_spec(domain: &Domain, sets: usize, rows: u64, ridge: f64) -> Seque
 pub const MAX_CELLS: usize = 1 << 24;
 
 /// Rows per generated batch.
-const BATCH: usize = 1 << 16;
+pub(crate) const BATCH: usize = 1 << 16;
 
 /// The table's domain and how it is read under `missing`.
 fn table_view(req: &SynthRequest) -> Result<(Domain, NullMode, CodeSource)> {

@@ -101,6 +101,21 @@ impl SeqColumn {
     }
 }
 
+/// How `dpflow synth --mechanism sequential-regression` models the
+/// domain's numeric (integer or float) columns.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, serde::Serialize, serde::Deserialize)]
+#[serde(rename_all = "kebab-case")]
+#[cfg_attr(feature = "cli", derive(clap::ValueEnum))]
+pub enum NumericModel {
+    /// As categorical columns over the domain's bins (the table form:
+    /// memory ∝ cells, no row-level data).
+    #[default]
+    Bins,
+    /// As linear regressions on the raw values, over rows (the row form:
+    /// memory ∝ rows × the widest design).
+    Linear,
+}
+
 /// Public inputs of a sequential regression release.
 #[derive(Debug, Clone, PartialEq)]
 pub struct SequentialSpec {
