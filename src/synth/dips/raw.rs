@@ -1,29 +1,35 @@
-//! `dpflow synth --mechanism modips-normal | modips-glom`: MODIPS's normal
-//! model ([`super::normal`], 002 §4.2) and general location model
-//! ([`super::glom`], 002 §4.3.1) on a dataset's raw numeric values, end to
-//! end.
+//! `dpflow synth --mechanism modips-normal | modips-glom`, and
+//! `sequential-regression --dips-numeric linear`: the 002 models that need a
+//! dataset's raw numeric values, end to end. MODIPS's normal model
+//! ([`super::normal`], 002 §4.2), its general location model
+//! ([`super::glom`], 002 §4.3.1) and the sequential regression synthesizer
+//! over rows ([`super::sequential::sequential_regression`], 002 §3.2.3).
 //!
 //! **The table.** `modips-normal` models the one numeric column of the
 //! domain. `modips-glom` models exactly two numeric columns z within the
 //! cells of the other columns (categorical or boolean: their full
 //! cross-tabulation, row-major, nulls a cell of their own under
-//! `--missing reproduce`). The numeric columns' public bounds are the
-//! domain's (`[edges₀, edges_last]`; 002 used μ ± 4σ, data-dependent), the
-//! same box in every cell. The models have no missing z: a nullable numeric
-//! column needs `--missing complete-row`, which leaves out every row with a
-//! null (a row-wise filter, 1-stable).
+//! `--missing reproduce`). The sequence takes every column in the domain's
+//! order, numeric ones as linear regressions. The numeric columns' public
+//! bounds are the domain's (`[edges₀, edges_last]`; 002 used μ ± 4σ,
+//! data-dependent), the same box in every cell. The models have no missing
+//! numeric value: a nullable numeric column needs `--missing complete-row`,
+//! which leaves out every row with a null (a row-wise filter, 1-stable).
 //!
 //! **The read.** The data are typed through the domain (aliases, null
-//! tokens, out-of-domain policies) in one streaming pass; each row adds to
-//! exact grid sums (module `grid`) and nothing else is kept, so memory is
-//! ∝ cells, not rows. Privacy is the modules' own proofs (add/remove-one
-//! neighbours, ε/m per set, split equally over the sanitized statistics),
-//! charged in full in the ledger before the read.
+//! tokens, out-of-domain policies) in one streaming pass. For the MODIPS
+//! models each row adds to exact grid sums (module `grid`) and nothing else
+//! is kept, so memory is ∝ cells, not rows; the sequence holds the rows
+//! (codes and values, n × p floats) for its regressions. Privacy is the
+//! modules' own proofs (add/remove-one neighbours, ε/m per set, split
+//! equally over the sanitized statistics or the p regressions), charged in
+//! full in the ledger before the read.
 //!
 //! **The output.** Each set is one posterior draw and r public rows from it
-//! (post-processing): cells drawn from π (exactly the multinomial counts,
-//! in a uniformly random order), z ~ N(μ_k, Σ) cut into the box; integer
-//! columns are rounded to the nearest integer inside their bounds.
+//! (post-processing): for MODIPS, cells drawn from π (exactly the
+//! multinomial counts, in a uniformly random order), z ~ N(μ_k, Σ) cut into
+//! the box; for the sequence, column by column from the set's regressions.
+//! Integer columns are rounded to the nearest integer inside their bounds.
 
 use std::sync::Arc;
 use std::time::Instant;
