@@ -144,8 +144,31 @@ fn pow2(k: i32) -> Ratio<BigInt> {
     }
 }
 
-/// The integer grid value round(x / 2^k) (exact), for pre-rounding summands.
+/// The integer grid value round(x / 2^k) (exact, half away from zero,
+/// saturating; 0 for a non-finite x), for pre-rounding summands.
+///
+/// For |k| ≤ 1000 it is computed in floats, with the same result as the
+/// exact rational computation ([`to_grid_units_exact`]; test
+/// `float_grid_units_equal_the_exact_ones`): multiplying by 2^−k only moves
+/// the exponent, so x·2^−k is exact whenever it is a normal number; when it
+/// is subnormal or underflows, |x/2^k| < 2^−1022 and both round to 0; on
+/// overflow both saturate; `f64::round` and `Ratio::round` both round half
+/// away from zero. This is the per-row cost of every grid sum (it was
+/// ~100× slower with big rationals).
 pub fn to_grid_units(x: f64, k: i32) -> i128 {
+    if !x.is_finite() {
+        return 0;
+    }
+    if (-1000..=1000).contains(&k) {
+        // 2^−k, built from its exponent bits (a normal number for |k| ≤ 1000).
+        let scale = f64::from_bits(((1023 - k) as u64) << 52);
+        return (x * scale).round() as i128;
+    }
+    to_grid_units_exact(x, k)
+}
+
+/// [`to_grid_units`] in exact rational arithmetic.
+pub fn to_grid_units_exact(x: f64, k: i32) -> i128 {
     match f64_to_rational(x) {
         Some(x) => bigint_to_i128_saturating(&(x / pow2(k)).round().to_integer()),
         None => 0,
@@ -161,6 +184,47 @@ pub fn from_grid_units(v: i128, k: i32) -> f64 {
 mod tests {
     use super::*;
     use crate::noise::DpRng;
+
+    /// The float path of `to_grid_units` equals the exact rational one on
+    /// random bit patterns (every exponent, signs, NaN, ∞), on exact
+    /// half-way cases (m + ½)·2^k, on values at the i128 boundary, and at
+    /// the ends of the float path's k range.
+    #[test]
+    fn float_grid_units_equal_the_exact_ones() {
+        use rand::RngExt;
+        let mut rng = DpRng::unsafe_seeded(11);
+        let check = |x: f64, k: i32| assert_eq!(to_grid_units(x, k), to_grid_units_exact(x, k), "x = {x:e}, k = {k}");
+        for _ in 0..200_000 {
+            let x = f64::from_bits(rng.random::<u64>());
+            let k = rng.random_range(-1000..=1000);
+            check(x, k);
+            // Near the grid: x/2^k of moderate size, either sign.
+            let (e, k) = (rng.random_range(-60..=130), k.clamp(-900, 900));
+            let sign = if rng.random::<bool>() { -1.0 } else { 1.0 };
+            check(sign * rng.random::<f64>() * 2f64.powi(e) * 2f64.powi(k), k);
+        }
+        for _ in 0..50_000 {
+            let k = rng.random_range(-900..=900);
+            let m = rng.random_range(-(1i64 << 52)..(1i64 << 52)) as f64;
+            check((m + 0.5) * 2f64.powi(k), k);
+            check((m + 0.5).next_up() * 2f64.powi(k), k);
+            check((m + 0.5).next_down() * 2f64.powi(k), k);
+        }
+        for k in [-1000, -999, -1, 0, 1, 999, 1000] {
+            for x in [0.0, -0.0, 0.5, -0.5, 1.5, 2.5, -2.5, f64::MIN_POSITIVE, 5e-324, f64::MAX, f64::MIN] {
+                check(x * 2f64.powi(k.clamp(-1000, 1000)), k);
+                check(x, k);
+            }
+            for e in [126, 127, 128] {
+                for x in [2f64.powi(e), -2f64.powi(e), 2f64.powi(e).next_down(), -2f64.powi(e).next_up()] {
+                    check(x * 2f64.powi(k.clamp(-800, 800)), k.clamp(-800, 800));
+                }
+            }
+            check(f64::NAN, k);
+            check(f64::INFINITY, k);
+            check(f64::NEG_INFINITY, k);
+        }
+    }
 
     #[test]
     fn real_release_lands_on_grid_and_has_right_spread() {
