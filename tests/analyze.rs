@@ -614,6 +614,22 @@ async fn modips_glom_and_normal_read_raw_values_and_refuse_bad_layouts_before_ch
     }
     assert!((spent() - 6.0).abs() < 1e-9, "a refused run charged the ledger: {}", spent());
 
+    // A cell column with `out_of_domain: null` is no longer nullable under
+    // complete-row; generation decodes it all the same (the review found a
+    // panic after the charge here).
+    let yaml = std::fs::read_to_string("sample_data/penguins/glom.domain.yaml").unwrap().replace(
+        "values: [Adelie, Chinstrap, Gentoo]}",
+        "values: [Adelie, Chinstrap, Gentoo], nullable: true, out_of_domain: \"null\"}",
+    );
+    std::fs::write(dir.path().join("null-policy.yaml"), yaml).unwrap();
+    let mut policy = req.clone();
+    policy.dataset = open(dir.path().join("null-policy.yaml").to_str().unwrap());
+    policy.release_id = Some("null-policy".into());
+    policy.budget = dpflow::privacy::Budget::Pure { epsilon: 1.0 };
+    policy.out = dir.path().join("null-policy.parquet").display().to_string();
+    run_synth(&ctx, &policy, &|_| {}).await.unwrap();
+    assert!((spent() - 7.0).abs() < 1e-9, "{}", spent());
+
     // Accuracy, seeded and without a ledger: at ε = 600 the noise is far
     // below the posterior's own spread (σ/√n_k ≈ 0.3 mm for a species mean).
     let truth = penguin_rows();
@@ -786,5 +802,25 @@ async fn sequential_regression_over_rows_fits_numeric_columns_linearly() {
         assert!((got[0] - share).abs() < 0.08, "{r:?} share {share}");
         assert!((got[1] - length).abs() < 1.5, "{r:?} length {length}");
         assert_eq!(r[3], "true", "{r:?}");
+    }
+}
+
+/// `dpflow synth` refuses a 002 setting the mechanism does not take
+/// instead of ignoring it (pipelines refuse the same at load).
+#[test]
+fn synth_refuses_a_dips_setting_the_mechanism_does_not_take() {
+    for (mechanism, flag, value) in [
+        ("mst", "--dips-ridge", "2"),
+        ("modips-glom", "--dips-numeric", "linear"),
+        ("modips", "--dips-generate", "round"),
+    ] {
+        let out = dpflow()
+            .args(["synth", "--input", "sample_data/penguins/penguins.csv", "--domain"])
+            .args(["sample_data/penguins/glom.domain.yaml", "--mechanism", mechanism, "--epsilon", "1"])
+            .args([flag, value, "--out", "/nonexistent/never-written.parquet"])
+            .output()
+            .unwrap();
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert!(!out.status.success() && err.contains(&format!("does not take {flag}")), "{mechanism}: {err}");
     }
 }

@@ -118,7 +118,7 @@ fn designs(d: &Data) -> [(Design, Vec<u32>, usize); 3] {
                 r
             })
             .collect();
-        Design { dim: 3 + k, x, weights: None, one_hot: None }
+        Design { dim: 3 + k, x, weights: None, encoded: None }
     };
     let labels = |c: usize| d[c].iter().map(|&v| v as u32).collect::<Vec<_>>();
     [(make(0), labels(2), 2), (make(1), labels(3), 2), (make(2), labels(4), 3)]

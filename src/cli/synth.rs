@@ -120,23 +120,26 @@ pub struct SynthArgs {
     /// PrivBayes degree k.
     #[arg(long, default_value_t = 2)]
     pub degree: usize,
-    /// MODIPS's Dirichlet prior per cell, modips and modips-glom (002 §4.1 uses 1/3, §4.3.1 uses 1/2).
-    #[arg(long, default_value_t = 1.0 / 3.0)]
-    pub dips_prior: f64,
+    /// MODIPS's Dirichlet prior per cell, modips and modips-glom [default: 1/3 for modips (002
+    /// §4.1), 1/2 for modips-glom (§4.3.1)].
+    #[arg(long)]
+    pub dips_prior: Option<f64>,
     /// How laplace-sanitizer and perturbed-histogram turn their sanitized table into rows:
     /// `sample` draws them from the normalised table, `round` writes the table itself, scaled to
-    /// the rows by randomized rounding (002 §4.1's Laplace sanitizer).
-    #[arg(long, value_enum, default_value = "sample")]
-    pub dips_generate: dpflow::synth::dips::Generate,
+    /// the rows by randomized rounding (002 §4.1's Laplace sanitizer) [default: sample].
+    #[arg(long, value_enum)]
+    pub dips_generate: Option<dpflow::synth::dips::Generate>,
     /// sequential-regression's ridge Λ, each logistic regression's prior precision on the scaled
-    /// design: the noise scale is ∝ 1/Λ and the shrinkage toward independence grows with Λ.
-    #[arg(long, default_value_t = 1.0)]
-    pub dips_ridge: f64,
+    /// design: the noise scale is ∝ 1/Λ and the shrinkage toward independence grows with Λ
+    /// [default: 1].
+    #[arg(long)]
+    pub dips_ridge: Option<f64>,
     /// sequential-regression's numeric columns: `bins` models them as categorical over the
     /// domain's bins (over the table: memory ∝ cells); `linear` as linear regressions on the raw
-    /// values (over rows: memory ∝ rows; needs --missing complete-row for a nullable one).
-    #[arg(long, value_enum, default_value = "bins")]
-    pub dips_numeric: dpflow::synth::dips::sequential::NumericModel,
+    /// values (over rows: memory ∝ rows; needs --missing complete-row for a nullable one)
+    /// [default: bins].
+    #[arg(long, value_enum)]
+    pub dips_numeric: Option<dpflow::synth::dips::sequential::NumericModel>,
     /// Declared missingness mechanism of the input; with --missing-rates, the release
     /// record reports the ground-truth ε̄ under MCAR (000 §5.2); refused for mar/mnar.
     #[arg(long, value_enum)]
@@ -222,6 +225,12 @@ pub(super) async fn run(a: SynthArgs) -> Result<i32> {
     if a.ledger.is_none() {
         eprintln!("note: no --ledger given: this release's privacy cost is not recorded in a budget ledger.");
     }
+    let dips =
+        dpflow::synth::DipsOptions::given(mechanism, a.dips_prior, a.dips_generate, a.dips_ridge, a.dips_numeric)
+            .map_err(|setting| {
+                let name = mechanism.synthesizer(&Default::default()).name();
+                anyhow::anyhow!("{name} does not take --dips-{setting}: drop it")
+            })?;
     let dataset = data.open(a.dataset.as_deref().unwrap_or("data"))?;
     let budget = a.budget.budget()?;
     let workload = match &a.queries {
@@ -248,12 +257,7 @@ pub(super) async fn run(a: SynthArgs) -> Result<i32> {
             degree: a.degree,
             multiple: a.multiple,
             napsu: napsu_options(&a),
-            dips: dpflow::synth::DipsOptions {
-                prior: a.dips_prior,
-                generate: a.dips_generate,
-                ridge: a.dips_ridge,
-                numeric: a.dips_numeric,
-            },
+            dips,
         },
         decode: if a.midpoints { DecodeMode::Midpoint } else { DecodeMode::Uniform },
         missing: a.missing,

@@ -664,35 +664,21 @@ impl Pipeline {
                             "queries, inference and max_features are napsu-mq settings".into(),
                         ));
                     }
-                    let defaults = crate::synth::DipsOptions::default();
-                    let dips = crate::synth::DipsOptions {
-                        prior: x.dips_prior.unwrap_or(defaults.prior),
-                        generate: x.dips_generate.unwrap_or(defaults.generate),
-                        ridge: x.dips_ridge.unwrap_or(defaults.ridge),
-                        numeric: x.dips_numeric.unwrap_or(defaults.numeric),
-                    };
-                    {
-                        use crate::synth::run::Mechanism as M;
-                        let takes_prior = matches!(x.mechanism, M::Modips | M::ModipsGlom);
-                        let takes_generate = matches!(x.mechanism, M::LaplaceSanitizer | M::PerturbedHistogram);
-                        for (given, takes, field) in [
-                            (x.dips_prior.is_some(), takes_prior, "dips_prior"),
-                            (x.dips_generate.is_some(), takes_generate, "dips_generate"),
-                            (x.dips_ridge.is_some(), x.mechanism == M::SequentialRegression, "dips_ridge"),
-                            (x.dips_numeric.is_some(), x.mechanism == M::SequentialRegression, "dips_numeric"),
-                        ] {
-                            if given && !takes {
-                                return Err(err(
-                                    l,
-                                    &key(&format!("synthesize.{field}")),
-                                    format!(
-                                        "{} does not take {field}: drop it",
-                                        x.mechanism.synthesizer(&Default::default()).name()
-                                    ),
-                                ));
-                            }
-                        }
-                    }
+                    let dips = crate::synth::DipsOptions::given(
+                        x.mechanism,
+                        x.dips_prior,
+                        x.dips_generate,
+                        x.dips_ridge,
+                        x.dips_numeric,
+                    )
+                    .map_err(|setting| {
+                        let name = x.mechanism.synthesizer(&Default::default()).name();
+                        err(
+                            l,
+                            &key(&format!("synthesize.dips_{setting}")),
+                            format!("{name} does not take dips_{setting}: drop it"),
+                        )
+                    })?;
                     if let Some(raw) = crate::synth::dips::raw::raw_mechanism(x.mechanism, &dips) {
                         // MODIPS over raw values: its public inputs, checked before the release is charged.
                         use crate::synth::dips::DipsError as E;

@@ -107,6 +107,44 @@ impl Default for DipsOptions {
     }
 }
 
+impl DipsOptions {
+    /// The settings given for `mechanism` (`None`: not given), the rest
+    /// its defaults (modips-glom's prior is 002 §4.3.1's 1/2, the others'
+    /// 1/3). `Err` names the first setting given that the mechanism does
+    /// not take (`prior`, `generate`, `ridge` or `numeric`), so that a
+    /// setting is never silently ignored.
+    pub fn given(
+        mechanism: run::Mechanism,
+        prior: Option<f64>,
+        generate: Option<dips::Generate>,
+        ridge: Option<f64>,
+        numeric: Option<dips::sequential::NumericModel>,
+    ) -> std::result::Result<Self, &'static str> {
+        use run::Mechanism as M;
+        let takes_prior = matches!(mechanism, M::Modips | M::ModipsGlom);
+        let takes_generate = matches!(mechanism, M::LaplaceSanitizer | M::PerturbedHistogram);
+        let sequential = mechanism == M::SequentialRegression;
+        for (given, takes, name) in [
+            (prior.is_some(), takes_prior, "prior"),
+            (generate.is_some(), takes_generate, "generate"),
+            (ridge.is_some(), sequential, "ridge"),
+            (numeric.is_some(), sequential, "numeric"),
+        ] {
+            if given && !takes {
+                return Err(name);
+            }
+        }
+        let d = Self::default();
+        let default_prior = if mechanism == M::ModipsGlom { 0.5 } else { d.prior };
+        Ok(Self {
+            prior: prior.unwrap_or(default_prior),
+            generate: generate.unwrap_or(d.generate),
+            ridge: ridge.unwrap_or(d.ridge),
+            numeric: numeric.unwrap_or(d.numeric),
+        })
+    }
+}
+
 impl Default for SynthOptions {
     fn default() -> Self {
         Self {

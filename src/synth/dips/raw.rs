@@ -41,7 +41,7 @@ use datafusion::execution::SendableRecordBatchStream;
 use datafusion::execution::context::SessionContext;
 use datafusion::physical_plan::ExecutionPlan;
 use datafusion::physical_plan::stream::RecordBatchStreamAdapter;
-use dpflow_udfs::domain::{BatchEncoder, Column, ColumnKind, DecodeMode, EncodeExec, decode_columns, decoded_schema};
+use dpflow_udfs::domain::{BatchEncoder, Column, ColumnKind, DecodeMode, EncodeExec, decoded_schema};
 use dpflow_udfs::noise::DpRng;
 use dpflow_udfs::noise::cauchy::standard_normal_sample;
 use futures::StreamExt;
@@ -463,8 +463,6 @@ enum Draw {
 fn set_stream(layout: &RawTable, draw: Draw, counts: Vec<u64>, mut rng: DpRng) -> SendableRecordBatchStream {
     let domain = layout.domain.clone();
     let schema = decoded_schema(&domain);
-    let cell_domain =
-        Domain::new(layout.cells_of.iter().map(|&i| domain.columns()[i].clone()).collect()).expect("a sub-domain");
     let numeric: Vec<Column> = layout.numeric.iter().map(|&i| domain.columns()[i].clone()).collect();
     let (cells_of, numeric_at, sizes) = (layout.cells_of.clone(), layout.numeric.clone(), layout.sizes.clone());
     let mut shuffle = CellShuffle::new(&counts);
@@ -485,15 +483,14 @@ fn set_stream(layout: &RawTable, draw: Draw, counts: Vec<u64>, mut rng: DpRng) -
             }
         }
         let mut arrays: Vec<Option<ArrayRef>> = vec![None; domain.columns().len()];
-        if !cells_of.is_empty() {
-            let codes = split_cells(&cells, &sizes);
-            let refs: Vec<&[u32]> = codes.iter().map(|c| c.as_slice()).collect();
-            let decoded = match decode_columns(&cell_domain, &refs, DecodeMode::Uniform, &mut rng) {
-                Ok(b) => b,
+        // Each cell column decoded on its own (no sub-domain is built: the
+        // table domain's columns need not validate as a domain of their own,
+        // e.g. `out_of_domain: null` once complete-row made them not nullable).
+        let codes = split_cells(&cells, &sizes);
+        for (&i, codes) in cells_of.iter().zip(&codes) {
+            match domain.columns()[i].decode(codes, DecodeMode::Uniform, &mut rng) {
+                Ok(a) => arrays[i] = Some(a),
                 Err(e) => return Some(Err(datafusion::error::DataFusionError::External(Box::new(e)))),
-            };
-            for (j, &i) in cells_of.iter().enumerate() {
-                arrays[i] = Some(decoded.column(j).clone());
             }
         }
         for (j, &i) in numeric_at.iter().enumerate() {

@@ -103,9 +103,62 @@ pub struct Design {
     pub x: Vec<f64>,
     /// Per-row weights (counts), or every row once.
     pub weights: Option<Vec<f64>>,
-    /// Rows given as cell indices of one-hot columns instead of `x`
-    /// (memory per row: one index, whatever `dim` is).
-    pub one_hot: Option<OneHot>,
+    /// Rows decoded on the fly instead of read from `x` (memory per row
+    /// independent of `dim`).
+    pub encoded: Option<Encoded>,
+}
+
+/// A design whose rows are decoded on the fly.
+#[derive(Clone)]
+pub enum Encoded {
+    /// Cell indices of one-hot columns: one index per row.
+    OneHot(OneHot),
+    /// Rows of categorical and numeric columns: one value per column.
+    Columns(ColumnRows),
+}
+
+/// Rows over columns (codes of categorical ones, unit-scaled values of
+/// numeric ones, as f64): row i is an intercept, each categorical column
+/// one-hot (levels − 1 indicators, level 0 the reference) and each numeric
+/// one its value, all times `scale`.
+#[derive(Clone)]
+pub struct ColumnRows {
+    /// Per column, its levels (categorical) or `None` (numeric).
+    pub levels: Vec<Option<usize>>,
+    /// The columns' values (at least `levels.len()` columns, n each).
+    pub columns: std::sync::Arc<Vec<Vec<f64>>>,
+    /// The common scale (1/R).
+    pub scale: f64,
+}
+
+impl ColumnRows {
+    /// Writes row i into `out` (length 1 + Σ widths).
+    fn row(&self, i: usize, out: &mut [f64]) {
+        column_row(&self.levels, self.scale, &self.columns, i, out);
+    }
+}
+
+/// Writes row i of [`ColumnRows`] over `columns` (one per entry of
+/// `levels`: its levels, or `None` for a numeric column) into `out`.
+pub fn column_row(levels: &[Option<usize>], scale: f64, columns: &[Vec<f64>], i: usize, out: &mut [f64]) {
+    out.fill(0.0);
+    out[0] = scale;
+    let mut at = 1;
+    for (levels, col) in levels.iter().zip(columns) {
+        match levels {
+            Some(k) => {
+                let v = col[i] as usize;
+                if v > 0 {
+                    out[at + v - 1] = scale;
+                }
+                at += k - 1;
+            }
+            None => {
+                out[at] = col[i] * scale;
+                at += 1;
+            }
+        }
+    }
 }
 
 /// A one-hot design: row i is an intercept and one block per column
@@ -143,22 +196,27 @@ dpflow_udfs::protected_debug!(Design);
 impl Design {
     /// A dense design.
     pub fn dense(dim: usize, x: Vec<f64>, weights: Option<Vec<f64>>) -> Self {
-        Self { dim, x, weights, one_hot: None }
+        Self { dim, x, weights, encoded: None }
     }
 
     /// Rows.
     pub fn rows(&self) -> usize {
-        match &self.one_hot {
-            Some(o) => o.patterns.len(),
+        match &self.encoded {
+            Some(Encoded::OneHot(o)) => o.patterns.len(),
+            Some(Encoded::Columns(c)) => c.columns.first().map_or(0, Vec::len),
             None => self.x.len().checked_div(self.dim).unwrap_or(0),
         }
     }
 
     /// Row i: a slice of `x`, or decoded into `buf`.
-    fn row<'a>(&'a self, i: usize, buf: &'a mut [f64]) -> &'a [f64] {
-        match &self.one_hot {
-            Some(o) => {
+    pub fn row<'a>(&'a self, i: usize, buf: &'a mut [f64]) -> &'a [f64] {
+        match &self.encoded {
+            Some(Encoded::OneHot(o)) => {
                 one_hot_row(&o.levels, o.scale, o.patterns[i], buf);
+                buf
+            }
+            Some(Encoded::Columns(c)) => {
+                c.row(i, buf);
                 buf
             }
             None => &self.x[i * self.dim..(i + 1) * self.dim],
@@ -612,7 +670,7 @@ mod tests {
             dim: rows[0].len(),
             x: rows.iter().flat_map(|r| r.iter().copied()).collect(),
             weights: None,
-            one_hot: None,
+            encoded: None,
         }
     }
 
@@ -640,7 +698,7 @@ mod tests {
     /// 0, log(n_k/n_0).
     #[test]
     fn multinomial_intercepts_are_the_log_odds() {
-        let d = Design { dim: 1, x: vec![1.0; 6], weights: None, one_hot: None };
+        let d = Design { dim: 1, x: vec![1.0; 6], weights: None, encoded: None };
         let y = [0, 1, 1, 2, 2, 2];
         let b = fit_logistic(&d, &y, 3, 0.0, 1e-12).unwrap();
         assert!((b[0] - 2f64.ln()).abs() < 1e-9 && (b[1] - 3f64.ln()).abs() < 1e-9, "{b:?}");
@@ -667,9 +725,9 @@ mod tests {
                     })
                     .collect();
                 let ys: Vec<u32> = (0..=n).map(|_| rng.random_range(0..classes as u32)).collect();
-                let full = Design { dim: 3, x: rows.concat(), weights: None, one_hot: None };
+                let full = Design { dim: 3, x: rows.concat(), weights: None, encoded: None };
                 rows.pop();
-                let less = Design { dim: 3, x: rows.concat(), weights: None, one_hot: None };
+                let less = Design { dim: 3, x: rows.concat(), weights: None, encoded: None };
                 let a = fit_logistic(&full, &ys, classes, ridge, 1e-12).unwrap();
                 let b = fit_logistic(&less, &ys[..n], classes, ridge, 1e-12).unwrap();
                 let moved = norm(&a.iter().zip(&b).map(|(x, y)| x - y).collect::<Vec<_>>());
@@ -704,7 +762,7 @@ mod tests {
     fn linear_moments_give_the_ridge_estimate() {
         let m = LinearMechanism { name: "y".into(), dim: 2, ridge: 0.1 };
         let xs = [-0.5, -0.2, 0.1, 0.4, 0.7];
-        let d = Design { dim: 2, x: xs.iter().flat_map(|&x| [0.7, x]).collect(), weights: None, one_hot: None };
+        let d = Design { dim: 2, x: xs.iter().flat_map(|&x| [0.7, x]).collect(), weights: None, encoded: None };
         let y: Vec<f64> = xs.iter().map(|x| 0.5 * x).collect();
         let est = m.estimate(&d, &y, 1e8);
         let mut rng = DpRng::unsafe_seeded(2);
@@ -726,7 +784,7 @@ mod tests {
             let (u, _) = m.units(eps);
             let s = 1.0 / 3f64.sqrt();
             for row in [[s, s, s, 1.0], [1.0, 0.0, 0.0, -1.0], [s, -s, s, 1.0]] {
-                let d = Design { dim: 3, x: row[..3].to_vec(), weights: None, one_hot: None };
+                let d = Design { dim: 3, x: row[..3].to_vec(), weights: None, encoded: None };
                 let units: i128 = m.estimate(&d, &[row[3]], eps).iter().map(|v| v.abs()).sum();
                 assert!(units as f64 <= u, "ε = {eps}: {units} > {u}");
             }
@@ -743,7 +801,7 @@ mod tests {
             dim: 2,
             x: rows.iter().flatten().copied().collect(),
             weights: Some(counts.to_vec()),
-            one_hot: None,
+            encoded: None,
         };
         let (mut x, mut yy) = (Vec::new(), Vec::new());
         for ((r, &c), &l) in rows.iter().zip(&counts).zip(&y) {
@@ -752,7 +810,7 @@ mod tests {
                 yy.push(l);
             }
         }
-        let repeated = Design { dim: 2, x, weights: None, one_hot: None };
+        let repeated = Design { dim: 2, x, weights: None, encoded: None };
         let a = fit_logistic(&weighted, &y, 3, 0.3, 1e-12).unwrap();
         let b = fit_logistic(&repeated, &yy, 3, 0.3, 1e-12).unwrap();
         assert!(a.iter().zip(&b).all(|(p, q)| (p - q).abs() < 1e-10), "{a:?} vs {b:?}");
@@ -784,7 +842,7 @@ mod tests {
                         }
                     })
                     .collect();
-                let d = Design { dim: 1, x: vec![1.0; n], weights: None, one_hot: None };
+                let d = Design { dim: 1, x: vec![1.0; n], weights: None, encoded: None };
                 let (_, ok) = newton(&d, &y, classes, 1.0, GRADIENT_TOLERANCE / 2.0, None);
                 assert!(ok, "n = {n}, K = {classes}: the solver did not certify");
             }
@@ -794,7 +852,7 @@ mod tests {
                 dim: 2,
                 x: vec![0.7, 0.5, 0.7, -0.5],
                 weights: Some(vec![big, 0.6 * big + 1.0]),
-                one_hot: None,
+                encoded: None,
             };
             let (_, ok) = newton(&d, &[1, 0], 2, 1.0, GRADIENT_TOLERANCE / 2.0, None);
             assert!(ok, "counts near {big}: the solver did not certify");

@@ -31,8 +31,8 @@ use super::DipsError;
 use super::cells::per_set_epsilon;
 use super::grid::check_bounds;
 use super::regression::{
-    Design, LinearMechanism, LogisticMechanism, OneHot, RIDGE_RANGE, gaussian_draw, logistic_hessian_rows,
-    logistic_posterior_draw, one_hot_row, probabilities, sample_class,
+    ColumnRows, Design, Encoded, LinearMechanism, LogisticMechanism, OneHot, RIDGE_RANGE, column_row, gaussian_draw,
+    logistic_hessian_rows, logistic_posterior_draw, one_hot_row, probabilities, sample_class,
 };
 use crate::measure::Accountant;
 use crate::privacy::MechanismRecord;
@@ -222,32 +222,41 @@ impl SequentialSpec {
     }
 
     /// Column t's design over `cols` (column-major, complete rows, numeric
-    /// values already in unit scale, [`SeqColumn::unit`]).
+    /// values already in unit scale, [`SeqColumn::unit`]), dense: for the
+    /// synthetic rows, whose number is public.
     fn design(&self, t: usize, cols: &[Vec<f64>], n: usize) -> Design {
         let dim = self.dim(t);
-        let r = (1.0 + t as f64).sqrt().recip();
+        let levels = self.column_levels(t);
+        let scale = (1.0 + t as f64).sqrt().recip();
         let mut x = vec![0.0; n * dim];
-        for i in 0..n {
-            let row = &mut x[i * dim..(i + 1) * dim];
-            row[0] = r;
-            let mut at = 1;
-            for (c, col) in self.columns[..t].iter().zip(cols) {
-                match c {
-                    SeqColumn::Categorical { levels, .. } => {
-                        let v = col[i] as usize;
-                        if v > 0 {
-                            row[at + v - 1] = r;
-                        }
-                        at += *levels as usize - 1;
-                    }
-                    SeqColumn::Numeric { .. } => {
-                        row[at] = col[i] * r;
-                        at += 1;
-                    }
-                }
-            }
+        for (i, row) in x.chunks_exact_mut(dim).enumerate() {
+            column_row(&levels, scale, cols, i, row);
         }
-        Design { dim, x, weights: None, one_hot: None }
+        Design { dim, x, weights: None, encoded: None }
+    }
+
+    /// Column t's design over the protected columns `cols` (all p of them,
+    /// as [`SequentialSpec::design`]), its rows decoded on the fly: memory
+    /// independent of the design's width, so the fit holds n·p values
+    /// whatever the data (a dense design would hold n·dim).
+    fn encoded_design(&self, t: usize, cols: &std::sync::Arc<Vec<Vec<f64>>>) -> Design {
+        let rows = ColumnRows {
+            levels: self.column_levels(t),
+            columns: std::sync::Arc::clone(cols),
+            scale: (1.0 + t as f64).sqrt().recip(),
+        };
+        Design { dim: self.dim(t), x: Vec::new(), weights: None, encoded: Some(Encoded::Columns(rows)) }
+    }
+
+    /// Levels (categorical) or `None` (numeric) of the columns before t.
+    fn column_levels(&self, t: usize) -> Vec<Option<usize>> {
+        self.columns[..t]
+            .iter()
+            .map(|c| match c {
+                SeqColumn::Categorical { levels, .. } => Some(*levels as usize),
+                SeqColumn::Numeric { .. } => None,
+            })
+            .collect()
     }
 }
 
@@ -287,10 +296,10 @@ pub fn sequential_regression(
             keep.iter().map(|&i| if let SeqColumn::Numeric { .. } = c { c.unit(col[i]) } else { col[i] }).collect()
         })
         .collect();
-    let n = keep.len();
+    let cols = std::sync::Arc::new(cols);
     let mut estimates = Vec::with_capacity(p);
     for (t, m) in mechanisms.iter().enumerate() {
-        let design = spec.design(t, &cols[..t], n);
+        let design = spec.encoded_design(t, &cols);
         estimates.push(match m {
             Mechanism::Logistic(m) => {
                 let y: Vec<u32> = cols[t].iter().map(|&v| v as u32).collect();
@@ -440,7 +449,7 @@ pub fn sequential_table(
             }
         }
         let one_hot = OneHot { levels: spec.levels(t), scale: (1.0 + t as f64).sqrt().recip(), patterns };
-        let design = Design { dim: m.dim, x: Vec::new(), weights: Some(w), one_hot: Some(one_hot) };
+        let design = Design { dim: m.dim, x: Vec::new(), weights: Some(w), encoded: Some(Encoded::OneHot(one_hot)) };
         estimates.push(m.estimate(&design, &y, eps));
         prefix *= k;
     }
@@ -620,7 +629,7 @@ mod tests {
             })
             .collect();
         let y: Vec<u32> = cols[2].iter().map(|&v| v as u32).collect();
-        let design = Design { dim: 4, x, weights: None, one_hot: None };
+        let design = Design { dim: 4, x, weights: None, encoded: None };
         let beta = crate::synth::dips::regression::fit_logistic(&design, &y, 4, 1e-4, 1e-10).unwrap();
         let mut prob = vec![0.0; 4];
         for ab in 0..6 {
