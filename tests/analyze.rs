@@ -824,3 +824,41 @@ fn synth_refuses_a_dips_setting_the_mechanism_does_not_take() {
         assert!(!out.status.success() && err.contains(&format!("does not take {flag}")), "{mechanism}: {err}");
     }
 }
+
+/// The sequence over rows indexes no cells: a domain of 33 boolean
+/// columns (2³³ cells, more than a u32 index holds) and a numeric one runs
+/// (the review found a u32 stride overflow after the charge, a panic in
+/// debug builds).
+#[tokio::test]
+async fn sequential_regression_over_rows_takes_more_columns_than_a_cell_index_holds() {
+    use dpflow::synth::run::{Mechanism, run_synth};
+    let dir = tempfile::tempdir().unwrap();
+    let names: Vec<String> = (0..33).map(|i| format!("b{i}")).collect();
+    let mut s = names.join(",") + ",z\n";
+    for r in 0..60 {
+        let bits: Vec<String> = (0..33).map(|i| ((r >> (i % 6)) & 1 == 1).to_string()).collect();
+        s += &format!("{},{}\n", bits.join(","), r % 7);
+    }
+    std::fs::write(dir.path().join("wide.csv"), s).unwrap();
+    let mut yaml = String::from("columns:\n");
+    for n in &names {
+        yaml += &format!("  - {{name: {n}, kind: boolean}}\n");
+    }
+    yaml += "  - {name: z, kind: float, bounds: [0, 6], bins: {count: 3}}\n";
+    std::fs::write(dir.path().join("wide.yaml"), yaml).unwrap();
+    let mut req = napsu_request(dir.path(), "all-3way", 1, None);
+    req.dataset = dpflow::dataset::Dataset::open(
+        "wide",
+        dir.path().join("wide.csv").to_str().unwrap(),
+        None,
+        dir.path().join("wide.yaml").to_str().unwrap(),
+    )
+    .unwrap();
+    req.mechanism = Mechanism::SequentialRegression;
+    req.options.dips.numeric = dpflow::synth::dips::sequential::NumericModel::Linear;
+    req.budget = dpflow::privacy::Budget::Pure { epsilon: 10.0 };
+    req.rows = Some(50);
+    req.unsafe_seed = Some(1);
+    let record = run_synth(&dpflow::io::session_context(), &req, &|_| {}).await.unwrap();
+    assert_eq!((record.rows, record.mechanisms.len()), (50, 34));
+}

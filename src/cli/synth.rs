@@ -122,23 +122,23 @@ pub struct SynthArgs {
     pub degree: usize,
     /// MODIPS's Dirichlet prior per cell, modips and modips-glom [default: 1/3 for modips (002
     /// §4.1), 1/2 for modips-glom (§4.3.1)].
-    #[arg(long)]
+    #[arg(long, conflicts_with = "from_record")]
     pub dips_prior: Option<f64>,
     /// How laplace-sanitizer and perturbed-histogram turn their sanitized table into rows:
     /// `sample` draws them from the normalised table, `round` writes the table itself, scaled to
     /// the rows by randomized rounding (002 §4.1's Laplace sanitizer) [default: sample].
-    #[arg(long, value_enum)]
+    #[arg(long, value_enum, conflicts_with = "from_record")]
     pub dips_generate: Option<dpflow::synth::dips::Generate>,
     /// sequential-regression's ridge Λ, each logistic regression's prior precision on the scaled
     /// design: the noise scale is ∝ 1/Λ and the shrinkage toward independence grows with Λ
     /// [default: 1].
-    #[arg(long)]
+    #[arg(long, conflicts_with = "from_record")]
     pub dips_ridge: Option<f64>,
     /// sequential-regression's numeric columns: `bins` models them as categorical over the
     /// domain's bins (over the table: memory ∝ cells); `linear` as linear regressions on the raw
     /// values (over rows: memory ∝ rows; needs --missing complete-row for a nullable one)
     /// [default: bins].
-    #[arg(long, value_enum)]
+    #[arg(long, value_enum, conflicts_with = "from_record")]
     pub dips_numeric: Option<dpflow::synth::dips::sequential::NumericModel>,
     /// Declared missingness mechanism of the input; with --missing-rates, the release
     /// record reports the ground-truth ε̄ under MCAR (000 §5.2); refused for mar/mnar.

@@ -91,7 +91,9 @@ pub struct SynthOptions {
 /// budget, sets or rows.
 #[derive(Debug, Clone, Copy, PartialEq)]
 pub struct DipsOptions {
-    /// MODIPS's Dirichlet prior per cell (002 §4.1: 1/3, Kerman 2011).
+    /// MODIPS's Dirichlet prior per cell (002 §4.1: 1/3, Kerman 2011;
+    /// [`DipsOptions::given`] gives modips-glom 002 §4.3.1's 1/2, `default`
+    /// gives every mechanism 1/3).
     pub prior: f64,
     /// How the Laplace sanitizer and perturbed histogram turn their table into rows.
     pub generate: dips::Generate,

@@ -244,6 +244,9 @@ pub(crate) async fn run(
         return Err(SynthError::DpReadRefused { dataset: req.dataset.name.clone(), why });
     }
     let mut rng = DpRng::new(req.unsafe_seed)?;
+    // GLOM's cell strides (its cells are at most 2²⁴: they fit u32); the
+    // others index no cells (the sequence's columns may have more).
+    let strides = if mechanism == RawMechanism::Glom { strides(&layout.sizes) } else { Vec::new() };
     let ledger_state = reserve(req, mechanism.name(), Share::Epsilon(epsilon), progress)?;
 
     // Protected data is read from here on: a failure is charged and
@@ -251,7 +254,6 @@ pub(crate) async fn run(
     let released = async {
         let t0 = Instant::now();
         let complete = req.missing == Strategy::CompleteRow;
-        let strides = strides(&layout.sizes);
         read_rows(ctx, req, &layout, complete, |codes, z| match &mut sums {
             Sums::Normal(s, _) => s.add(z[0]),
             Sums::Glom(s, spec) => {

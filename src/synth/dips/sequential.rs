@@ -112,7 +112,7 @@ pub enum NumericModel {
     #[default]
     Bins,
     /// As linear regressions on the raw values, over rows (the row form:
-    /// memory ∝ rows × the widest design).
+    /// memory ∝ rows × columns).
     Linear,
 }
 

@@ -210,7 +210,9 @@ mod tests {
             check((m + 0.5).next_up() * 2f64.powi(k), k);
             check((m + 0.5).next_down() * 2f64.powi(k), k);
         }
-        for k in [-1000, -999, -1, 0, 1, 999, 1000] {
+        // Beyond ±1000 the exact path runs (2^−k is no longer a normal float
+        // near ±1023): covered too, should the fast range ever be widened.
+        for k in [-1100, -1074, -1023, -1022, -1001, -1000, -999, -1, 0, 1, 999, 1000, 1001, 1022, 1023, 1074, 1100] {
             for x in [0.0, -0.0, 0.5, -0.5, 1.5, 2.5, -2.5, f64::MIN_POSITIVE, 5e-324, f64::MAX, f64::MIN] {
                 check(x * 2f64.powi(k.clamp(-1000, 1000)), k);
                 check(x, k);
