@@ -441,6 +441,12 @@ pub(super) async fn eval(a: EvalArgs) -> Result<i32> {
                 r.tvd_3way.map_or("-".into(), |v| format!("{v:.4}"))
             );
             println!("rows: real {} synthetic {}", r.rows_real, r.rows_synthetic);
+            if let Some(k) = &r.kmarginal {
+                let groups: Vec<String> = k.groups.iter().map(|g| format!("{} {:.1}", g.group, g.score)).collect();
+                let by =
+                    k.group_column.as_deref().map_or(String::new(), |c| format!("; by {c}: {}", groups.join(", ")));
+                println!("k-marginal score (NIST CRC, 0–1000) {:.1} over {} pairs{by}", k.score, k.pairs);
+            }
             if let Some(m) = &ml {
                 println!(
                     "ML efficacy ({}, {}): logistic regression {:.4} (real {:.4}), decision tree {:.4} (real {:.4})",

@@ -1,12 +1,14 @@
 //! Utility metrics (NOTES §10): workload error (001 Def. 2 as coded: mean over
-//! workload marginals of ½‖M_r(D)/|D| − M_r(D̂)/|D̂|‖₁) and the k-way marginal
-//! distance (000 §6.1: the same over all k-attribute combinations).
+//! workload marginals of ½‖M_r(D)/|D| − M_r(D̂)/|D̂|‖₁), the k-way marginal
+//! distance (000 §6.1: the same over all k-attribute combinations) and the
+//! NIST CRC k-marginal score ([`kmarginal`]).
 //!
 //! These compare against the real data: they are curator-side evaluation
 //! tools, not private releases.
 
 mod error;
 pub mod inspect;
+pub mod kmarginal;
 pub mod ml;
 
 use datafusion::execution::context::SessionContext;
@@ -33,6 +35,10 @@ pub struct EvalReport {
     pub tvd_2way: f64,
     /// Mean TVD over all 3-way marginals (if there are ≥ 3 columns).
     pub tvd_3way: Option<f64>,
+    /// The NIST CRC k-marginal score (SDNist), when a column is left after
+    /// SDNist's exclusions.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub kmarginal: Option<kmarginal::KMarginal>,
     /// Rows of each input.
     pub rows_real: f64,
     /// Rows of the synthetic data.
@@ -56,6 +62,8 @@ pub async fn evaluate(ctx: &SessionContext, real: &Dataset, synth: &Dataset, wor
     let d = real.domain().len();
     let w = Workload::parse(workload, real.domain())?;
     let mut sets: Vec<Vec<usize>> = w.queries.iter().map(|q| q.attrs.clone()).collect();
+    // All 1/2/3-way marginals: the TVDs, and the k-marginal's pairs and
+    // (group, pair) triples among them.
     for k in 1..=3.min(d) {
         for c in combos(d, k) {
             if !sets.contains(&c) {
@@ -79,6 +87,7 @@ pub async fn evaluate(ctx: &SessionContext, real: &Dataset, synth: &Dataset, wor
     for (q, c) in wq.iter().zip(&weights) {
         werr += c * tvd(a.get(q)?, b.get(q)?);
     }
+    let kmarginal = kmarginal_of(real.domain(), &a, &b)?;
     Ok(EvalReport {
         notice: inspect::CURATOR_NOTICE,
         workload: workload.to_string(),
@@ -88,5 +97,64 @@ pub async fn evaluate(ctx: &SessionContext, real: &Dataset, synth: &Dataset, wor
         tvd_3way: if d >= 3 { Some(mean(&combos(d, 3))?) } else { None },
         rows_real: a.get(&[0])?.iter().sum(),
         rows_synthetic: b.get(&[0])?.iter().sum(),
+        kmarginal,
     })
+}
+
+/// The k-marginal score ([`kmarginal`]) from the all-2/3-way answers of the
+/// real (`a`) and synthetic (`b`) data: pairs of the columns SDNist keeps
+/// (one column alone is its own pair), grouped by `PUMA` when present.
+fn kmarginal_of(
+    domain: &crate::domain::Domain,
+    a: &crate::synth::Answers,
+    b: &crate::synth::Answers,
+) -> Result<Option<kmarginal::KMarginal>> {
+    let names = domain.names();
+    let kept: Vec<usize> = (0..names.len()).filter(|&i| !kmarginal::EXCLUDED.contains(&names[i])).collect();
+    let pairs: Vec<Vec<usize>> = match kept.len() {
+        0 => return Ok(None),
+        1 => vec![kept.clone()],
+        _ => kept.iter().copied().combinations(2).collect(),
+    };
+    let mut counts = Vec::with_capacity(pairs.len());
+    for p in &pairs {
+        counts.push((a.get(p)?, b.get(p)?));
+    }
+    let mut report = kmarginal::KMarginal {
+        score: kmarginal::score(&counts),
+        pairs: pairs.len(),
+        group_column: None,
+        groups: vec![],
+    };
+    if let Some(g) = domain.position(kmarginal::GROUP_COLUMN) {
+        let sizes = domain.cardinalities();
+        let mut triples = Vec::with_capacity(pairs.len());
+        for p in &pairs {
+            let mut t: Vec<usize> = p.iter().copied().chain([g]).collect();
+            t.sort_unstable();
+            t.dedup();
+            triples.push(t);
+        }
+        let mut grouped = Vec::with_capacity(triples.len());
+        let shapes: Vec<Vec<usize>> = triples.iter().map(|t| t.iter().map(|&i| sizes[i]).collect()).collect();
+        for (t, shape) in triples.iter().zip(&shapes) {
+            grouped.push(kmarginal::GroupedPair {
+                target: a.get(t)?,
+                synthetic: b.get(t)?,
+                shape,
+                group_axis: t.iter().position(|&i| i == g).expect("the group column is in the triple"),
+            });
+        }
+        // SDNist grouped: the score is over the (group, pair) marginals.
+        let triple_counts: Vec<(&[f64], &[f64])> = grouped.iter().map(|p| (p.target, p.synthetic)).collect();
+        report.score = kmarginal::score(&triple_counts);
+        let column = &domain.columns()[g];
+        report.group_column = Some(column.name.clone());
+        report.groups = kmarginal::group_scores(&grouped, sizes[g])
+            .into_iter()
+            .enumerate()
+            .filter_map(|(code, s)| s.map(|score| kmarginal::GroupScore { group: column.label(code as u32), score }))
+            .collect();
+    }
+    Ok(Some(report))
 }
