@@ -823,6 +823,15 @@ fn synth_refuses_a_dips_setting_the_mechanism_does_not_take() {
         let err = String::from_utf8_lossy(&out.stderr);
         assert!(!out.status.success() && err.contains(&format!("does not take {flag}")), "{mechanism}: {err}");
     }
+    // A setting out of its range is refused before anything is read or charged.
+    let out = dpflow()
+        .args(["synth", "--input", "sample_data/penguins/penguins.csv", "--domain"])
+        .args(["sample_data/penguins/penguins.domain.yaml", "--mechanism", "mst", "--epsilon", "1", "--delta", "1e-6"])
+        .args(["--missing", "impute-first:mode", "--impute-share", "1.5", "--out", "/nonexistent/never.parquet"])
+        .output()
+        .unwrap();
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(!out.status.success() && err.contains("--impute-share must be between 0 and 1"), "{err}");
 }
 
 /// The sequence over rows indexes no cells: a domain of 33 boolean

@@ -1011,3 +1011,58 @@ fn a_modips_glom_step_runs_on_raw_values_and_is_checked_at_load() {
         assert!((0..=4).contains(&k) && (0..=49).contains(&x), "{r:?}");
     }
 }
+
+/// A dataset's declared MCAR missingness reaches the synthesize steps: a
+/// complete-row MST step's manifest entry reports the ground-truth ε̄
+/// (000 §5.2: below the nominal ε), a reproduce step says why it has none.
+/// The synthesizers' other settings are pipeline keys, checked at load:
+/// rates that name no column, a setting the mechanism does not take, and a
+/// value out of its range are refused before anything runs.
+#[test]
+fn declared_missingness_reaches_the_manifest_and_synth_settings_are_checked_at_load() {
+    let dir = tempfile::tempdir().unwrap();
+    let d = dir.path();
+    let p = world(
+        d,
+        5.0,
+        None,
+        "  - synthesize: {name: cr, mechanism: mst, missing: complete-row, midpoints: true, \
+         budget: {epsilon: 0.5, delta: 1.0e-6}, output: cr.parquet}\n  - synthesize: {name: pb, mechanism: privbayes, \
+         degree: 1, budget: {epsilon: 0.3}, output: pb.parquet}",
+    );
+    let text = std::fs::read_to_string(&p)
+        .unwrap()
+        .replace("budget: {epsilon: 0.3, delta: 1.0e-6}\n", "budget: {epsilon: 1.5, delta: 1.0e-6}\n")
+        .replace(
+            "domain: domain.yaml}",
+            "domain: domain.yaml, missingness: {mechanism: mcar, rates: {g: 0.2, k: 0.1, x: 0.3}}}",
+        );
+    std::fs::write(&p, &text).unwrap();
+    refused_at_load(
+        d,
+        &text,
+        &[
+            ("rates: {g: 0.2, k: 0.1, x: 0.3}", "rates: {g: 0.2, colour: 0.1}", "colour"),
+            ("mechanism: mcar, rates: {g: 0.2, k: 0.1, x: 0.3}", "mechanism: mcar", "rates"),
+            ("degree: 1,", "degree: 0,", "--degree"),
+            (
+                "mechanism: mst, missing: complete-row,",
+                "mechanism: mst, missing: complete-row, rounds: 3,",
+                "does not take rounds",
+            ),
+            ("mechanism: mst, missing: complete-row,", "mechanism: mst, impute_share: 0.3,", "impute_share"),
+            ("mechanism: mst, missing: complete-row,", "mechanism: aim, confidence: 1.5,", "--confidence"),
+        ],
+    );
+    let out = dpflow().args(["run", p.to_str().unwrap(), "--release-id", "r1"]).output().unwrap();
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    let manifest: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(d.join("out/r1/manifest.json")).unwrap()).unwrap();
+    let step = |name: &str| manifest["steps"].as_array().unwrap().iter().find(|s| s["step"] == name).unwrap().clone();
+    let cr = step("cr");
+    let amp = &cr["amplification"];
+    let (eps, nominal) = (amp["epsilon"].as_f64().unwrap(), amp["nominal_epsilon"].as_f64().unwrap());
+    assert!(eps < nominal && eps > 0.0, "{amp}");
+    assert_eq!(amp["rates"]["x"], 0.3);
+    assert!(step("pb")["amplification_note"].as_str().unwrap().contains("null"), "{}", step("pb"));
+}

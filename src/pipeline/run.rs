@@ -575,6 +575,9 @@ impl Pipeline {
                     multiple,
                     napsu,
                     dips,
+                    options,
+                    missing_options,
+                    midpoints,
                 } => {
                     let is_napsu = *mechanism == crate::synth::run::Mechanism::NapsuMq;
                     // napsu-mq saves its noisy statistics (published with the release); the
@@ -602,12 +605,27 @@ impl Pipeline {
                             multiple: *multiple,
                             napsu: napsu.clone(),
                             dips: *dips,
-                            ..Default::default()
+                            ..options.clone()
                         },
-                        decode: Default::default(),
+                        decode: if *midpoints {
+                            dpflow_udfs::domain::DecodeMode::Midpoint
+                        } else {
+                            dpflow_udfs::domain::DecodeMode::Uniform
+                        },
                         missing: *missing,
-                        missing_options: Default::default(),
-                        amplification: None,
+                        missing_options: missing_options.clone(),
+                        // The dataset's declared missingness: the record (and the step's
+                        // manifest entry) report the ground-truth ε̄ where it applies.
+                        amplification: self.missingness.as_ref().map(|(m, rates)| {
+                            crate::missing::AmplificationRequest {
+                                missingness: *m,
+                                rates: rates.clone(),
+                                delta: match budget {
+                                    Budget::Approx { delta, .. } => *delta,
+                                    _ => 1e-9,
+                                },
+                            }
+                        }),
                     };
                     let rec = match crate::synth::run::run_synth(ctx, &req, progress).await {
                         Ok(rec) => rec,
@@ -629,6 +647,7 @@ impl Pipeline {
                         "measurements": rec.fit.measurements, "error_bounds": rec.fit.error_bounds,
                         "multiple": rec.multiple, "noise_aware": rec.noise_aware, "set_column": rec.set_column,
                         "inference": rec.napsu.as_ref().and_then(|n| n.inference.clone()),
+                        "amplification": rec.amplification, "amplification_note": rec.amplification_note,
                         "outputs": outs, "seconds": t.elapsed().as_secs_f64(),
                     }));
                 }

@@ -51,6 +51,27 @@ struct RawDataset {
     max_rows_per_unit: u64,
     #[serde(default = "one")]
     max_groups_per_unit: u64,
+    /// The declared missingness of the data (000 §5.2): synthesize steps
+    /// report the ground-truth ε̄ under MCAR.
+    #[serde(default)]
+    missingness: Option<Spanned<RawMissingness>>,
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct RawMissingness {
+    /// mcar, mar or mnar.
+    mechanism: crate::missing::Missingness,
+    /// Public missing probabilities: one for every column, or per column.
+    #[serde(default)]
+    rates: Option<RawRates>,
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(untagged)]
+enum RawRates {
+    One(f64),
+    Each(BTreeMap<String, f64>),
 }
 
 fn one() -> u64 {
@@ -68,6 +89,7 @@ struct RawPublic {
 
 #[derive(Debug, Deserialize)]
 #[serde(rename_all = "snake_case", deny_unknown_fields)]
+#[allow(clippy::large_enum_variant)] // a handful per pipeline, parsed once
 enum RawStep {
     Sql(RawSql),
     Synthesize(RawSynth),
@@ -176,6 +198,21 @@ struct RawSynth {
     /// sequential-regression's numeric columns: `bins` (default) or `linear`.
     #[serde(default)]
     dips_numeric: Option<crate::synth::dips::sequential::NumericModel>,
+    /// PrivBayes's degree k (privbayes, privbayes-pgm; default 2).
+    #[serde(default)]
+    degree: Option<usize>,
+    /// MWEM's rounds (default: the number of columns).
+    #[serde(default)]
+    rounds: Option<usize>,
+    /// AIM's error-bound coverage (default 0.95).
+    #[serde(default)]
+    confidence: Option<f64>,
+    /// impute-first:mode|model's budget share for imputation statistics (default 0.2).
+    #[serde(default)]
+    impute_share: Option<f64>,
+    /// Decode numeric bins to their midpoints (default: uniform inside the bin).
+    #[serde(default)]
+    midpoints: bool,
 }
 
 fn one_set() -> usize {
@@ -211,6 +248,7 @@ struct RawEval {
 
 /// A validated step.
 #[derive(Debug, Clone)]
+#[allow(clippy::large_enum_variant)] // a handful per pipeline, built once at load
 pub enum Step {
     /// A DP SQL query written as CSV.
     Sql {
@@ -251,6 +289,13 @@ pub enum Step {
         napsu: crate::synth::napsu::release::NapsuOptions,
         /// The 002 synthesizers' settings.
         dips: crate::synth::DipsOptions,
+        /// PrivBayes degree, MWEM rounds, AIM confidence (the rest of
+        /// [`crate::synth::SynthOptions`] comes from the keys above).
+        options: crate::synth::SynthOptions,
+        /// The missing-data strategy's options.
+        missing_options: crate::missing::StrategyOptions,
+        /// Numeric bins decoded to midpoints.
+        midpoints: bool,
     },
     /// Estimates combined across a synthesize step's sets (post-processing:
     /// no budget of its own).
@@ -338,6 +383,8 @@ pub struct Pipeline {
     pub max_rows_per_unit: u64,
     /// Contribution bounds.
     pub max_groups_per_unit: u64,
+    /// Declared missingness and its public rates spec (`R` or `COL=R,...`).
+    pub missingness: Option<(crate::missing::Missingness, String)>,
     /// Release budget.
     pub budget: Budget,
     /// Output base URL template (`{date}`, `{release_id}`, `{name}`).
@@ -530,6 +577,35 @@ impl Pipeline {
                 "the unit column must not be a domain attribute".into(),
             ));
         }
+        let missingness = match &d.missingness {
+            None => None,
+            Some(m) => {
+                use crate::missing::Missingness as Mi;
+                let at = line(&m.referenced);
+                let rates = match &m.value.rates {
+                    None => String::new(),
+                    Some(RawRates::One(r)) => r.to_string(),
+                    Some(RawRates::Each(each)) => {
+                        each.iter().map(|(c, r)| format!("{c}={r}")).collect::<Vec<_>>().join(",")
+                    }
+                };
+                if m.value.mechanism == Mi::Mcar {
+                    // The rates are public inputs of the amplification: checked here, before any run.
+                    let names = spec.domain.names();
+                    let parsed = match &m.value.rates {
+                        None => Err("give the public missing rates: one for every column, or one per column".into()),
+                        Some(RawRates::One(r)) => {
+                            crate::missing::amplify::Rates::uniform(&names, *r).map_err(|e| e.to_string())
+                        }
+                        Some(RawRates::Each(_)) => {
+                            crate::missing::amplify::Rates::parse(&names, &rates).map_err(|e| e.to_string())
+                        }
+                    };
+                    parsed.map_err(|why| err(at, "dataset.missingness.rates", why))?;
+                }
+                Some((m.value.mechanism, rates))
+            }
+        };
         let output = raw.output.value.clone();
         if let Some((scheme, _)) = output.split_once("://")
             && !matches!(scheme, "file" | "s3" | "memory")
@@ -679,6 +755,44 @@ impl Pipeline {
                             format!("{name} does not take dips_{setting}: drop it"),
                         )
                     })?;
+                    let (options, missing_options) = {
+                        use crate::missing::{ImputeMethod as I, Strategy as S};
+                        use crate::synth::run::Mechanism as M;
+                        let imputes = matches!(missing, S::ImputeFirst(I::Mode | I::Model));
+                        for (given, takes, field) in [
+                            (x.degree.is_some(), matches!(x.mechanism, M::Privbayes | M::PrivbayesPgm), "degree"),
+                            (x.rounds.is_some(), x.mechanism == M::Mwem, "rounds"),
+                            (x.confidence.is_some(), x.mechanism == M::Aim, "confidence"),
+                            (x.impute_share.is_some(), imputes, "impute_share"),
+                        ] {
+                            if given && !takes {
+                                let name = x.mechanism.synthesizer(&Default::default()).name();
+                                let what = if field == "impute_share" {
+                                    "only impute-first:mode and impute-first:model take impute_share: drop it"
+                                        .to_string()
+                                } else {
+                                    format!("{name} does not take {field}: drop it")
+                                };
+                                return Err(err(l, &key(&format!("synthesize.{field}")), what));
+                            }
+                        }
+                        let d = crate::synth::SynthOptions::default();
+                        let options = crate::synth::SynthOptions {
+                            degree: x.degree.unwrap_or(d.degree),
+                            rounds: x.rounds,
+                            confidence: x.confidence.unwrap_or(d.confidence),
+                            ..d
+                        };
+                        let missing_options = crate::missing::StrategyOptions {
+                            impute_share: x
+                                .impute_share
+                                .unwrap_or(crate::missing::StrategyOptions::default().impute_share),
+                            ..Default::default()
+                        };
+                        crate::synth::run::check_settings(&options, &missing_options)
+                            .map_err(|e| err(l, &key("synthesize"), e.to_string()))?;
+                        (options, missing_options)
+                    };
                     if let Some(raw) = crate::synth::dips::raw::raw_mechanism(x.mechanism, &dips) {
                         // MODIPS over raw values: its public inputs, checked before the release is charged.
                         use crate::synth::dips::DipsError as E;
@@ -788,6 +902,9 @@ impl Pipeline {
                         multiple: x.multiple,
                         napsu,
                         dips,
+                        options,
+                        missing_options,
+                        midpoints: x.midpoints,
                     }
                 }
                 RawStep::Analyze(x) => {
@@ -1007,6 +1124,7 @@ impl Pipeline {
             privacy_unit: d.privacy_unit.as_ref().map(|u| u.value.clone()).filter(|u| u != "row"),
             max_rows_per_unit: d.max_rows_per_unit,
             max_groups_per_unit: d.max_groups_per_unit,
+            missingness,
             budget,
             output: if output.contains("://") { output } else { resolve(base, &output) },
             staging: raw.staging.map(|s| resolve(base, &s.value)),

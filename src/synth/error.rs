@@ -242,6 +242,18 @@ pub enum SynthError {
     /// read (the cause is not reported: it could depend on the data).
     #[error("reading the numeric columns failed")]
     RawRead,
+    /// A setting out of its range (checked before anything is charged).
+    #[error("{name} must be {range}, not {value}: {what}")]
+    Setting {
+        /// The setting (`--impute-share`, `--confidence`, ...).
+        name: &'static str,
+        /// Its range.
+        range: &'static str,
+        /// The value given.
+        value: f64,
+        /// What it is.
+        what: &'static str,
+    },
     /// `--multiple` out of range.
     #[error("--multiple must be between 1 and 10000 (the number of synthetic sets to write)")]
     NoSets,

@@ -721,6 +721,7 @@ fn argmax(v: &[f64]) -> u32 {
 pub async fn run_synth(ctx: &SessionContext, req: &SynthRequest, progress: &dyn Fn(&str)) -> Result<SynthRecord> {
     budget_check(&req.budget)?;
     check_sets(req)?;
+    check_settings(&req.options, &req.missing_options)?;
     if req.mechanism == Mechanism::NapsuMq {
         return super::napsu::synthesize::run(ctx, req, progress).await;
     }
@@ -923,6 +924,36 @@ pub(crate) async fn save_record(ctx: &SessionContext, req: &SynthRequest, record
 pub const MAX_SETS: usize = 10_000;
 
 /// `--multiple`'s public checks, before anything is charged.
+/// The ranges of the settings that are not budget, sets or rows (public:
+/// checked before anything is charged, also by the pipeline spec check).
+pub fn check_settings(options: &SynthOptions, missing: &StrategyOptions) -> Result<()> {
+    let open_unit = |v: f64| v.is_finite() && v > 0.0 && v < 1.0;
+    let checks = [
+        (
+            open_unit(missing.impute_share),
+            "--impute-share",
+            "between 0 and 1",
+            missing.impute_share,
+            "the share of the budget spent on the imputation statistics of impute-first:mode|model",
+        ),
+        (
+            open_unit(options.confidence),
+            "--confidence",
+            "between 0 and 1",
+            options.confidence,
+            "the coverage of AIM's error bounds, e.g. 0.95",
+        ),
+        (options.degree >= 1, "--degree", "at least 1", options.degree as f64, "PrivBayes's parents per attribute"),
+        (options.rounds != Some(0), "--rounds", "at least 1", 0.0, "MWEM's rounds"),
+    ];
+    for (ok, name, range, value, what) in checks {
+        if !ok {
+            return Err(SynthError::Setting { name, range, value, what });
+        }
+    }
+    Ok(())
+}
+
 pub(crate) fn check_sets(req: &SynthRequest) -> Result<()> {
     let m = req.options.multiple;
     if m == 0 || m > MAX_SETS {
