@@ -10,7 +10,7 @@
 use std::collections::HashMap;
 
 use super::bounds::{MeasuredMarginal, RoundInfo, workload_bounds};
-use super::{FitContext, FitMetadata, Fitted, MeasurementLog, Result, Synthesizer, l1};
+use super::{FitContext, FitMetadata, Fitted, MeasurementLog, Result, Synthesizer, gauss, l1};
 use crate::domain::Domain;
 use crate::pgm::{GraphicalModel, JunctionTree, Measurement};
 use crate::synth::workload::Workload;
@@ -71,7 +71,7 @@ impl Synthesizer for Aim {
         for a in 0..d {
             let m = ctx.measure(&[a], sigma0)?;
             rho_used += 1.0 / (2.0 * sigma0 * sigma0);
-            log.push(MeasurementLog { attributes: ctx.names(&[a]), sigma: sigma0, round: 0 });
+            log.push(MeasurementLog::new(ctx.names(&[a]), gauss(sigma0), 0, ctx.options.confidence));
             measured_for_bounds.push(MeasuredMarginal {
                 attrs: m.attrs.clone(),
                 values: m.values.clone(),
@@ -129,7 +129,7 @@ impl Synthesizer for Aim {
             }
             let m = ctx.measure(&r_t, sigma)?;
             let selected_error = l1(&prev_est, &m.values);
-            log.push(MeasurementLog { attributes: ctx.names(&r_t), sigma, round: t });
+            log.push(MeasurementLog::new(ctx.names(&r_t), gauss(sigma), t, ctx.options.confidence));
             measured_for_bounds.push(MeasuredMarginal { attrs: r_t.clone(), values: m.values.clone(), sigma });
             measurements.push(m);
             rounds.push(RoundInfo {

@@ -1,7 +1,7 @@
 //! Independent: all 1-way marginals with Gaussian noise (ρ split evenly),
 //! and the product of the fitted 1-way marginals.
 
-use super::{FitContext, FitMetadata, Fitted, MeasurementLog, Result, Synthesizer, one_way};
+use super::{FitContext, FitMetadata, Fitted, MeasurementLog, Result, Synthesizer, gauss, one_way};
 use crate::domain::Domain;
 use crate::synth::workload::Workload;
 
@@ -27,7 +27,7 @@ impl Synthesizer for Independent {
         let mut log = Vec::with_capacity(d);
         for a in 0..d {
             ms.push(ctx.measure(&[a], sigma)?);
-            log.push(MeasurementLog { attributes: ctx.names(&[a]), sigma, round: 1 });
+            log.push(MeasurementLog::new(ctx.names(&[a]), gauss(sigma), 1, ctx.options.confidence));
         }
         let model = ctx.estimate(&ms, None, ctx.options.iters);
         Ok(Fitted {

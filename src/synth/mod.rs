@@ -167,10 +167,46 @@ impl Default for SynthOptions {
 pub struct MeasurementLog {
     /// Attribute names.
     pub attributes: Vec<String>,
-    /// Noise σ.
+    /// Noise σ (the standard deviation; for Laplace noise of scale b, b√2).
     pub sigma: f64,
     /// Round (0 = initialisation).
     pub round: usize,
+    /// The noise: `gaussian` (discrete Gaussian, zCDP) or `laplace`
+    /// (discrete Laplace, pure ε).
+    #[serde(default)]
+    pub noise: String,
+    /// Half-width of the `level` confidence interval of every noisy cell of
+    /// this marginal: the noise scale is public, so each measured count c̃
+    /// has c̃ ± this as its interval (Gaussian: z·σ; Laplace: b·ln(1/α)).
+    #[serde(default)]
+    pub ci_half_width: f64,
+    /// The interval's coverage (the run's `--confidence`).
+    #[serde(default)]
+    pub level: f64,
+}
+
+/// Discrete Gaussian noise of σ (the synthesizers' zCDP measurements).
+pub(crate) fn gauss(sigma: f64) -> NoiseDistribution {
+    NoiseDistribution::Gaussian { sigma }
+}
+
+impl MeasurementLog {
+    /// The record of a marginal over `attributes` measured in `round` with
+    /// `noise`, with its cells' interval at `level`.
+    pub fn new(attributes: Vec<String>, noise: NoiseDistribution, round: usize, level: f64) -> Self {
+        let kind = match noise {
+            NoiseDistribution::Gaussian { .. } => "gaussian",
+            NoiseDistribution::Laplace { .. } => "laplace",
+        };
+        Self {
+            attributes,
+            sigma: noise.std_dev(),
+            round,
+            noise: kind.into(),
+            ci_half_width: noise.ci_half_width(level),
+            level,
+        }
+    }
 }
 
 /// What a fit produces besides the model.

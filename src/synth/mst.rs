@@ -10,7 +10,7 @@
 use petgraph::unionfind::UnionFind;
 
 use super::compress::Compression;
-use super::{FitContext, FitMetadata, Fitted, MeasurementLog, Result, Synthesizer, l1, one_way, two_way};
+use super::{FitContext, FitMetadata, Fitted, MeasurementLog, Result, Synthesizer, gauss, l1, one_way, two_way};
 use crate::domain::Domain;
 use crate::pgm::{Measurement, estimate};
 use crate::synth::workload::Workload;
@@ -42,7 +42,7 @@ impl Synthesizer for Mst {
         let mut ones = Vec::with_capacity(d);
         for a in 0..d {
             ones.push(ctx.measure(&[a], sigma1)?);
-            log.push(MeasurementLog { attributes: ctx.names(&[a]), sigma: sigma1, round: 1 });
+            log.push(MeasurementLog::new(ctx.names(&[a]), gauss(sigma1), 1, ctx.options.confidence));
         }
         // Compression (post-processing of the noisy 1-way counts).
         let compression = Compression::from_one_way(&ones);
@@ -88,7 +88,7 @@ impl Synthesizer for Mst {
             // exactness by measuring the compressed table directly instead.
             let exact = compression.compress_table(e, &ctx.sizes, ctx.answers.get(e)?);
             let m = ctx.measure_values(e, &exact, sigma3)?;
-            log.push(MeasurementLog { attributes: ctx.names(e), sigma: sigma3, round: 3 });
+            log.push(MeasurementLog::new(ctx.names(e), gauss(sigma3), 3, ctx.options.confidence));
             measurements.push(m);
         }
         (ctx.progress)(&format!("mst: selected {} edges; estimating", tree.len()));

@@ -5,7 +5,7 @@
 //! ε²/8 + 1/(2σ²) = ρ/T. Like private-pgm's implementation, candidates that
 //! would push JT-SIZE past the model capacity are skipped.
 
-use super::{FitContext, FitMetadata, Fitted, MeasurementLog, Result, SynthError, Synthesizer, l1};
+use super::{FitContext, FitMetadata, Fitted, MeasurementLog, Result, SynthError, Synthesizer, gauss, l1};
 use crate::domain::Domain;
 use crate::pgm::{GraphicalModel, JunctionTree, Measurement};
 use crate::synth::workload::Workload;
@@ -59,7 +59,7 @@ impl Synthesizer for MwemPgm {
             let pick = ctx.select(&format!("mwem round {t} selection"), &scores, epsilon, 1.0)?;
             let r = cand[pick].clone();
             measurements.push(ctx.measure(&r, sigma)?);
-            log.push(MeasurementLog { attributes: ctx.names(&r), sigma, round: t });
+            log.push(MeasurementLog::new(ctx.names(&r), gauss(sigma), t, ctx.options.confidence));
             model = ctx.estimate(&measurements, Some(&model).filter(|_| t > 1), ctx.options.iters);
             (ctx.progress)(&format!("mwem: round {t}/{t_rounds}: measured ({})", ctx.names(&r).join(",")));
         }

@@ -174,7 +174,8 @@ impl Synthesizer for PrivBayes {
         for (x, parents) in &network {
             let set = sorted(parents.iter().copied().chain([*x]).collect());
             measurements.push(ctx.measure_laplace(&set, b)?);
-            log.push(MeasurementLog { attributes: ctx.names(&set), sigma: b * std::f64::consts::SQRT_2, round: 1 });
+            let noise = dpflow_udfs::noise::NoiseDistribution::Laplace { scale: b };
+            log.push(MeasurementLog::new(ctx.names(&set), noise, 1, ctx.options.confidence));
         }
         // Total: the fit's N̂ (observed-only fits) or the mean noisy total.
         let total = match &ctx.observed {

@@ -65,7 +65,7 @@ fn measure(ctx: &mut FitContext<'_>) -> Result<(NoisyStatistics, Vec<Measurement
     let mut logs = Vec::with_capacity(scopes.len());
     for s in &scopes {
         stats.extend(ctx.measure(s, sigma)?.values);
-        logs.push(MeasurementLog { attributes: ctx.names(s), sigma, round: 0 });
+        logs.push(MeasurementLog::new(ctx.names(s), crate::synth::gauss(sigma), 0, ctx.options.confidence));
     }
     Ok((NoisyStatistics::new(ctx.domain, &scopes, sigma, stats), logs))
 }
