@@ -123,7 +123,10 @@ pub(super) async fn run(a: AnalyzeArgs) -> Result<i32> {
         format: a.input_format,
         original_rows: a.original_rows,
     };
-    let results = analyze(&sets, &analyses, &opts).await?;
+    let pb = super::progress::spinner("analysing each synthetic set");
+    let results = analyze(&sets, &analyses, &opts).await;
+    pb.finish_and_clear();
+    let results = results?;
     match a.format {
         AnalyzeFormat::Json => println!("{}", serde_json::to_string_pretty(&results)?),
         AnalyzeFormat::Csv => print!("{}", dpflow::analyze::to_csv(&results)),

@@ -67,7 +67,10 @@ pub(super) async fn run(a: ImputeArgs) -> Result<i32> {
     }
     let mut rng = dpflow_udfs::noise::DpRng::new(a.unsafe_seed)?;
     let ctx = dpflow::io::session_context();
-    let report = match dpflow::impute::run(&ctx, &spec, a.estimator, &mut rng).await {
+    let pb = super::progress::spinner("imputation: reading the data, searching donors, releasing the statistics");
+    let outcome = dpflow::impute::run(&ctx, &spec, a.estimator, &mut rng).await;
+    pb.finish_and_clear();
+    let report = match outcome {
         Ok(r) => r,
         // After a protected read every outcome is a release: charged, cause withheld (docs/PRIVACY.md §1).
         Err(e) => {
@@ -101,7 +104,10 @@ pub(super) async fn run(a: ImputeArgs) -> Result<i32> {
 /// `--diagnose`: curator-only numbers (exact, data-dependent), labelled as such.
 async fn diagnose(spec: &ImputeSpec, format: OutputFormat) -> Result<i32> {
     let ctx = dpflow::io::session_context();
-    let rows = dpflow::impute::diagnose(&ctx, spec).await?;
+    let pb = super::progress::spinner("imputation diagnostics: reading the data");
+    let rows = dpflow::impute::diagnose(&ctx, spec).await;
+    pb.finish_and_clear();
+    let rows = rows?;
     eprintln!("NOT PRIVATE: curator diagnostics of exact data; never publish them. Nothing was charged.");
     match format {
         OutputFormat::Json => println!("{}", serde_json::to_string_pretty(&rows)?),

@@ -58,7 +58,10 @@ pub(super) async fn run(a: MissingArgs) -> Result<i32> {
             let spec =
                 InjectSpec { mechanism: a.mechanism, rate: a.rate, columns: a.columns.clone(), seed: a.unsafe_seed };
             let ctx = dpflow::io::session_context();
-            let report = inject(&ctx, &dataset, &spec, &a.out).await?;
+            let pb = super::progress::spinner("injecting missing values");
+            let report = inject(&ctx, &dataset, &spec, &a.out).await;
+            pb.finish_and_clear();
+            let report = report?;
             if let Some(d) = &a.domain_out {
                 let mut nullable = dataset.domain().clone();
                 nullable = dpflow::domain::with_all_nullable(&nullable);

@@ -6,6 +6,7 @@ mod impute;
 mod inspect;
 mod missing;
 mod pipeline;
+mod progress;
 mod serve;
 mod sql;
 mod synth;

@@ -4,7 +4,6 @@ use std::path::PathBuf;
 
 use anyhow::Result;
 use clap::Args;
-use indicatif::{ProgressBar, ProgressStyle};
 
 use dpflow::pipeline::run::RunOutcome;
 use dpflow::pipeline::schedule::{ScheduleOptions, load_state, schedule};
@@ -61,9 +60,7 @@ pub(super) async fn run(a: RunArgs) -> Result<i32> {
     if a.unsafe_seed.is_some() {
         eprintln!("WARNING: --unsafe-seed makes the noise reproducible: this release is NOT differentially private.");
     }
-    let pb = ProgressBar::new_spinner();
-    pb.set_style(ProgressStyle::with_template("{spinner} [{elapsed}] {msg}").expect("template"));
-    pb.enable_steady_tick(std::time::Duration::from_millis(200));
+    let pb = super::progress::spinner("");
     let progress = |m: &str| pb.set_message(m.to_string());
     let opts = RunOptions { release_id: a.release_id, dry_run: a.dry_run, unsafe_seed: a.unsafe_seed, date: None };
     let outcome = p.run(&opts, &progress).await;

@@ -118,7 +118,10 @@ pub(super) async fn run(a: SqlArgs) -> Result<i32> {
         (None, None) => None,
     };
     if let Some(q) = query {
-        let r = engine.query(&q, budget).await?;
+        let pb = super::progress::spinner("running the query");
+        let r = engine.query(&q, budget).await;
+        pb.finish_and_clear();
+        let r = r?;
         println!("{}", render(&r, a.format)?);
         return Ok(0);
     }

@@ -153,10 +153,7 @@ pub struct SynthArgs {
 }
 
 fn spinner() -> ProgressBar {
-    let pb = ProgressBar::new_spinner();
-    pb.set_style(ProgressStyle::with_template("{spinner} [{elapsed}] {msg}").expect("template"));
-    pb.enable_steady_tick(std::time::Duration::from_millis(200));
-    pb
+    super::progress::spinner("")
 }
 
 fn napsu_options(a: &SynthArgs) -> NapsuOptions {
@@ -418,11 +415,22 @@ pub(super) async fn eval(a: EvalArgs) -> Result<i32> {
     let real = Dataset::open("real", &a.real, None, &a.domain)?;
     let synth = Dataset::open("synthetic", &a.synth, None, &a.domain)?;
     let ctx = session_context();
-    let r = dpflow::eval::evaluate(&ctx, &real, &synth, &a.workload).await?;
-    let ml = match &a.ml_target {
-        Some(t) => Some(dpflow::eval::ml::ml_efficacy(&ctx, &real, &synth, t, a.ml_max_train).await?),
-        None => None,
+    let pb = super::progress::spinner("evaluation: counting the marginals of both files");
+    let r = dpflow::eval::evaluate(&ctx, &real, &synth, &a.workload).await;
+    let r = match r {
+        Ok(r) => r,
+        Err(e) => {
+            pb.finish_and_clear();
+            return Err(e.into());
+        }
     };
+    pb.set_message("evaluation: training the ML efficacy models");
+    let ml = match &a.ml_target {
+        Some(t) => dpflow::eval::ml::ml_efficacy(&ctx, &real, &synth, t, a.ml_max_train).await.map(Some),
+        None => Ok(None),
+    };
+    pb.finish_and_clear();
+    let ml = ml?;
     match a.format {
         OutputFormat::Json => {
             let mut v = serde_json::to_value(&r)?;
