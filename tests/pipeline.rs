@@ -996,6 +996,7 @@ fn a_modips_glom_step_runs_on_raw_values_and_is_checked_at_load() {
                 "one numeric",
             ),
             ("mechanism: mst,", "mechanism: mst, dips_prior: 0.5,", "does not take dips_prior"),
+            ("dips_prior: 0.5", "dips_prior: 0.5, midpoints: true", "midpoints"),
         ],
     );
     let out = dpflow().args(["run", p.to_str().unwrap(), "--release-id", "r1"]).output().unwrap();
@@ -1064,5 +1065,6 @@ fn declared_missingness_reaches_the_manifest_and_synth_settings_are_checked_at_l
     let (eps, nominal) = (amp["epsilon"].as_f64().unwrap(), amp["nominal_epsilon"].as_f64().unwrap());
     assert!(eps < nominal && eps > 0.0, "{amp}");
     assert_eq!(amp["rates"]["x"], 0.3);
+    assert!(cr["amplification_scope"].as_str().unwrap().contains("do not add up"), "{cr}");
     assert!(step("pb")["amplification_note"].as_str().unwrap().contains("null"), "{}", step("pb"));
 }

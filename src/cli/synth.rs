@@ -228,6 +228,9 @@ pub(super) async fn run(a: SynthArgs) -> Result<i32> {
                 let name = mechanism.synthesizer(&Default::default()).name();
                 anyhow::anyhow!("{name} does not take --dips-{setting}: drop it")
             })?;
+    if a.midpoints && dpflow::synth::dips::raw::raw_mechanism(mechanism, &dips).is_some() {
+        anyhow::bail!("{mechanism:?} writes raw numeric values, not bins: drop --midpoints");
+    }
     let dataset = data.open(a.dataset.as_deref().unwrap_or("data"))?;
     let budget = a.budget.budget()?;
     let workload = match &a.queries {

@@ -30,6 +30,12 @@ pub enum MissingError {
     /// A strategy that reads every row, so nothing is subsampled.
     #[error("no MCAR amplification: {0}, so missingness subsamples nothing")]
     NoSubsampling(&'static str),
+    /// Column names that a measurement's label cannot be read back from.
+    #[error(
+        "column {0:?} has a comma or a parenthesis in its name, so the measurements' attributes cannot be told apart \
+         for the amplification: rename it to report ε̄"
+    )]
+    AmbiguousName(String),
     /// A rate for a column that is not in the domain.
     #[error("missing rate given for unknown column {0:?}")]
     RateColumn(String),

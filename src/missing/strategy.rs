@@ -216,6 +216,10 @@ pub fn amplification_for(
     request: &AmplificationRequest,
 ) -> Result<Amplification> {
     request.missingness.require_mcar()?;
+    // Measurements are matched to attributes by their `marginal(a,b)` labels.
+    if let Some(bad) = names.iter().find(|n| n.contains([',', '(', ')'])) {
+        return Err(MissingError::AmbiguousName(bad.to_string()));
+    }
     let rates = match request.rates.trim().parse::<f64>() {
         Ok(r) => Rates::uniform(names, r)?,
         Err(_) => Rates::parse(names, &request.rates)?,
@@ -266,6 +270,12 @@ mod tests {
         let mar = AmplificationRequest { missingness: Missingness::Mar, ..req.clone() };
         assert!(amplification_for(Strategy::Adaptive, &recs, &names, &mar).is_err());
         assert!(amplification_for(Strategy::Reproduce, &recs, &names, &req).is_err());
+        // A column named "a,b" would make "marginal(a,b)" ambiguous: its 1-way
+        // marginal would pass for {a, b}, subsampled at p² instead of read whole.
+        let odd = ["a", "b", "a,b"];
+        let one = vec![MechanismRecord::laplace("observed-only marginal(a,b)", 1.0, 2.0)];
+        let e = amplification_for(Strategy::Adaptive, &one, &odd, &req).unwrap_err();
+        assert!(matches!(e, MissingError::AmbiguousName(ref n) if n == "a,b"), "{e}");
     }
 
     #[test]

@@ -33,6 +33,12 @@ use crate::io::{
 use crate::privacy::{Budget, ChargeStatus, Ledger, LedgerError, MechanismRecord, PrivacyFilter, PrivacyLoss};
 use crate::sql::{Catalog, PrivacyUnit, SqlEngine, TableEntry};
 
+/// What a step's ground-truth ε̄ covers (000 §5.2): the steps of a release
+/// read the same missingness pattern, so their subsamples are shared and
+/// their ε̄ must not be added up.
+const AMPLIFICATION_SCOPE: &str =
+    "this step alone: every step reads the same missingness pattern, so the steps' ε̄ do not add up";
+
 /// Options of one run.
 #[derive(Debug, Clone, Default)]
 pub struct RunOptions {
@@ -648,6 +654,7 @@ impl Pipeline {
                         "multiple": rec.multiple, "noise_aware": rec.noise_aware, "set_column": rec.set_column,
                         "inference": rec.napsu.as_ref().and_then(|n| n.inference.clone()),
                         "amplification": rec.amplification, "amplification_note": rec.amplification_note,
+                        "amplification_scope": rec.amplification.as_ref().map(|_| AMPLIFICATION_SCOPE),
                         "outputs": outs, "seconds": t.elapsed().as_secs_f64(),
                     }));
                 }

@@ -793,6 +793,13 @@ impl Pipeline {
                             .map_err(|e| err(l, &key("synthesize"), e.to_string()))?;
                         (options, missing_options)
                     };
+                    if x.midpoints && crate::synth::dips::raw::raw_mechanism(x.mechanism, &dips).is_some() {
+                        return Err(err(
+                            l,
+                            &key("synthesize.midpoints"),
+                            "this mechanism writes raw numeric values, not bins: drop midpoints".into(),
+                        ));
+                    }
                     if let Some(raw) = crate::synth::dips::raw::raw_mechanism(x.mechanism, &dips) {
                         // MODIPS over raw values: its public inputs, checked before the release is charged.
                         use crate::synth::dips::DipsError as E;

@@ -90,7 +90,7 @@ pub(super) fn release_one(
         Kind::Count { .. } => {
             let v = noisy_int(h[0], &p.noise[0], rng);
             for (k, r) in &mine {
-                let hw = p.noise[0].ci_half_width(r.level);
+                let hw = p.noise[0].integer_ci_half_width(r.level);
                 out_cis.push((*k, ScalarValue::Float64(Some(if r.side_high { v + hw } else { v - hw }))));
             }
             ScalarValue::Int64(Some(v as i64))
@@ -98,7 +98,7 @@ pub(super) fn release_one(
         Kind::Sum { .. } => {
             let v = noisy_int(h[0], &p.noise[0], rng) * g;
             for (k, r) in &mine {
-                let hw = p.noise[0].ci_half_width(r.level) * g;
+                let hw = p.noise[0].integer_ci_half_width(r.level) * g;
                 out_cis.push((*k, ScalarValue::Float64(Some(if r.side_high { v + hw } else { v - hw }))));
             }
             ScalarValue::Float64(Some(v))
@@ -110,8 +110,8 @@ pub(super) fn release_one(
             for (k, r) in &mine {
                 // Conservative: each part at level 1 − (1 − level)/2, interval arithmetic.
                 let lvl = 1.0 - (1.0 - r.level) / 2.0;
-                let hc = p.noise[0].ci_half_width(lvl);
-                let hs = p.noise[1].ci_half_width(lvl) * g;
+                let hc = p.noise[0].integer_ci_half_width(lvl);
+                let hs = p.noise[1].integer_ci_half_width(lvl) * g;
                 let bound = if c - hc > 0.0 {
                     let cands = [(s - hs) / (c - hc), (s - hs) / (c + hc), (s + hs) / (c - hc), (s + hs) / (c + hc)];
                     let b = if r.side_high {
@@ -142,9 +142,9 @@ pub(super) fn release_one(
             for (k, r) in &mine {
                 let lvl = 1.0 - (1.0 - r.level) / 3.0;
                 let (hc, h1, h2) = (
-                    p.noise[0].ci_half_width(lvl),
-                    p.noise[1].ci_half_width(lvl) * g,
-                    p.noise[2].ci_half_width(lvl) * g * g,
+                    p.noise[0].integer_ci_half_width(lvl),
+                    p.noise[1].integer_ci_half_width(lvl) * g,
+                    p.noise[2].integer_ci_half_width(lvl) * g * g,
                 );
                 let bound = if c - hc > 1.0 {
                     let mut vals = Vec::new();

@@ -203,7 +203,7 @@ impl MeasurementLog {
             sigma: noise.std_dev(),
             round,
             noise: kind.into(),
-            ci_half_width: noise.ci_half_width(level),
+            ci_half_width: noise.integer_ci_half_width(level),
             level,
         }
     }

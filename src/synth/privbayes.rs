@@ -114,12 +114,15 @@ impl Synthesizer for PrivBayes {
         let sizes = ctx.sizes.clone();
         let cells = |s: &[usize]| -> usize { s.iter().map(|&a| sizes[a]).product() };
         // n̂ for θ-usefulness: the fit's N̂, or a noisy count with 1% of ε.
+        let mut count_log = None;
         let (n_hat, eps) = match &ctx.observed {
             Some(o) => (o.total, eps),
             None => {
                 let e = 0.01 * eps;
                 let first_attr = [0usize];
                 let m = ctx.measure_laplace(&first_attr, 1.0 / e)?;
+                let noise = dpflow_udfs::noise::NoiseDistribution::Laplace { scale: 1.0 / e };
+                count_log = Some(MeasurementLog::new(ctx.names(&first_attr), noise, 0, ctx.options.confidence));
                 (m.values.iter().sum::<f64>().max(1.0), eps - e)
             }
         };
@@ -170,7 +173,7 @@ impl Synthesizer for PrivBayes {
         // Conditionals: d marginals with discrete Laplace b = d/ε₂ (000 Alg 2 lines 10–14).
         let b = d as f64 / eps2;
         let mut measurements: Vec<Measurement> = Vec::with_capacity(d);
-        let mut log = Vec::with_capacity(d);
+        let mut log: Vec<MeasurementLog> = count_log.into_iter().collect();
         for (x, parents) in &network {
             let set = sorted(parents.iter().copied().chain([*x]).collect());
             measurements.push(ctx.measure_laplace(&set, b)?);

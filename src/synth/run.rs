@@ -924,6 +924,9 @@ pub(crate) async fn save_record(ctx: &SessionContext, req: &SynthRequest, record
 pub const MAX_SETS: usize = 10_000;
 
 /// `--multiple`'s public checks, before anything is charged.
+/// The largest PrivBayes degree a run accepts.
+pub const MAX_DEGREE: usize = 64;
+
 /// The ranges of the settings that are not budget, sets or rows (public:
 /// checked before anything is charged, also by the pipeline spec check).
 pub fn check_settings(options: &SynthOptions, missing: &StrategyOptions) -> Result<()> {
@@ -943,7 +946,14 @@ pub fn check_settings(options: &SynthOptions, missing: &StrategyOptions) -> Resu
             options.confidence,
             "the coverage of AIM's error bounds, e.g. 0.95",
         ),
-        (options.degree >= 1, "--degree", "at least 1", options.degree as f64, "PrivBayes's parents per attribute"),
+        // (PrivBayes uses at most the columns there are; the cap keeps k + 1 from overflowing.)
+        (
+            (1..=MAX_DEGREE).contains(&options.degree),
+            "--degree",
+            "between 1 and 64",
+            options.degree as f64,
+            "PrivBayes's parents per attribute",
+        ),
         (options.rounds != Some(0), "--rounds", "at least 1", 0.0, "MWEM's rounds"),
     ];
     for (ok, name, range, value, what) in checks {

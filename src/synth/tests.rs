@@ -158,9 +158,10 @@ fn cell_synthesizers_fit_through_the_synthesizer_interface() {
 
 /// Every measured marginal's record carries its cells' interval (issue 20:
 /// the noise scale is public): MST's discrete Gaussian ones z·σ, PrivBayes's
-/// discrete Laplace ones b·ln(1/α), at the run's confidence. And those
-/// half-widths cover the exact samplers' noise at their level: 20 000 draws
-/// each, within 4 standard errors (0.006) of 0.95.
+/// discrete Laplace ones b·ln(1/α), rounded up to whole counts (integer
+/// noise: `integer_half_widths_cover_their_level`), at the run's confidence.
+/// And those half-widths cover the exact samplers' noise at their level:
+/// 20 000 draws each, within 4 standard errors (0.006) of 0.95.
 #[test]
 fn measurement_intervals_have_their_coverage() {
     let z = 1.959_963_984_540_054;
@@ -168,17 +169,17 @@ fn measurement_intervals_have_their_coverage() {
     assert!(!fitted.metadata.measurements.is_empty());
     for m in &fitted.metadata.measurements {
         assert_eq!((m.noise.as_str(), m.level), ("gaussian", 0.95));
-        assert!((m.ci_half_width - z * m.sigma).abs() < 1e-6 * m.ci_half_width, "{m:?}");
+        assert_eq!(m.ci_half_width, (z * m.sigma).ceil(), "{m:?}");
     }
     let (fitted, ..) = run(Mechanism::Privbayes, 0.5, 1, 500, "all-2way");
     for m in &fitted.metadata.measurements {
         let b = m.sigma / std::f64::consts::SQRT_2;
         assert_eq!(m.noise, "laplace");
-        assert!((m.ci_half_width - b * 20f64.ln()).abs() < 1e-6 * m.ci_half_width, "{m:?}");
+        assert!((m.ci_half_width - (b * 20f64.ln()).ceil()).abs() < 1e-9, "{m:?}");
     }
     let mut rng = DpRng::unsafe_seeded(17);
     for noise in [NoiseDistribution::Gaussian { sigma: 40.0 }, NoiseDistribution::Laplace { scale: 30.0 }] {
-        let hw = noise.ci_half_width(0.95);
+        let hw = noise.integer_ci_half_width(0.95);
         let k = 20_000;
         let inside = (0..k).filter(|_| (noise.sample_integer(&mut rng) as f64).abs() <= hw).count();
         let coverage = inside as f64 / k as f64;

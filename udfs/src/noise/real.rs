@@ -54,6 +54,20 @@ impl NoiseDistribution {
         }
     }
 
+    /// [`NoiseDistribution::ci_half_width`] rounded up to a whole number of
+    /// units: the interval for one answer with *integer* noise of this
+    /// scale (the exact samplers' noise), which covers at least `level`.
+    /// The continuous half-width h undercovers integer noise when the
+    /// fraction of h is lost (|X| ≤ h means |X| ≤ ⌊h⌋; e.g. σ = 1 covers
+    /// 0.88, not 0.95). With m = ⌈h⌉: discrete Laplace (q = e^{−1/b}) has
+    /// P(|X| > m) = 2q^{m+1}/(1 + q) ≤ q^m ≤ α since m ≥ b·ln(1/α); the
+    /// discrete Gaussian's tail is at most the normal one shifted by one
+    /// unit (CKS20), P(|X| > m) ≤ P(|N| ≥ m) ≤ α since m ≥ z·σ. Test
+    /// `integer_half_widths_cover_their_level`.
+    pub fn integer_ci_half_width(&self, level: f64) -> f64 {
+        self.ci_half_width(level).ceil()
+    }
+
     fn scaled(&self, factor: f64) -> Self {
         match *self {
             NoiseDistribution::Laplace { scale } => NoiseDistribution::Laplace { scale: scale * factor },
@@ -184,6 +198,37 @@ pub fn from_grid_units(v: i128, k: i32) -> f64 {
 mod tests {
     use super::*;
     use crate::noise::DpRng;
+
+    /// Exact coverage of the whole-number half-widths, at small scales where
+    /// the continuous ones fall short (σ = 1 at 95%: 0.883): discrete
+    /// Laplace in closed form, 1 − 2q^{m+1}/(1 + q); the discrete Gaussian
+    /// by summing its weights over ±60σ.
+    #[test]
+    fn integer_half_widths_cover_their_level() {
+        let gaussian_coverage = |sigma: f64, m: f64| {
+            let w = |x: f64| (-x * x / (2.0 * sigma * sigma)).exp();
+            let r = (60.0 * sigma).ceil() as i64 + 2;
+            let total: f64 = (-r..=r).map(|x| w(x as f64)).sum();
+            (-r..=r).filter(|&x| (x as f64).abs() <= m).map(|x| w(x as f64)).sum::<f64>() / total
+        };
+        let laplace_coverage = |b: f64, m: f64| {
+            let q = (-1.0 / b).exp();
+            1.0 - 2.0 * q.powf(m + 1.0) / (1.0 + q)
+        };
+        for level in [0.8, 0.9, 0.95, 0.99, 0.999] {
+            for s in [0.3, 0.5, 1.0, 1.7, 2.0, 3.7, 10.0, 41.3] {
+                let g = NoiseDistribution::Gaussian { sigma: s };
+                let c = gaussian_coverage(s, g.integer_ci_half_width(level));
+                assert!(c >= level, "gaussian σ = {s} at {level}: {c}");
+                let l = NoiseDistribution::Laplace { scale: s };
+                let c = laplace_coverage(s, l.integer_ci_half_width(level));
+                assert!(c >= level, "laplace b = {s} at {level}: {c}");
+            }
+        }
+        // The continuous half-width undercovers integer noise.
+        let g = NoiseDistribution::Gaussian { sigma: 1.0 };
+        assert!(gaussian_coverage(1.0, g.ci_half_width(0.95).floor()) < 0.89);
+    }
 
     /// The float path of `to_grid_units` equals the exact rational one on
     /// random bit patterns (every exponent, signs, NaN, ∞), on exact
