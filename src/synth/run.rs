@@ -975,6 +975,25 @@ pub(crate) fn check_sets(req: &SynthRequest) -> Result<()> {
     Ok(())
 }
 
+/// The last public checks of a release and its start: a seed never goes
+/// with a ledger, the domain must be readable for DP, then the RNG and the
+/// ledger reservation of `budget` (before any data is read).
+pub(crate) fn begin_release(
+    req: &SynthRequest,
+    name: &str,
+    budget: Share,
+    progress: &dyn Fn(&str),
+) -> Result<(DpRng, Option<(Ledger, i64)>)> {
+    if req.unsafe_seed.is_some() && req.ledger.is_some() {
+        return Err(SynthError::UnsafeSeed);
+    }
+    if let Some(why) = req.dataset.domain().dp_read_refusal() {
+        return Err(SynthError::DpReadRefused { dataset: req.dataset.name.clone(), why });
+    }
+    let rng = DpRng::new(req.unsafe_seed)?;
+    Ok((rng, reserve(req, name, budget, progress)?))
+}
+
 /// Reserves the release's whole budget in the ledger, if there is one,
 /// before any data is read.
 pub(crate) fn reserve(

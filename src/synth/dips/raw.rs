@@ -57,8 +57,9 @@ use super::sequential::{NumericModel, SeqColumn, SequentialSpec, sequential_regr
 use crate::domain::Domain;
 use crate::measure::ReleaseAccountant;
 use crate::missing::Strategy;
+use crate::pgm::factor::strides;
 use crate::privacy::{PrivacyFilter, Share};
-use crate::synth::run::{SynthRecord, SynthRequest, TimingRecord, budget_check, reserve, write_streams};
+use crate::synth::run::{SynthRecord, SynthRequest, TimingRecord, begin_release, budget_check, write_streams};
 use crate::synth::{DipsOptions, Result, SynthError};
 
 /// A 002 model over raw numeric values.
@@ -237,17 +238,10 @@ pub(crate) async fn run(
             sequential_spec(&layout, sets, rows, options.ridge),
         ),
     };
-    if req.unsafe_seed.is_some() && req.ledger.is_some() {
-        return Err(SynthError::UnsafeSeed);
-    }
-    if let Some(why) = req.dataset.domain().dp_read_refusal() {
-        return Err(SynthError::DpReadRefused { dataset: req.dataset.name.clone(), why });
-    }
-    let mut rng = DpRng::new(req.unsafe_seed)?;
-    // GLOM's cell strides (its cells are at most 2²⁴: they fit u32); the
-    // others index no cells (the sequence's columns may have more).
+    // GLOM's cell strides (its cells are at most 2²⁴); the others index no
+    // cells (the sequence's columns may have more than an index holds).
     let strides = if mechanism == RawMechanism::Glom { strides(&layout.sizes) } else { Vec::new() };
-    let ledger_state = reserve(req, mechanism.name(), Share::Epsilon(epsilon), progress)?;
+    let (mut rng, ledger_state) = begin_release(req, mechanism.name(), Share::Epsilon(epsilon), progress)?;
 
     // Protected data is read from here on: a failure is charged and
     // reported without its cause (docs/PRIVACY.md §1).
@@ -257,8 +251,8 @@ pub(crate) async fn run(
         read_rows(ctx, req, &layout, complete, |codes, z| match &mut sums {
             Sums::Normal(s, _) => s.add(z[0]),
             Sums::Glom(s, spec) => {
-                let cell = codes.iter().zip(&strides).map(|(c, s)| c * s).sum();
-                s.add(spec, cell, [z[0], z[1]]);
+                let cell: usize = codes.iter().zip(&strides).map(|(&c, s)| c as usize * s).sum();
+                s.add(spec, cell as u32, [z[0], z[1]]);
             }
             Sums::Rows(columns, _) => {
                 for (&i, &c) in layout.cells_of.iter().zip(codes) {
@@ -368,22 +362,31 @@ async fn read_rows(
     let mut stream = datafusion::physical_plan::execute_stream(typed, ctx.task_ctx()).map_err(read_err)?;
     while let Some(batch) = stream.next().await {
         let batch = batch.map_err(read_err)?;
-        // Codes of the cell columns, from the typed values (already in the domain).
-        let codes = encoder.encode(&batch).map_err(|_| SynthError::RawRead)?;
-        if codes.num_rows() != batch.num_rows() {
-            return Err(SynthError::RawRead);
-        }
+        // Codes of the cell columns, from the typed values (already in the
+        // domain); none to encode when every column is numeric.
+        let codes = if layout.cells_of.is_empty() {
+            None
+        } else {
+            let codes = encoder.encode(&batch).map_err(|_| SynthError::RawRead)?;
+            if codes.num_rows() != batch.num_rows() {
+                return Err(SynthError::RawRead);
+            }
+            Some(codes)
+        };
         let numeric: Vec<Float64Array> = layout
             .numeric
             .iter()
             .map(|&i| cast(batch.column(i), &DataType::Float64).map(|a| a.as_primitive::<Float64Type>().clone()))
             .collect::<std::result::Result<_, _>>()
             .map_err(|_| SynthError::RawRead)?;
-        let cell_codes: Vec<&[u32]> = layout
-            .cells_of
-            .iter()
-            .map(|&i| codes.column(i).as_primitive::<datafusion::arrow::datatypes::UInt32Type>().values().as_ref())
-            .collect();
+        let cell_codes: Vec<&[u32]> = match &codes {
+            Some(codes) => layout
+                .cells_of
+                .iter()
+                .map(|&i| codes.column(i).as_primitive::<datafusion::arrow::datatypes::UInt32Type>().values().as_ref())
+                .collect(),
+            None => Vec::new(),
+        };
         let nulls: Vec<Option<u32>> = layout.cells_of.iter().map(|&i| domain.columns()[i].null_code()).collect();
         let mut z = vec![0.0; numeric.len()];
         let mut row_codes = vec![0u32; cell_codes.len()];
@@ -408,15 +411,6 @@ async fn read_rows(
         }
     }
     Ok(())
-}
-
-/// Row-major strides of cells over `sizes` (the last fastest).
-fn strides(sizes: &[usize]) -> Vec<u32> {
-    let mut s = vec![1u32; sizes.len()];
-    for d in (0..sizes.len().saturating_sub(1)).rev() {
-        s[d] = s[d + 1] * sizes[d + 1] as u32;
-    }
-    s
 }
 
 /// One set of the sequential synthesizer (column-major, codes as f64 and

@@ -39,7 +39,7 @@ use crate::measure::ReleaseAccountant;
 use crate::missing::Strategy;
 use crate::privacy::{PrivacyFilter, Share};
 use crate::synth::run::{
-    SET_COLUMN, SynthRecord, SynthRequest, TimingRecord, budget_check, exact_answers_from, reserve, save_record,
+    SET_COLUMN, SynthRecord, SynthRequest, TimingRecord, begin_release, budget_check, exact_answers_from, save_record,
     write_streams,
 };
 use crate::synth::{FitMetadata, Result, SynthError};
@@ -183,14 +183,7 @@ pub(crate) async fn run(
             check_public_sequential(&domain, epsilon, options.sets, options.rows, ridge, req.model_out.is_some())?
         }
     };
-    if req.unsafe_seed.is_some() && req.ledger.is_some() {
-        return Err(SynthError::UnsafeSeed);
-    }
-    if let Some(why) = req.dataset.domain().dp_read_refusal() {
-        return Err(SynthError::DpReadRefused { dataset: req.dataset.name.clone(), why });
-    }
-    let mut rng = DpRng::new(req.unsafe_seed)?;
-    let ledger_state = reserve(req, mechanism.name(), Share::Epsilon(epsilon), progress)?;
+    let (mut rng, ledger_state) = begin_release(req, mechanism.name(), Share::Epsilon(epsilon), progress)?;
 
     // Protected data is read from here on: a failure is charged and
     // reported without its cause (docs/PRIVACY.md §1).

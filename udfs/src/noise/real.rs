@@ -162,7 +162,7 @@ fn pow2(k: i32) -> Ratio<BigInt> {
 /// saturating; 0 for a non-finite x), for pre-rounding summands.
 ///
 /// For |k| ≤ 1000 it is computed in floats, with the same result as the
-/// exact rational computation ([`to_grid_units_exact`]; test
+/// exact rational computation (`to_grid_units_exact`; test
 /// `float_grid_units_equal_the_exact_ones`): multiplying by 2^−k only moves
 /// the exponent, so x·2^−k is exact whenever it is a normal number; when it
 /// is subnormal or underflows, |x/2^k| < 2^−1022 and both round to 0; on
@@ -182,7 +182,7 @@ pub fn to_grid_units(x: f64, k: i32) -> i128 {
 }
 
 /// [`to_grid_units`] in exact rational arithmetic.
-pub fn to_grid_units_exact(x: f64, k: i32) -> i128 {
+fn to_grid_units_exact(x: f64, k: i32) -> i128 {
     match f64_to_rational(x) {
         Some(x) => bigint_to_i128_saturating(&(x / pow2(k)).round().to_integer()),
         None => 0,
