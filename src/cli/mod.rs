@@ -6,6 +6,7 @@ mod impute;
 mod inspect;
 mod missing;
 mod pipeline;
+mod plan;
 mod progress;
 mod serve;
 mod sql;
@@ -46,6 +47,8 @@ pub enum Command {
     Serve(serve::ServeArgs),
     /// Check release pipeline files (errors name the file, line and key).
     Validate(pipeline::ValidateArgs),
+    /// Predict a pipeline's errors before anything is read, and the budget a target error needs.
+    Plan(plan::PlanArgs),
     /// Run one release of a pipeline (plan, reserve, execute, commit, publish).
     Run(pipeline::RunArgs),
     /// Run pipelines on their cron schedules.
@@ -88,6 +91,7 @@ pub async fn run(cli: Cli) -> Result<i32> {
         Command::Serve(a) => serve::run(a).await,
         Command::Validate(a) => pipeline::validate(a).await,
         Command::Run(a) => pipeline::run(a).await,
+        Command::Plan(a) => plan::run(a).await,
         Command::Schedule(a) => pipeline::schedule_cmd(a).await,
         Command::Impute(a) => impute::run(a).await,
         Command::Missing(a) => missing::run(a).await,

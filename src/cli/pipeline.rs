@@ -68,13 +68,12 @@ pub(super) async fn run(a: RunArgs) -> Result<i32> {
     match outcome? {
         RunOutcome::DryRun { plan, total } => {
             println!("pipeline {} (release budget {}): planned cost {total:.6}", p.name, p.budget.describe());
-            for s in plan {
-                println!("  step {} ({})", s.step, s.kind);
-                for m in s.mechanisms {
-                    println!("    {} [{}] {}", m.mechanism, m.target, m.loss.describe());
-                }
-            }
-            println!("(dry run: nothing was read or spent)");
+            super::plan::print_plan(&plan);
+            println!(
+                "(dry run: nothing was read or spent; `dpflow plan {} --rows N` forecasts means and workload floors, \
+                 --target-ci the budget for a target error)",
+                a.file
+            );
         }
         RunOutcome::AlreadyComplete { manifest } => println!("release already complete: {manifest}"),
         RunOutcome::Completed { manifest, spent, remaining } => {

@@ -40,6 +40,13 @@ pub struct SqlArgs {
     /// UNSAFE: seed the noise (tests only; answers are NOT private).
     #[arg(long)]
     pub unsafe_seed: Option<u64>,
+    /// Print the query's mechanisms and the predicted error of every number
+    /// it would release; read and spend nothing.
+    #[arg(long)]
+    pub dry_run: bool,
+    /// Forecast inputs (with --dry-run).
+    #[command(flatten)]
+    pub forecast: super::plan::ForecastArgs,
 }
 
 fn render(r: &QueryResult, format: SqlFormat) -> Result<String> {
@@ -117,6 +124,24 @@ pub(super) async fn run(a: SqlArgs) -> Result<i32> {
         (None, Some(f)) => Some(std::fs::read_to_string(f).with_context(|| format!("reading {f}"))?),
         (None, None) => None,
     };
+    if a.dry_run {
+        let Some(q) = query else { bail!("--dry-run needs a query (-e or -f)") };
+        let (records, preds) = engine.predict(&q, budget, &a.forecast.assumptions()?).await?;
+        if a.format == SqlFormat::Json {
+            println!(
+                "{}",
+                serde_json::to_string_pretty(&serde_json::json!({"mechanisms": records, "predictions": preds}))?
+            );
+        } else {
+            for m in &records {
+                println!("{} [{}] {}", m.mechanism, m.target, m.loss.describe());
+            }
+            println!("predicted error:");
+            super::plan::print_predictions(&preds, "  ");
+            println!("(dry run: nothing was read or spent)");
+        }
+        return Ok(0);
+    }
     if let Some(q) = query {
         let pb = super::progress::spinner("running the query");
         let r = engine.query(&q, budget).await;

@@ -76,6 +76,14 @@ pub enum PipelineError {
         /// Step name.
         step: String,
     },
+    /// A `--target-ci` that names nothing, or cannot be met.
+    #[error("--target-ci {target}: {why}")]
+    Target {
+        /// The target as given.
+        target: String,
+        /// Why, and what to name instead.
+        why: String,
+    },
     /// The steps cost more than the release budget.
     #[error("{file}: the steps cost more than the release budget {budget} (step {step}); lower the steps' budgets")]
     OverBudget {

@@ -3,11 +3,13 @@
 //! `dpflow schedule` cron scheduler.
 
 mod error;
+pub mod forecast;
 pub mod paths;
 pub mod run;
 pub mod schedule;
 pub mod spec;
 
 pub use error::{BoxError, PipelineError};
+pub use forecast::{Target, TargetBudget};
 pub use run::{Manifest, RunOptions, RunOutcome};
 pub use spec::{Pipeline, Step};

@@ -61,6 +61,9 @@ pub struct StepPlan {
     pub kind: &'static str,
     /// Mechanisms it will charge.
     pub mechanisms: Vec<MechanismRecord>,
+    /// Predicted error of what it releases (public inputs only; see
+    /// [`crate::privacy::accuracy`]).
+    pub predictions: Vec<crate::privacy::Prediction>,
 }
 
 /// An output in the manifest.
@@ -223,6 +226,29 @@ impl Pipeline {
 
     /// Plans every step's cost (reads no data) and checks it fits the release budget.
     pub async fn plan(&self) -> Result<(Vec<StepPlan>, f64)> {
+        self.plan_forecast(&crate::sql::Assumptions::default()).await
+    }
+
+    /// [`Pipeline::plan`] with each step's predicted error under `assumptions`.
+    pub async fn plan_forecast(&self, assumptions: &crate::sql::Assumptions) -> Result<(Vec<StepPlan>, f64)> {
+        let plans = self.plan_steps(assumptions).await?;
+        let mut filter = PrivacyFilter::new(self.budget);
+        for p in &plans {
+            for m in &p.mechanisms {
+                filter.charge(&m.loss).map_err(|source| PipelineError::OverBudget {
+                    file: self.path.display().to_string(),
+                    budget: self.budget.describe(),
+                    step: p.step.clone(),
+                    source,
+                })?;
+            }
+        }
+        Ok((plans, filter.spent_amount()))
+    }
+
+    /// Every step's mechanisms and predictions, not yet checked against the
+    /// release budget.
+    pub(super) async fn plan_steps(&self, assumptions: &crate::sql::Assumptions) -> Result<Vec<StepPlan>> {
         let catalog = self.catalog()?;
         for t in catalog.tables.values().filter(|t| !t.public) {
             if let Some(why) = t.dataset.domain().dp_read_refusal() {
@@ -237,13 +263,18 @@ impl Pipeline {
             .await
             .map_err(|e| PipelineError::Tables { file: self.path.display().to_string(), source: e.into() })?;
         let mut plans = Vec::new();
-        let mut filter = PrivacyFilter::new(self.budget);
         for step in &self.steps {
+            let mut predictions = Vec::new();
             let (kind, mechanisms) = match step {
                 Step::Sql { query, budget, name, .. } => {
-                    ("sql", engine.cost(query, Some(*budget)).await.map_err(|e| step_error(name, e.into()))?)
+                    let (records, preds) = engine
+                        .predict(query, Some(*budget), assumptions)
+                        .await
+                        .map_err(|e| step_error(name, e.into()))?;
+                    predictions = preds;
+                    ("sql", records)
                 }
-                Step::Synthesize { name, mechanism, budget, missing, .. } => {
+                Step::Synthesize { name, mechanism, budget, missing, workload, options, missing_options, .. } => {
                     // Pipelines have no public bound M: refuse before the run reserves and reads.
                     if *missing == crate::missing::Strategy::ImputeFirst(crate::missing::ImputeMethod::ModeStability) {
                         return Err(PipelineError::ModeStabilityUnsupported {
@@ -262,6 +293,16 @@ impl Pipeline {
                             rho: budget.as_rho().ok_or_else(|| PipelineError::NotZcdp { step: name.clone() })?,
                         },
                     };
+                    predictions = self.synth_forecast(
+                        name,
+                        *mechanism,
+                        workload,
+                        *budget,
+                        options,
+                        *missing,
+                        missing_options,
+                        assumptions,
+                    )?;
                     (
                         "synthesize",
                         vec![MechanismRecord {
@@ -274,25 +315,57 @@ impl Pipeline {
                         }],
                     )
                 }
-                Step::Impute { name, spec, estimator, .. } => (
-                    "impute",
-                    crate::impute::planned_records(spec, *estimator).map_err(|e| step_error(name, e.into()))?,
-                ),
+                Step::Impute { name, spec, estimator, .. } => {
+                    predictions.push(crate::privacy::Prediction::new(
+                        "imputed values",
+                        "imputation",
+                        assumptions.level,
+                        "DP kNN imputation is calibrated to its smooth sensitivity, which depends on the data: no \
+                         error can be predicted before reading it",
+                    ));
+                    (
+                        "impute",
+                        crate::impute::planned_records(spec, *estimator).map_err(|e| step_error(name, e.into()))?,
+                    )
+                }
                 Step::Evaluate { .. } => ("evaluate", vec![]),
                 // Post-processing of a synthesize step's output.
                 Step::Analyze { .. } => ("analyze", vec![]),
             };
-            for m in &mechanisms {
-                filter.charge(&m.loss).map_err(|source| PipelineError::OverBudget {
-                    file: self.path.display().to_string(),
-                    budget: self.budget.describe(),
-                    step: step.name().to_string(),
-                    source,
-                })?;
-            }
-            plans.push(StepPlan { step: step.name().to_string(), kind, mechanisms });
+            plans.push(StepPlan { step: step.name().to_string(), kind, mechanisms, predictions });
         }
-        Ok((plans, filter.spent_amount()))
+        Ok(plans)
+    }
+
+    /// A synthesize step's forecast (`synth::predict`); a workload that
+    /// does not parse is the step's error.
+    #[allow(clippy::too_many_arguments)]
+    fn synth_forecast(
+        &self,
+        name: &str,
+        mechanism: crate::synth::run::Mechanism,
+        workload: &str,
+        budget: Budget,
+        options: &crate::synth::SynthOptions,
+        missing: crate::missing::Strategy,
+        missing_options: &crate::missing::StrategyOptions,
+        a: &crate::sql::Assumptions,
+    ) -> Result<Vec<crate::privacy::Prediction>> {
+        let dataset = self.dataset()?;
+        let domain = dataset.domain();
+        let workload =
+            crate::synth::workload::Workload::parse(workload, domain).map_err(|e| step_error(name, e.into()))?;
+        Ok(crate::synth::predict::predict(&crate::synth::predict::SynthForecastInput {
+            mechanism,
+            domain,
+            workload: &workload,
+            budget,
+            options,
+            missing,
+            missing_options,
+            rows: a.rows,
+            level: a.level,
+        }))
     }
 
     fn open_ledger(&self) -> Result<Ledger> {

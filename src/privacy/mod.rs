@@ -5,6 +5,7 @@
 //! `dpflow_udfs::{noise, calibrate}`; the cost types are in
 //! `dpflow_udfs::cost` and re-exported here.
 
+pub mod accuracy;
 pub mod budget;
 pub mod convert;
 pub mod failure;
@@ -12,6 +13,7 @@ pub mod ledger;
 pub mod share;
 pub mod yaml;
 
+pub use accuracy::Prediction;
 pub use budget::{Budget, BudgetError, Normalized, PrivacyFilter};
 pub use dpflow_udfs::cost::{MechanismRecord, PrivacyLoss};
 /// Why seeded noise may not be charged to a ledger: a seed makes the noise

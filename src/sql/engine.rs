@@ -293,6 +293,28 @@ impl SqlEngine {
             Checked::Imputed(plan) => return self.imputed_query(&plan, &prepared, budget, force_explain).await,
             Checked::Dp(plan, analysis) => (plan, *analysis),
         };
+        let DpPlan { entry, agg, unit, domain_keys, planned, selection, records } =
+            self.plan_dp(&plan, &analysis, &prepared, budget).await?;
+        if prepared.explain || force_explain {
+            return Ok(explained(records));
+        }
+        // Reserve before touching data; refuse if it does not fit.
+        let reservation = self.reserve(&entry.ledger_dataset, &records)?;
+        let outcome =
+            self.execute(&plan, &agg, &entry, unit.as_ref(), &planned, domain_keys, selection.as_ref(), releases).await;
+        self.settle(outcome, reservation, records)
+    }
+
+    /// Everything about a checked DP query that is decided before any
+    /// protected data is read: its table, contribution bounds, GROUP BY keys
+    /// or partition selection, and each aggregate's noise and cost.
+    async fn plan_dp(
+        &self,
+        plan: &LogicalPlan,
+        analysis: &super::check::Analysis,
+        prepared: &super::sites::Prepared,
+        budget: Option<Budget>,
+    ) -> Result<DpPlan> {
         let entry = self.table(&analysis.table)?.clone();
         if let Some(why) = entry.dataset.domain().dp_read_refusal() {
             return Err(Refusal::new(K::TablePolicy, format!("table {}: {why}", entry.name)).into());
@@ -305,7 +327,7 @@ impl SqlEngine {
         check_dp_arguments(&agg)?;
         // Plan errors that do not depend on the data (a literal that does not convert)
         // surface here, before anything is charged.
-        self.ctx.state().optimize(&plan)?;
+        self.ctx.state().optimize(plan)?;
         let budget = budget.or(self.catalog.query_budget);
         // Domain-enumerable GROUP BY keys, else partition selection.
         let domain_keys = domain_keys(&self.catalog, &agg, &entry)?;
@@ -315,14 +337,43 @@ impl SqlEngine {
         if let Some((rec, _, _)) = &selection {
             records.push(rec.clone());
         }
-        if prepared.explain || force_explain {
-            return Ok(explained(records));
+        Ok(DpPlan { entry, agg, unit, domain_keys, planned, selection, records })
+    }
+
+    /// The mechanisms a query would charge and the predicted error of each
+    /// number it would release ([`super::predict`]): plans it, reads no
+    /// protected data, charges nothing.
+    pub async fn predict(
+        &mut self,
+        sql: &str,
+        budget: Option<Budget>,
+        assumptions: &super::predict::Assumptions,
+    ) -> Result<(Vec<MechanismRecord>, Vec<crate::privacy::Prediction>)> {
+        let (prepared, checked) = self.plan_checked(sql).await?;
+        match checked {
+            Checked::Imputed(plan) => {
+                let r = self.imputed_query(&plan, &prepared, budget, true).await?;
+                let why = "a query over DP-imputed values is calibrated to the smooth sensitivity of the imputation, \
+                           which depends on the data: no error can be predicted before reading it";
+                Ok((
+                    r.mechanisms,
+                    vec![crate::privacy::Prediction::new("dp_imputed_*", "imputed", assumptions.level, why)],
+                ))
+            }
+            Checked::Dp(plan, analysis) => {
+                let d = self.plan_dp(&plan, &analysis, &prepared, budget).await?;
+                let keys = d.domain_keys.as_ref().map(|k| k.len());
+                let mut preds = super::predict::predict(&d.planned, d.selection.as_ref(), keys, assumptions);
+                // Name each prediction after the output column that shows the aggregate.
+                let names = output_names(&plan);
+                for p in &mut preds {
+                    if let Some((_, alias)) = names.iter().find(|(field, _)| *field == p.target) {
+                        p.target = alias.clone();
+                    }
+                }
+                Ok((d.records, preds))
+            }
         }
-        // Reserve before touching data; refuse if it does not fit.
-        let reservation = self.reserve(&entry.ledger_dataset, &records)?;
-        let outcome =
-            self.execute(&plan, &agg, &entry, unit.as_ref(), &planned, domain_keys, selection.as_ref(), releases).await;
-        self.settle(outcome, reservation, records)
     }
 
     /// Reserves `records` in the ledger before any data is read (refusing a
@@ -474,6 +525,43 @@ impl SqlEngine {
 }
 
 /// A query checked by [`SqlEngine::plan_checked`].
+/// (aggregate field, output column) for every output column of `plan`'s
+/// top projection that shows an aggregate's value unchanged under an alias.
+fn output_names(plan: &LogicalPlan) -> Vec<(String, String)> {
+    let mut node = plan;
+    loop {
+        match node {
+            LogicalPlan::Projection(p) => {
+                return p
+                    .expr
+                    .iter()
+                    .filter_map(|e| match e {
+                        Expr::Alias(a) => match a.expr.as_ref() {
+                            Expr::Column(c) => Some((c.name.clone(), a.name.clone())),
+                            _ => None,
+                        },
+                        _ => None,
+                    })
+                    .collect();
+            }
+            LogicalPlan::Sort(s) => node = &s.input,
+            LogicalPlan::Limit(l) => node = &l.input,
+            _ => return vec![],
+        }
+    }
+}
+
+/// A DP query's plan-time decisions (see [`SqlEngine::plan_dp`]).
+struct DpPlan {
+    entry: TableEntry,
+    agg: datafusion::logical_expr::Aggregate,
+    unit: Option<datafusion::common::Column>,
+    domain_keys: Option<Vec<Vec<datafusion::common::ScalarValue>>>,
+    planned: Vec<super::costing::Planned>,
+    selection: Option<super::costing::Selection>,
+    records: Vec<MechanismRecord>,
+}
+
 enum Checked {
     /// A `dp_imputed_*` query (checked by `imputed::plan_imputed`).
     Imputed(LogicalPlan),

@@ -17,6 +17,7 @@ pub mod independent;
 pub mod mst;
 pub mod mwem;
 pub mod napsu;
+pub mod predict;
 pub mod privbayes;
 pub mod run;
 pub mod structure;
