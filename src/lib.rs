@@ -19,6 +19,7 @@ pub mod missing;
 pub mod pgm;
 pub mod pipeline;
 pub mod privacy;
+pub mod report;
 pub mod serve;
 pub mod sql;
 pub mod synth;

@@ -31,6 +31,7 @@ const FLOORS: &[(&str, u8)] = &[
     ("analyze", 3),
     ("sql", 4),
     ("pipeline", 4),
+    ("report", 4),
     ("serve", 5),
 ];
 

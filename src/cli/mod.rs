@@ -8,6 +8,7 @@ mod missing;
 mod pipeline;
 mod plan;
 mod progress;
+mod report;
 mod serve;
 mod sql;
 mod synth;
@@ -49,6 +50,8 @@ pub enum Command {
     Validate(pipeline::ValidateArgs),
     /// Predict a pipeline's errors before anything is read, and the budget a target error needs.
     Plan(plan::PlanArgs),
+    /// Write the HTML report of a published release (budget timeline, every released number and its interval).
+    Report(report::ReportArgs),
     /// Run one release of a pipeline (plan, reserve, execute, commit, publish).
     Run(pipeline::RunArgs),
     /// Run pipelines on their cron schedules.
@@ -92,6 +95,7 @@ pub async fn run(cli: Cli) -> Result<i32> {
         Command::Validate(a) => pipeline::validate(a).await,
         Command::Run(a) => pipeline::run(a).await,
         Command::Plan(a) => plan::run(a).await,
+        Command::Report(a) => report::run(a).await,
         Command::Schedule(a) => pipeline::schedule_cmd(a).await,
         Command::Impute(a) => impute::run(a).await,
         Command::Missing(a) => missing::run(a).await,

@@ -117,6 +117,12 @@ pub struct Manifest {
     /// The seed when one was used (the release is then NOT private).
     #[serde(skip_serializing_if = "Option::is_none")]
     pub unsafe_seed: Option<u64>,
+    /// The release report beside the manifest (`report.html`), if it was written.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub report: Option<String>,
+    /// Why the report could not be written (the release itself is complete).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub report_problem: Option<String>,
 }
 
 /// The outcome of `run`.
@@ -626,6 +632,11 @@ impl Pipeline {
             progress(&format!("step {}", step.name()));
             match step {
                 Step::Sql { name, query, budget, output } => {
+                    // Each output column's statistic and stated interval (public: from the plan).
+                    let (_, columns) = engine
+                        .predict(query, Some(*budget), &crate::sql::Assumptions::default())
+                        .await
+                        .map_err(|e| step_error(name, e.into()))?;
                     let r = engine.query(query, Some(*budget)).await.map_err(|e| step_error(name, e.into()))?;
                     let mut buf = Vec::new();
                     {
@@ -637,7 +648,7 @@ impl Pipeline {
                     write_bytes(ctx, &join(&loc.staging, output), buf).await?;
                     records.push(serde_json::json!({
                         "step": name, "kind": "sql", "query": query, "mechanisms": r.mechanisms,
-                        "outputs": [output], "seconds": t.elapsed().as_secs_f64(),
+                        "columns": columns, "outputs": [output], "seconds": t.elapsed().as_secs_f64(),
                     }));
                 }
                 Step::Synthesize {
@@ -861,7 +872,7 @@ impl Pipeline {
         }
         let charge = ledger.charge(charge_id)?;
         let status = ledger.status(&self.dataset)?;
-        let manifest = Manifest {
+        let mut manifest = Manifest {
             format: "dpflow-release-v1",
             pipeline: self.name.clone(),
             pipeline_sha256: self.sha256.clone(),
@@ -879,7 +890,31 @@ impl Pipeline {
             started_at: started.to_rfc3339(),
             finished_at: Utc::now().to_rfc3339(),
             unsafe_seed: opts.unsafe_seed,
+            report: Some("report.html".into()),
+            report_problem: None,
         };
+        // The report (public outputs and the ledger only), before the manifest: a
+        // release whose manifest exists is complete. A report that cannot be made
+        // does not hold the release back; the manifest says why.
+        let report_url = join(&loc.output, "report.html");
+        refuse_links_below(&loc.output_root, &report_url)?;
+        let report = match serde_json::to_value(&manifest) {
+            Ok(value) => {
+                let history = ledger.history(Some(&self.dataset))?;
+                let dataset = self.dataset()?;
+                crate::report::gather::build(ctx, &value, Some(&dataset), Some((&status.dataset.budget, &history)))
+                    .await
+                    .map_err(|e| e.to_string())
+            }
+            Err(e) => Err(e.to_string()),
+        };
+        match report {
+            Ok(html) => write_bytes(ctx, &report_url, html.into_bytes()).await?,
+            Err(why) => {
+                manifest.report = None;
+                manifest.report_problem = Some(why);
+            }
+        }
         let manifest_url = join(&loc.output, "manifest.json");
         refuse_links_below(&loc.output_root, &manifest_url)?;
         // Last: its presence means the release is complete.

@@ -13,7 +13,7 @@
 
 use dpflow_udfs::noise::{DpRng, NoiseDistribution};
 use rand::RngExt;
-use serde::Serialize;
+use serde::{Deserialize, Serialize};
 
 /// Draws of each simulated prediction: the 95% quantile of |error| from
 /// 20 000 draws has a relative standard error below 1%.
@@ -21,7 +21,7 @@ pub const SIMULATION_DRAWS: usize = 20_000;
 
 /// The predicted accuracy of one released number (or of one kind of
 /// released number, e.g. every cell of a synthesizer's 2-way marginals).
-#[derive(Debug, Clone, PartialEq, Serialize)]
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct Prediction {
     /// What is released (a query's output column, a marginal, ...).
     pub target: String,
@@ -33,25 +33,31 @@ pub struct Prediction {
     /// Predicted half-width of the `level` interval around the released
     /// number, on the answer's scale: the `level` quantile of |released −
     /// exact| (noise only: clamping to the public bounds is not included).
-    #[serde(skip_serializing_if = "Option::is_none")]
+    #[serde(default, skip_serializing_if = "Option::is_none")]
     pub half_width: Option<f64>,
+    /// The half-width of the interval the release itself states around each
+    /// value when its noise does not depend on the data (counts and sums:
+    /// value ± this, rounded up to cover at least `level`, as `dp_ci_low`
+    /// and `dp_ci_high` print); the release report shows it.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub stated_half_width: Option<f64>,
     /// Predicted root-mean-square error (same scale).
-    #[serde(skip_serializing_if = "Option::is_none")]
+    #[serde(default, skip_serializing_if = "Option::is_none")]
     pub rmse: Option<f64>,
     /// The half-width when the data is shaped worst for this statistic
     /// (e.g. a mean at one of its bounds), where that differs from
     /// [`Prediction::half_width`].
-    #[serde(skip_serializing_if = "Option::is_none")]
+    #[serde(default, skip_serializing_if = "Option::is_none")]
     pub worst_half_width: Option<f64>,
     /// Quantiles: a bound, at `level`, on the error in rank (rows).
-    #[serde(skip_serializing_if = "Option::is_none")]
+    #[serde(default, skip_serializing_if = "Option::is_none")]
     pub rank_error: Option<f64>,
     /// Synthesizers: the expected total variation distance of a workload
     /// marginal from noise alone (a floor, see `synth::predict`).
-    #[serde(skip_serializing_if = "Option::is_none")]
+    #[serde(default, skip_serializing_if = "Option::is_none")]
     pub expected_tvd: Option<f64>,
     /// The row count (per released group) the prediction assumes.
-    #[serde(skip_serializing_if = "Option::is_none")]
+    #[serde(default, skip_serializing_if = "Option::is_none")]
     pub rows: Option<f64>,
     /// How the prediction was made, what it assumes, or why there is none.
     pub basis: String,
@@ -65,6 +71,7 @@ impl Prediction {
             statistic: statistic.to_string(),
             level,
             half_width: None,
+            stated_half_width: None,
             rmse: None,
             worst_half_width: None,
             rank_error: None,

@@ -76,6 +76,7 @@ fn predict_one(p: &Planned, rows: Option<f64>, rows_basis: &str, level: f64) -> 
         Kind::Count { .. } => {
             let mut pr = Prediction::new(&p.field, "count", level, exact);
             pr.half_width = Some(integer_abs_quantile(&p.noise[0], level));
+            pr.stated_half_width = Some(p.noise[0].integer_ci_half_width(level));
             pr.rmse = Some(integer_noise_rmse(&p.noise[0]));
             pr
         }
@@ -87,6 +88,7 @@ fn predict_one(p: &Planned, rows: Option<f64>, rows_basis: &str, level: f64) -> 
                 format!("{exact}; values outside the bounds are clamped (that bias is not included)"),
             );
             pr.half_width = Some(integer_abs_quantile(&p.noise[0], level) * g);
+            pr.stated_half_width = Some(p.noise[0].integer_ci_half_width(level) * g);
             pr.rmse = Some(integer_noise_rmse(&p.noise[0]) * g);
             pr
         }

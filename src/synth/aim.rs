@@ -71,7 +71,9 @@ impl Synthesizer for Aim {
         for a in 0..d {
             let m = ctx.measure(&[a], sigma0)?;
             rho_used += 1.0 / (2.0 * sigma0 * sigma0);
-            log.push(MeasurementLog::new(ctx.names(&[a]), gauss(sigma0), 0, ctx.options.confidence));
+            log.push(
+                MeasurementLog::new(ctx.names(&[a]), gauss(sigma0), 0, ctx.options.confidence).with_values(&m.values),
+            );
             measured_for_bounds.push(MeasuredMarginal {
                 attrs: m.attrs.clone(),
                 values: m.values.clone(),

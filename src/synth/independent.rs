@@ -26,8 +26,11 @@ impl Synthesizer for Independent {
         let mut ms = Vec::with_capacity(d);
         let mut log = Vec::with_capacity(d);
         for a in 0..d {
-            ms.push(ctx.measure(&[a], sigma)?);
-            log.push(MeasurementLog::new(ctx.names(&[a]), gauss(sigma), 1, ctx.options.confidence));
+            let m = ctx.measure(&[a], sigma)?;
+            log.push(
+                MeasurementLog::new(ctx.names(&[a]), gauss(sigma), 1, ctx.options.confidence).with_values(&m.values),
+            );
+            ms.push(m);
         }
         let model = ctx.estimate(&ms, None, ctx.options.iters);
         Ok(Fitted {

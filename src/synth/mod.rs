@@ -184,6 +184,11 @@ pub struct MeasurementLog {
     /// The interval's coverage (the run's `--confidence`).
     #[serde(default)]
     pub level: f64,
+    /// The noisy counts themselves, for one-way marginals (DP outputs: the
+    /// model is post-processing of them; the release report plots them
+    /// against the synthetic data's marginals). Empty otherwise.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub values: Vec<f64>,
 }
 
 /// Discrete Gaussian noise of σ (the synthesizers' zCDP measurements).
@@ -206,7 +211,14 @@ impl MeasurementLog {
             noise: kind.into(),
             ci_half_width: noise.integer_ci_half_width(level),
             level,
+            values: Vec::new(),
         }
+    }
+
+    /// The record with the measurement's noisy counts (one-way marginals).
+    pub fn with_values(mut self, values: &[f64]) -> Self {
+        self.values = values.to_vec();
+        self
     }
 }
 

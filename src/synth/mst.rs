@@ -41,8 +41,11 @@ impl Synthesizer for Mst {
         let mut log = Vec::new();
         let mut ones = Vec::with_capacity(d);
         for a in 0..d {
-            ones.push(ctx.measure(&[a], sigma1)?);
-            log.push(MeasurementLog::new(ctx.names(&[a]), gauss(sigma1), 1, ctx.options.confidence));
+            let m = ctx.measure(&[a], sigma1)?;
+            log.push(
+                MeasurementLog::new(ctx.names(&[a]), gauss(sigma1), 1, ctx.options.confidence).with_values(&m.values),
+            );
+            ones.push(m);
         }
         // Compression (post-processing of the noisy 1-way counts).
         let compression = Compression::from_one_way(&ones);

@@ -1,0 +1,118 @@
+//! Collects a report's inputs from a published release: its CSV outputs,
+//! the synthetic data's one-way marginals (post-processing of the release)
+//! and the dataset's ledger history. Reads only published outputs and the
+//! ledger, never the protected input.
+
+use std::collections::BTreeMap;
+
+use datafusion::execution::context::SessionContext;
+use dpflow_udfs::marginal::NullMode;
+use serde_json::Value;
+
+use super::{ReportError, ReportInput};
+use crate::dataset::{CodeSource, Dataset};
+use crate::privacy::{Budget, ChargeRow};
+
+/// What [`gather`] read.
+#[derive(Debug, Default)]
+pub struct Gathered {
+    /// CSV outputs by name.
+    pub csv: BTreeMap<String, Vec<u8>>,
+    /// Synthetic one-way counts per step and attribute.
+    pub synthetic: BTreeMap<String, BTreeMap<String, Vec<f64>>>,
+}
+
+fn read_err(e: impl std::fmt::Display) -> ReportError {
+    ReportError::Read(e.to_string())
+}
+
+/// Reads the published outputs `manifest` lists. `dataset`: the release's
+/// dataset (its domain decodes the synthetic outputs); without it the
+/// synthetic marginals are not computed.
+pub async fn gather(
+    ctx: &SessionContext,
+    manifest: &Value,
+    dataset: Option<&Dataset>,
+) -> Result<Gathered, ReportError> {
+    let mut g = Gathered::default();
+    let outputs = manifest.get("outputs").and_then(Value::as_array).cloned().unwrap_or_default();
+    let url_of = |step: &str, name: &str| -> Option<String> {
+        outputs.iter().find_map(|o| {
+            let url = o.get("url")?.as_str()?;
+            (o.get("step")?.as_str()? == step && url.ends_with(&format!("/{name}"))).then(|| url.to_string())
+        })
+    };
+    let steps = manifest.get("steps").and_then(Value::as_array).cloned().unwrap_or_default();
+    for s in &steps {
+        let step = s.get("step").and_then(Value::as_str).unwrap_or_default();
+        let names: Vec<String> = s
+            .get("outputs")
+            .and_then(Value::as_array)
+            .map(|a| a.iter().filter_map(|x| x.as_str().map(String::from)).collect())
+            .unwrap_or_default();
+        for n in names.iter().filter(|n| n.ends_with(".csv")) {
+            if let Some(url) = url_of(step, n) {
+                g.csv.insert(n.clone(), crate::io::read_bytes(ctx, &url).await.map_err(read_err)?);
+            }
+        }
+        // The synthetic data's one-way marginals where the step logged noisy one-way counts.
+        let (Some(ds), Some(first)) = (dataset, names.first()) else { continue };
+        let Some(url) = url_of(step, first) else { continue };
+        let logs: Vec<crate::synth::MeasurementLog> =
+            s.get("measurements").and_then(|v| serde_json::from_value(v.clone()).ok()).unwrap_or_default();
+        let wanted: Vec<(String, usize)> = logs
+            .iter()
+            .filter(|l| l.attributes.len() == 1 && !l.values.is_empty())
+            .map(|l| (l.attributes[0].clone(), l.values.len()))
+            .collect();
+        if wanted.is_empty() {
+            continue;
+        }
+        let mut syn = ds.clone();
+        syn.location = url;
+        syn.extra_locations = vec![];
+        syn.format = None;
+        let domain = ds.domain();
+        let mut counts = BTreeMap::new();
+        for mode in [NullMode::Cells, NullMode::Observed] {
+            let sets: Vec<(String, Vec<usize>)> = wanted
+                .iter()
+                .filter_map(|(a, len)| {
+                    let i = domain.position(a)?;
+                    let c = &domain.columns()[i];
+                    let size = if mode == NullMode::Cells { c.cardinality() } else { c.size() };
+                    (size == *len && !counts.contains_key(a)).then(|| (a.clone(), vec![i]))
+                })
+                .collect();
+            if sets.is_empty() {
+                continue;
+            }
+            let idx: Vec<Vec<usize>> = sets.iter().map(|s| s.1.clone()).collect();
+            let (answers, _) = crate::synth::run::exact_answers_from(ctx, &syn, &idx, mode, &CodeSource::Plain)
+                .await
+                .map_err(read_err)?;
+            for (a, i) in sets {
+                counts.insert(a, answers.get(&i).map_err(read_err)?.to_vec());
+            }
+        }
+        g.synthetic.insert(step.to_string(), counts);
+    }
+    Ok(g)
+}
+
+/// Gathers and renders in one call.
+pub async fn build(
+    ctx: &SessionContext,
+    manifest: &Value,
+    dataset: Option<&Dataset>,
+    ledger: Option<(&Budget, &[ChargeRow])>,
+) -> Result<String, ReportError> {
+    let g = gather(ctx, manifest, dataset).await?;
+    super::render(&ReportInput {
+        manifest,
+        csv: &g.csv,
+        synthetic: &g.synthetic,
+        domain: dataset.map(|d| d.domain()),
+        ledger,
+    })
+}
