@@ -69,8 +69,23 @@ fn expected_texts(rel: &Path) -> Vec<String> {
                 }
             }
         }
-        for m in step["measurements"].as_array().cloned().unwrap_or_default() {
+        let measurements = step["measurements"].as_array().cloned().unwrap_or_default();
+        for m in &measurements {
             want.push(format!("± {}", num(m["ci_half_width"].as_f64().unwrap())));
+        }
+        // napsu-mq's published noisy statistics, each with its interval.
+        for o in step["outputs"].as_array().unwrap().iter().filter_map(|o| o.as_str()) {
+            if !o.ends_with(".napsu.json") {
+                continue;
+            }
+            let r: serde_json::Value = serde_json::from_slice(&std::fs::read(rel.join(o)).unwrap()).unwrap();
+            let st = &r["napsu"]["statistics"];
+            let w = measurements[0]["ci_half_width"].as_f64().unwrap();
+            for v in st["statistics"].as_array().unwrap() {
+                let v = v.as_f64().unwrap();
+                want.push(num(v));
+                want.push(format!("[{}, {}]", num(v - w), num(v + w)));
+            }
         }
     }
     assert!(want.len() > 40, "the release has numbers to check");

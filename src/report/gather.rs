@@ -20,6 +20,8 @@ pub struct Gathered {
     pub csv: BTreeMap<String, Vec<u8>>,
     /// Synthetic one-way counts per step and attribute.
     pub synthetic: BTreeMap<String, BTreeMap<String, Vec<f64>>>,
+    /// napsu-mq's published noisy statistics per step.
+    pub statistics: BTreeMap<String, Value>,
 }
 
 fn read_err(e: impl std::fmt::Display) -> ReportError {
@@ -53,6 +55,15 @@ pub async fn gather(
         for n in names.iter().filter(|n| n.ends_with(".csv")) {
             if let Some(url) = url_of(step, n) {
                 g.csv.insert(n.clone(), crate::io::read_bytes(ctx, &url).await.map_err(read_err)?);
+            }
+        }
+        for n in names.iter().filter(|n| n.ends_with(".napsu.json")) {
+            if let Some(url) = url_of(step, n) {
+                let bytes = crate::io::read_bytes(ctx, &url).await.map_err(read_err)?;
+                let v: Value = serde_json::from_slice(&bytes).map_err(read_err)?;
+                if let Some(st) = v.get("napsu").and_then(|x| x.get("statistics")) {
+                    g.statistics.insert(step.to_string(), st.clone());
+                }
             }
         }
         // The synthetic data's one-way marginals where the step logged noisy one-way counts.
@@ -112,6 +123,7 @@ pub async fn build(
         manifest,
         csv: &g.csv,
         synthetic: &g.synthetic,
+        statistics: &g.statistics,
         domain: dataset.map(|d| d.domain()),
         ledger,
     })

@@ -64,6 +64,9 @@ pub struct ReportInput<'a> {
     /// Per synthesize step, per attribute: the synthetic data's one-way
     /// counts, in the layout of the step's noisy one-way measurement.
     pub synthetic: &'a BTreeMap<String, BTreeMap<String, Vec<f64>>>,
+    /// Per napsu-mq step: its published noisy statistics (the
+    /// `dpflow-napsu-statistics-v1` object of its `.napsu.json` output).
+    pub statistics: &'a BTreeMap<String, Value>,
     /// The dataset's domain (cell labels), when known.
     pub domain: Option<&'a Domain>,
     /// The dataset's total budget and its ledger charges, when the ledger is at hand.
@@ -441,6 +444,9 @@ fn synth_step(h: &mut String, s: &Value, name: &str, input: &ReportInput<'_>) ->
         }
         h.push_str("</table>\n");
     }
+    if let Some(st) = input.statistics.get(name) {
+        statistics_tables(h, st, &ms, input.domain);
+    }
     let synthetic = input.synthetic.get(name);
     let mut figures = String::new();
     for x in ms.iter().filter(|x| x.attributes.len() == 1 && !x.values.is_empty()) {
@@ -487,6 +493,70 @@ fn synth_step(h: &mut String, s: &Value, name: &str, input: &ReportInput<'_>) ->
     Ok(())
 }
 
+/// The labels of a marginal's cells over `attrs` (first varies slowest),
+/// when the domain knows every attribute.
+fn cell_labels(attrs: &[String], domain: Option<&Domain>, cells: usize) -> Vec<String> {
+    let cols: Option<Vec<_>> = domain.and_then(|d| attrs.iter().map(|a| d.column(a)).collect::<Option<Vec<_>>>());
+    let Some(cols) = cols.filter(|c| c.iter().map(|c| c.cardinality()).product::<usize>() == cells) else {
+        return (0..cells).map(|i| format!("cell {i}")).collect();
+    };
+    (0..cells)
+        .map(|mut i| {
+            let mut parts = vec![String::new(); cols.len()];
+            for (k, c) in cols.iter().enumerate().rev() {
+                let size = c.cardinality();
+                parts[k] = format!("{}={}", attrs[k], c.label((i % size) as u32));
+                i /= size;
+            }
+            parts.join(", ")
+        })
+        .collect()
+}
+
+/// napsu-mq's published noisy statistics, one table per query, each cell
+/// with its interval (the measurement's half-width).
+fn statistics_tables(h: &mut String, st: &Value, ms: &[crate::synth::MeasurementLog], domain: Option<&Domain>) {
+    let queries: Vec<Vec<String>> =
+        st.get("queries").and_then(|q| serde_json::from_value(q.clone()).ok()).unwrap_or_default();
+    let values: Vec<f64> =
+        st.get("statistics").and_then(|q| serde_json::from_value(q.clone()).ok()).unwrap_or_default();
+    let cells: Vec<usize> = queries
+        .iter()
+        .map(|q| match domain {
+            Some(d) => q.iter().filter_map(|a| d.column(a)).map(|c| c.cardinality()).product(),
+            None => 0,
+        })
+        .collect();
+    if queries.is_empty() || cells.iter().sum::<usize>() != values.len() {
+        let _ = writeln!(
+            h,
+            "<p class=\"note\">The step's {} published noisy statistics are in its .napsu.json output{}.</p>",
+            values.len(),
+            if domain.is_none() { " (give the domain to lay them out here)" } else { "" }
+        );
+        return;
+    }
+    h.push_str("<h3>Published noisy statistics</h3>\n");
+    let mut at = 0;
+    for (q, &n) in queries.iter().zip(&cells) {
+        let hw = ms.iter().find(|m| &m.attributes == q).map(|m| (m.ci_half_width, m.level));
+        let _ = write!(h, "<table>\n<tr><th>{}</th><th>noisy count</th>", esc(&q.join(" × ")));
+        if let Some((_, level)) = hw {
+            let _ = write!(h, "<th>{}% interval</th>", num(level * 100.0));
+        }
+        h.push_str("</tr>\n");
+        for (label, v) in cell_labels(q, domain, n).iter().zip(&values[at..at + n]) {
+            let _ = write!(h, "<tr><td>{}</td><td>{}</td>", esc(label), num(*v));
+            if let Some((w, _)) = hw {
+                let _ = write!(h, "<td>[{}, {}]</td>", num(v - w), num(v + w));
+            }
+            h.push_str("</tr>\n");
+        }
+        h.push_str("</table>\n");
+        at += n;
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -514,6 +584,7 @@ mod tests {
             manifest: &m,
             csv: &csv,
             synthetic: &BTreeMap::new(),
+            statistics: &BTreeMap::new(),
             domain: None,
             ledger: None,
         })
@@ -532,6 +603,7 @@ mod tests {
             manifest: &m,
             csv: &BTreeMap::new(),
             synthetic: &BTreeMap::new(),
+            statistics: &BTreeMap::new(),
             domain: None,
             ledger: None,
         })
