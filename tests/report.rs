@@ -176,3 +176,57 @@ fn the_adult_release_report_holds_every_number_and_renders() {
     assert!(share > 0.005, "the screenshot looks blank: {:.4}% dark pixels", share * 100.0);
     eprintln!("screenshot: {} ({:.2}% dark pixels)", png.display(), share * 100.0);
 }
+
+/// `dpflow eval --report`: the curator report says NOT PRIVATE first and
+/// last, is owner-only, parses without errors, and holds every per-pair TVD
+/// of the JSON evaluation (whose means agree with the summary's).
+#[test]
+fn the_curator_report_is_labelled_owner_only_and_holds_the_heat_maps() {
+    use std::os::unix::fs::PermissionsExt;
+    let dir = tempfile::tempdir().unwrap();
+    let out = dir.path().join("curator.html");
+    let root = Path::new(env!("CARGO_MANIFEST_DIR"));
+    let run = Command::new(env!("CARGO_BIN_EXE_dpflow"))
+        .current_dir(root)
+        .args([
+            "eval",
+            "--real",
+            "sample_data/nist-acs/ma2019.csv",
+            "--synth",
+            "tests/data/sdnist/mst.csv",
+            "--domain",
+            "tests/data/sdnist/kmarginal.domain.yaml",
+            "--workload",
+            "all-2way",
+            "--format",
+            "json",
+            "--report",
+            out.to_str().unwrap(),
+        ])
+        .output()
+        .unwrap();
+    assert!(run.status.success(), "{}", String::from_utf8_lossy(&run.stderr));
+    let eval: serde_json::Value = serde_json::from_slice(&run.stdout).unwrap();
+    assert_eq!(std::fs::metadata(&out).unwrap().permissions().mode() & 0o777, 0o600, "owner-only");
+    let html = std::fs::read_to_string(&out).unwrap();
+    let banner = dpflow::report::curator::NOT_PRIVATE;
+    let body = html.split("<body>").nth(1).unwrap();
+    assert!(body.trim_start().starts_with("<p class=\"warn\">NOT PRIVATE"), "the banner comes first");
+    assert_eq!(html.matches(banner).count(), 2, "the banner first and last");
+    let got = cells(&html);
+    let det = &eval["detail"];
+    let (mut sum, mut n) = (0.0, 0);
+    for row in det["two_way"].as_array().unwrap() {
+        for v in row.as_array().unwrap().iter().filter_map(|v| v.as_f64()) {
+            assert!(got.contains(&format!("{v:.4}")), "2-way TVD {v:.4} missing");
+            sum += v;
+            n += 1;
+        }
+    }
+    // Each pair appears twice (the matrix is symmetric): the mean is the summary's 2-way TVD.
+    assert!((sum / n as f64 - eval["tvd_2way"].as_f64().unwrap()).abs() < 1e-12);
+    let one: Vec<f64> = det["one_way"].as_array().unwrap().iter().map(|v| v.as_f64().unwrap()).collect();
+    assert!((one.iter().sum::<f64>() / one.len() as f64 - eval["tvd_1way"].as_f64().unwrap()).abs() < 1e-12);
+    assert!(html.contains(&format!("{:.1} of 1000", eval["kmarginal"]["score"].as_f64().unwrap())));
+    assert_eq!(html.matches("<svg").count(), 2, "the 2-way and 3-way heat maps");
+}

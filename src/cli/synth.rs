@@ -412,6 +412,11 @@ pub struct EvalArgs {
     /// Output format.
     #[arg(long, value_enum, default_value_t)]
     pub format: OutputFormat,
+    /// Also write the curator report (HTML, NOT PRIVATE: heat maps of the
+    /// 2/3-way TVDs, k-marginal score, ML efficacy) to this file, owner-only.
+    /// Never put it where releases are published.
+    #[arg(long)]
+    pub report: Option<std::path::PathBuf>,
 }
 
 pub(super) async fn eval(a: EvalArgs) -> Result<i32> {
@@ -434,6 +439,12 @@ pub(super) async fn eval(a: EvalArgs) -> Result<i32> {
     };
     pb.finish_and_clear();
     let ml = ml?;
+    if let Some(path) = &a.report {
+        let html = dpflow::report::curator::render(&r, ml.as_ref(), &a.real, &a.synth)?;
+        dpflow::io::write_private_file(path, html.as_bytes())
+            .with_context(|| format!("writing the curator report {}", path.display()))?;
+        eprintln!("curator report (NOT PRIVATE, owner-only) written: {}", path.display());
+    }
     match a.format {
         OutputFormat::Json => {
             let mut v = serde_json::to_value(&r)?;

@@ -43,6 +43,22 @@ pub struct EvalReport {
     pub rows_real: f64,
     /// Rows of the synthetic data.
     pub rows_synthetic: f64,
+    /// Per-attribute and per-pair detail (the curator report's heat maps).
+    pub detail: TvdDetail,
+}
+
+/// TVDs per attribute and per pair of attributes.
+#[derive(Debug, Clone, Serialize)]
+pub struct TvdDetail {
+    /// Column names, in domain order.
+    pub columns: Vec<String>,
+    /// The 1-way TVD of each column.
+    pub one_way: Vec<f64>,
+    /// `two_way[i][j]`: the TVD of the (i, j) marginal (`None` on the diagonal).
+    pub two_way: Vec<Vec<Option<f64>>>,
+    /// `three_way[i][j]`: the mean TVD of the 3-way marginals holding i and j
+    /// (`None` on the diagonal, or with fewer than 3 columns).
+    pub three_way: Vec<Vec<Option<f64>>>,
 }
 
 /// Total variation distance of two count vectors after normalising each.
@@ -88,6 +104,38 @@ pub async fn evaluate(ctx: &SessionContext, real: &Dataset, synth: &Dataset, wor
         werr += c * tvd(a.get(q)?, b.get(q)?);
     }
     let kmarginal = kmarginal_of(real.domain(), &a, &b)?;
+    let mut detail = TvdDetail {
+        columns: real.domain().names().iter().map(|n| n.to_string()).collect(),
+        one_way: Vec::with_capacity(d),
+        two_way: vec![vec![None; d]; d],
+        three_way: vec![vec![None; d]; d],
+    };
+    for i in 0..d {
+        detail.one_way.push(tvd(a.get(&[i])?, b.get(&[i])?));
+    }
+    for p in combos(d, 2) {
+        let t = tvd(a.get(&p)?, b.get(&p)?);
+        (detail.two_way[p[0]][p[1]], detail.two_way[p[1]][p[0]]) = (Some(t), Some(t));
+    }
+    if d >= 3 {
+        let mut sum = vec![vec![(0.0, 0usize); d]; d];
+        for t in combos(d, 3) {
+            let v = tvd(a.get(&t)?, b.get(&t)?);
+            for (x, y) in [(t[0], t[1]), (t[0], t[2]), (t[1], t[2])] {
+                for (i, j) in [(x, y), (y, x)] {
+                    sum[i][j].0 += v;
+                    sum[i][j].1 += 1;
+                }
+            }
+        }
+        for i in 0..d {
+            for j in 0..d {
+                if sum[i][j].1 > 0 {
+                    detail.three_way[i][j] = Some(sum[i][j].0 / sum[i][j].1 as f64);
+                }
+            }
+        }
+    }
     Ok(EvalReport {
         notice: inspect::CURATOR_NOTICE,
         workload: workload.to_string(),
@@ -98,6 +146,7 @@ pub async fn evaluate(ctx: &SessionContext, real: &Dataset, synth: &Dataset, wor
         rows_real: a.get(&[0])?.iter().sum(),
         rows_synthetic: b.get(&[0])?.iter().sum(),
         kmarginal,
+        detail,
     })
 }
 

@@ -151,6 +151,15 @@ pub enum RunOutcome {
     },
 }
 
+/// Where an evaluate step's curator report goes: beside its private output,
+/// with `.html` for the output's extension.
+fn curator_report_path(private_output: &str) -> String {
+    let (dir, file) = private_output.rsplit_once('/').map_or(("", private_output), |(d, f)| (d, f));
+    let stem = file.rsplit_once('.').map_or(file, |(s, _)| s);
+    let name = if file.ends_with(".html") { format!("{file}.report.html") } else { format!("{stem}.html") };
+    if dir.is_empty() { name } else { format!("{dir}/{name}") }
+}
+
 fn template(s: &str, p: &Pipeline, release_id: &str, date: &str) -> String {
     s.replace("{date}", date).replace("{release_id}", release_id).replace("{name}", &p.name)
 }
@@ -815,10 +824,14 @@ impl Pipeline {
                         what: format!("the evaluation of step {name}"),
                         source,
                     })?;
-                    // Curator-only: written to a private place, never published.
+                    // Curator-only: written to a private place, never published; the
+                    // curator report beside it.
                     write_private_bytes(ctx, private_output, json).await?;
+                    let html = crate::report::curator::render(&r, None, &real.location, synth_loc)
+                        .map_err(|e| step_error(name, e.into()))?;
+                    write_private_bytes(ctx, &curator_report_path(private_output), html.into_bytes()).await?;
                     records.push(serde_json::json!({
-                        "step": name, "kind": "evaluate", "note": "curator-only evaluation written to a private location; not part of the release",
+                        "step": name, "kind": "evaluate", "note": "curator-only evaluation (JSON, and an HTML report beside it) written to a private location; not part of the release",
                     }));
                 }
             }

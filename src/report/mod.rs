@@ -13,6 +13,7 @@
 //! `ci_half_width`); a number whose interval depends on the data says where
 //! to find it or why there is none.
 
+pub mod curator;
 pub mod gather;
 pub mod plots;
 

@@ -101,3 +101,51 @@ pub fn marginal(labels: &[String], synthetic: &[f64], noisy: &[(f64, f64)]) -> R
     }
     Ok(s)
 }
+
+/// A heat map of a symmetric matrix of TVDs (white 0 → dark red at `max`);
+/// `None` cells (the diagonal) are grey.
+pub fn heatmap(labels: &[String], m: &[Vec<Option<f64>>], max: f64) -> Result<String, PlotError> {
+    let d = labels.len().max(1);
+    let side = (160 + 26 * d).clamp(320, 900) as u32;
+    let mut s = String::new();
+    {
+        let root = SVGBackend::with_string(&mut s, (side, side)).into_drawing_area();
+        root.fill(&WHITE).map_err(err)?;
+        let mut chart = ChartBuilder::on(&root)
+            .margin(8)
+            .x_label_area_size(110)
+            .y_label_area_size(110)
+            .build_cartesian_2d(0f64..d as f64, 0f64..d as f64)
+            .map_err(err)?;
+        let label_of = |x: &f64| {
+            let i = x.floor() as usize;
+            if (x - x.floor() - 0.5).abs() < 1e-9 { labels.get(i).cloned().unwrap_or_default() } else { String::new() }
+        };
+        chart
+            .configure_mesh()
+            .disable_mesh()
+            .x_labels(2 * d + 1)
+            .y_labels(2 * d + 1)
+            .x_label_formatter(&label_of)
+            .y_label_formatter(&label_of)
+            .draw()
+            .map_err(err)?;
+        let max = if max > 0.0 { max } else { 1.0 };
+        chart
+            .draw_series(m.iter().enumerate().flat_map(|(i, row)| {
+                row.iter().enumerate().map(move |(j, v)| {
+                    let color = match v {
+                        None => RGBColor(200, 200, 200),
+                        Some(v) => {
+                            let t = (v / max).clamp(0.0, 1.0);
+                            RGBColor(255 - (t * 75.0) as u8, 255 - (t * 255.0) as u8, 255 - (t * 255.0) as u8)
+                        }
+                    };
+                    Rectangle::new([(j as f64, i as f64), (j as f64 + 1.0, i as f64 + 1.0)], color.filled())
+                })
+            }))
+            .map_err(err)?;
+        root.present().map_err(err)?;
+    }
+    Ok(s)
+}
