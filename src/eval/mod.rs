@@ -128,10 +128,10 @@ pub async fn evaluate(ctx: &SessionContext, real: &Dataset, synth: &Dataset, wor
                 }
             }
         }
-        for i in 0..d {
-            for j in 0..d {
-                if sum[i][j].1 > 0 {
-                    detail.three_way[i][j] = Some(sum[i][j].0 / sum[i][j].1 as f64);
+        for (out, row) in detail.three_way.iter_mut().zip(&sum) {
+            for (o, &(total, count)) in out.iter_mut().zip(row) {
+                if count > 0 {
+                    *o = Some(total / count as f64);
                 }
             }
         }
