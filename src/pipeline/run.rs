@@ -236,6 +236,7 @@ impl Pipeline {
             create_ledger: None,
             query_budget: None,
             confidence: 0.95,
+            models: Default::default(),
         })
     }
 

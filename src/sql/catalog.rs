@@ -70,6 +70,8 @@ pub struct Catalog {
     pub query_budget: Option<Budget>,
     /// Default confidence level of intervals.
     pub confidence: f64,
+    /// Saved models `synthetic(name, rows)` may sample (name → model file).
+    pub models: BTreeMap<String, String>,
 }
 
 #[derive(Deserialize)]
@@ -84,6 +86,8 @@ struct RawCatalog {
     #[serde(default = "default_confidence")]
     confidence: f64,
     tables: BTreeMap<String, RawTable>,
+    #[serde(default)]
+    models: BTreeMap<String, String>,
 }
 
 fn default_confidence() -> f64 {
@@ -233,6 +237,7 @@ impl Catalog {
                 .transpose()
                 .map_err(|source| SqlError::CatalogBudget { path: file.clone(), source })?,
             confidence: raw.confidence,
+            models: raw.models.iter().map(|(k, v)| (k.clone(), resolve(base, v))).collect(),
         })
     }
 }

@@ -107,6 +107,14 @@ impl SqlEngine {
             ctx.register_udf(f);
         }
         ctx.register_udf(datafusion::logical_expr::ScalarUDF::from(dpflow_udfs::dp::KeyedHash::default()));
+        ctx.register_udtf(
+            "synthetic",
+            Arc::new(super::synthetic::SyntheticFunction {
+                models: catalog.models.clone(),
+                allow_paths: true,
+                seed: unsafe_seed,
+            }),
+        );
         for t in catalog.tables.values() {
             let raw = t.dataset.raw(&ctx).await?.into_view();
             let passthrough = match &t.unit {
@@ -167,6 +175,15 @@ impl SqlEngine {
         }
         let mut e = Self::open(catalog, None).await?;
         e.analyst = Some(analyst.to_string());
+        // A served analyst names catalog models only, never files on the server.
+        e.ctx.register_udtf(
+            "synthetic",
+            Arc::new(super::synthetic::SyntheticFunction {
+                models: e.catalog.models.clone(),
+                allow_paths: false,
+                seed: None,
+            }),
+        );
         Ok(e)
     }
 
@@ -190,7 +207,7 @@ impl SqlEngine {
                 &prepared.sites,
                 self.catalog.query_budget,
             )?),
-            Checked::Dp(plan, _) => output_schema(&plan),
+            Checked::Dp(plan, _) | Checked::Synthetic(plan) => output_schema(&plan),
         })
     }
 
@@ -204,6 +221,9 @@ impl SqlEngine {
         no_duplicate_sites(&plan)?;
         if super::imputed::uses_imputed(&prepared.sites) {
             return Ok((prepared, Checked::Imputed(plan)));
+        }
+        if prepared.sites.is_empty() && super::synthetic::synthetic_only(&plan, &self.catalog) {
+            return Ok((prepared, Checked::Synthetic(plan)));
         }
         analyze(&plan, &self.catalog)?;
         // Again after type coercion: implicit casts must not be able to fail either.
@@ -291,6 +311,12 @@ impl SqlEngine {
         let (prepared, checked) = self.plan_checked(sql).await?;
         let (plan, analysis) = match checked {
             Checked::Imputed(plan) => return self.imputed_query(&plan, &prepared, budget, force_explain).await,
+            Checked::Synthetic(plan) => {
+                if prepared.explain || force_explain {
+                    return Ok(explained(vec![]));
+                }
+                return self.synthetic_query(plan).await;
+            }
             Checked::Dp(plan, analysis) => (plan, *analysis),
         };
         let DpPlan { entry, agg, unit, domain_keys, planned, selection, records } =
@@ -303,6 +329,18 @@ impl SqlEngine {
         let outcome =
             self.execute(&plan, &agg, &entry, unit.as_ref(), &planned, domain_keys, selection.as_ref(), releases).await;
         self.settle(outcome, reservation, records)
+    }
+
+    /// Runs a query over synthetic rows (and public tables) as ordinary SQL:
+    /// post-processing of a DP model, nothing charged.
+    async fn synthetic_query(&self, plan: LogicalPlan) -> Result<QueryResult> {
+        let schema = output_schema(&plan);
+        let batches = self.ctx.execute_logical_plan(plan).await?.collect().await?;
+        let batches = batches
+            .into_iter()
+            .map(|b| RecordBatch::try_new(schema.clone(), b.columns().to_vec()))
+            .collect::<std::result::Result<Vec<_>, _>>()?;
+        Ok(QueryResult { schema, batches, mechanisms: vec![], explain: None, charge_id: None, remaining: None })
     }
 
     /// Everything about a checked DP query that is decided before any
@@ -360,6 +398,16 @@ impl SqlEngine {
                     vec![crate::privacy::Prediction::new("dp_imputed_*", "imputed", assumptions.level, why)],
                 ))
             }
+            Checked::Synthetic(_) => Ok((
+                vec![],
+                vec![crate::privacy::Prediction::new(
+                    "synthetic rows",
+                    "synthetic",
+                    assumptions.level,
+                    "sampled from a saved DP model: post-processing, no budget and no noise of its own (the \
+                     model's release carries its error)",
+                )],
+            )),
             Checked::Dp(plan, analysis) => {
                 let d = self.plan_dp(&plan, &analysis, &prepared, budget).await?;
                 let keys = d.domain_keys.as_ref().map(|k| k.len());
@@ -563,6 +611,8 @@ struct DpPlan {
 }
 
 enum Checked {
+    /// Synthetic rows (and public tables) only: ordinary SQL, no budget.
+    Synthetic(LogicalPlan),
     /// A `dp_imputed_*` query (checked by `imputed::plan_imputed`).
     Imputed(LogicalPlan),
     /// A DP query: its coerced plan and analysis.

@@ -16,6 +16,7 @@ pub mod refusal;
 mod release;
 pub use dpflow_udfs::rowsafe;
 pub mod sites;
+pub mod synthetic;
 
 pub use catalog::{Catalog, PrivacyUnit, TableEntry};
 pub use costing::selection_threshold;
