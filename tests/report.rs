@@ -41,6 +41,55 @@ fn release(dir: &Path) -> PathBuf {
     dir.join("out/report-test")
 }
 
+/// `dpflow report` reads a release's outputs only at `<manifest dir>/<name>`
+/// with the recorded hash: from any working directory it rebuilds the
+/// report; a manifest edited to name a file outside the release (`..`), or
+/// whose hash does not match, is refused, and nothing of the file is shown.
+fn tampered_manifests_cannot_redirect_dpflow_report(dir: &Path, rel: &Path) {
+    let root = Path::new(env!("CARGO_MANIFEST_DIR"));
+    let domain = root.join("sample_data/adult/adult.domain.yaml");
+    let report = |manifest: &Path, out: &Path| {
+        Command::new(env!("CARGO_BIN_EXE_dpflow"))
+            .current_dir("/")
+            .args(["report", manifest.to_str().unwrap(), "--domain", domain.to_str().unwrap()])
+            .args(["--ledger", dir.join("ledger.sqlite").to_str().unwrap(), "--out", out.to_str().unwrap()])
+            .output()
+            .unwrap()
+    };
+    let again = dir.join("again.html");
+    let ok = report(&rel.join("manifest.json"), &again);
+    assert!(ok.status.success(), "{}", String::from_utf8_lossy(&ok.stderr));
+    assert!(std::fs::read_to_string(&again).unwrap().contains("counts_by_sex_race.csv"));
+    let manifest: serde_json::Value =
+        serde_json::from_slice(&std::fs::read(rel.join("manifest.json")).unwrap()).unwrap();
+    // A "secret" beside the release, and a manifest that names it through `..` with its true hash.
+    let secret = b"code,value\nsecret,424242\n";
+    std::fs::write(rel.parent().unwrap().join("secret.csv"), secret).unwrap();
+    let mut m = manifest.clone();
+    m["steps"][0]["outputs"] = serde_json::json!(["../secret.csv"]);
+    let step = m["steps"][0]["step"].clone();
+    m["outputs"].as_array_mut().unwrap().push(serde_json::json!({
+        "step": step, "url": format!("{}/../secret.csv", rel.display()),
+        "sha256": hex::encode(<sha2::Sha256 as sha2::Digest>::digest(secret)), "bytes": secret.len(),
+    }));
+    let bad = rel.join("tampered-1.json");
+    std::fs::write(&bad, serde_json::to_vec(&m).unwrap()).unwrap();
+    let out = dir.join("tampered-1.html");
+    let r = report(&bad, &out);
+    assert!(!r.status.success() && !out.exists(), "a `..` output must be refused");
+    assert!(String::from_utf8_lossy(&r.stderr).contains("`..`"), "{}", String::from_utf8_lossy(&r.stderr));
+    // A recorded hash that does not match the file.
+    let mut m = manifest.clone();
+    for o in m["outputs"].as_array_mut().unwrap() {
+        o["sha256"] = serde_json::json!("00".repeat(32));
+    }
+    let bad = rel.join("tampered-2.json");
+    std::fs::write(&bad, serde_json::to_vec(&m).unwrap()).unwrap();
+    let r = report(&bad, &dir.join("tampered-2.html"));
+    assert!(!r.status.success());
+    assert!(String::from_utf8_lossy(&r.stderr).contains("does not match the SHA-256"));
+}
+
 /// Every text the report must hold: each CSV cell, each stated interval,
 /// each measurement's ± half-width.
 fn expected_texts(rel: &Path) -> Vec<String> {
@@ -146,6 +195,8 @@ fn the_adult_release_report_holds_every_number_and_renders() {
     let want = expected_texts(&rel);
     let missing: Vec<&String> = want.iter().filter(|w| !got.iter().any(|g| g == *w)).collect();
     assert!(missing.is_empty(), "numbers missing from the report's tables: {missing:?}");
+
+    tampered_manifests_cannot_redirect_dpflow_report(dir.path(), &rel);
 
     let Some(chrome) = chromium() else {
         eprintln!("skipped the rendering part: no chromium (set DPFLOW_REQUIRE_CHROMIUM=1 to require it)");

@@ -44,9 +44,12 @@ pub(super) async fn run(a: ReportArgs) -> Result<i32> {
         }
         None => None,
     };
+    // Outputs are read from the manifest's own directory only (gather checks names and hashes).
+    let base = a.manifest.rsplit_once('/').map_or(".", |(dir, _)| dir).to_string();
     let html = dpflow::report::gather::build(
         &ctx,
         &manifest,
+        &base,
         dataset.as_ref(),
         ledger.as_ref().map(|(b, h)| (b, h.as_slice())),
     )

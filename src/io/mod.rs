@@ -4,6 +4,7 @@
 //! Reads always stream record batches: nothing here loads a whole file.
 
 mod error;
+pub mod names;
 pub mod private;
 mod read;
 mod store;

@@ -619,6 +619,7 @@ impl Pipeline {
         for s in &self.steps {
             if let Step::Evaluate { private_output, .. } = s {
                 prepare_private_output(private_output)?;
+                prepare_private_output(&curator_report_path(private_output))?;
             }
         }
         Ok(())
@@ -912,22 +913,25 @@ impl Pipeline {
         // does not hold the release back; the manifest says why.
         let report_url = join(&loc.output, "report.html");
         refuse_links_below(&loc.output_root, &report_url)?;
-        let report = match serde_json::to_value(&manifest) {
-            Ok(value) => {
-                let history = ledger.history(Some(&self.dataset))?;
-                let dataset = self.dataset()?;
-                crate::report::gather::build(ctx, &value, Some(&dataset), Some((&status.dataset.budget, &history)))
-                    .await
-                    .map_err(|e| e.to_string())
-            }
-            Err(e) => Err(e.to_string()),
-        };
-        match report {
-            Ok(html) => write_bytes(ctx, &report_url, html.into_bytes()).await?,
-            Err(why) => {
-                manifest.report = None;
-                manifest.report_problem = Some(why);
-            }
+        let report = async {
+            let value = serde_json::to_value(&manifest).map_err(|e| e.to_string())?;
+            let history = ledger.history(Some(&self.dataset)).map_err(|e| e.to_string())?;
+            let dataset = self.dataset().map_err(|e| e.to_string())?;
+            let html = crate::report::gather::build(
+                ctx,
+                &value,
+                &loc.output,
+                Some(&dataset),
+                Some((&status.dataset.budget, &history)),
+            )
+            .await
+            .map_err(|e| e.to_string())?;
+            write_bytes(ctx, &report_url, html.into_bytes()).await.map_err(|e| e.to_string())
+        }
+        .await;
+        if let Err(why) = report {
+            manifest.report = None;
+            manifest.report_problem = Some(why);
         }
         let manifest_url = join(&loc.output, "manifest.json");
         refuse_links_below(&loc.output_root, &manifest_url)?;

@@ -453,26 +453,13 @@ pub fn release_id_problem(id: &str) -> Option<&'static str> {
 /// Why a step's output name (a path relative to the release root) is unsafe,
 /// if it is: outputs stay below the root whatever the name.
 pub(crate) fn output_name_problem(name: &str) -> Option<&'static str> {
-    if name.is_empty() || name.len() > 255 {
-        return Some("give a file name of 1 to 255 characters, relative to the release's output");
-    }
-    if name == "manifest.json" || name.starts_with('_') {
+    if name == "manifest.json" || name == "report.html" || name.starts_with('_') {
         return Some(
-            "`manifest.json` and names starting with `_` are dpflow's own (the manifest, staging, step records)",
+            "`manifest.json`, `report.html` and names starting with `_` are dpflow's own (the manifest, the \
+             release report, staging, step records)",
         );
     }
-    if name.starts_with('/') {
-        return Some("an output is relative to the release's output location, not absolute");
-    }
-    for seg in name.split('/') {
-        if seg.is_empty() || seg == "." || seg == ".." {
-            return Some("`..`, `.` and empty segments are not allowed: an output stays below its release root");
-        }
-        if !seg.chars().all(|c| c.is_ascii_alphanumeric() || matches!(c, '.' | '-' | '_' | '=')) {
-            return Some("use letters, digits, '.', '-', '_', '=' and '/' between directories");
-        }
-    }
-    None
+    crate::io::names::relative_name_problem(name)
 }
 
 fn resolve(base: &Path, p: &str) -> String {

@@ -8,6 +8,7 @@ use std::collections::BTreeMap;
 use datafusion::execution::context::SessionContext;
 use dpflow_udfs::marginal::NullMode;
 use serde_json::Value;
+use sha2::Digest;
 
 use super::{ReportError, ReportInput};
 use crate::dataset::{CodeSource, Dataset};
@@ -28,21 +29,49 @@ fn read_err(e: impl std::fmt::Display) -> ReportError {
     ReportError::Read(e.to_string())
 }
 
-/// Reads the published outputs `manifest` lists. `dataset`: the release's
-/// dataset (its domain decodes the synthetic outputs); without it the
-/// synthetic marginals are not computed.
+/// Reads the published outputs `manifest` lists, from `base` (the release's
+/// directory, where its manifest is) only: each output must be a safe name
+/// relative to `base`, is read at `base/name` (never at a URL the manifest
+/// gives), and its bytes must hash to the manifest's SHA-256 for it. An edited manifest therefore cannot point
+/// the report at another file (e.g. the protected input). `dataset`: the
+/// release's dataset (its domain decodes the synthetic outputs); without it
+/// the synthetic marginals are not computed.
 pub async fn gather(
     ctx: &SessionContext,
     manifest: &Value,
+    base: &str,
     dataset: Option<&Dataset>,
 ) -> Result<Gathered, ReportError> {
     let mut g = Gathered::default();
     let outputs = manifest.get("outputs").and_then(Value::as_array).cloned().unwrap_or_default();
-    let url_of = |step: &str, name: &str| -> Option<String> {
-        outputs.iter().find_map(|o| {
-            let url = o.get("url")?.as_str()?;
-            (o.get("step")?.as_str()? == step && url.ends_with(&format!("/{name}"))).then(|| url.to_string())
-        })
+    let base = base.trim_end_matches('/');
+    // The checked location and recorded hash of a step's output `name`.
+    let located = |step: &str, name: &str| -> Result<Option<(String, String)>, ReportError> {
+        if let Some(why) = crate::io::names::relative_name_problem(name) {
+            return Err(ReportError::Read(format!("the manifest names output {name:?}: {why}")));
+        }
+        // Read from base/name whatever the record's URL says (a release may have been
+        // published from another working directory, or moved); the record only
+        // supplies the hash.
+        let url = format!("{base}/{name}");
+        Ok(outputs.iter().find_map(|o| {
+            let recorded = o.get("url")?.as_str()?;
+            let same = recorded == name || recorded.ends_with(&format!("/{name}"));
+            if o.get("step")?.as_str()? != step || !same {
+                return None;
+            }
+            Some((url.clone(), o.get("sha256")?.as_str()?.to_string()))
+        }))
+    };
+    let checked_read = |url: String, sha: String| async move {
+        let bytes = crate::io::read_bytes(ctx, &url).await.map_err(read_err)?;
+        if hex::encode(sha2::Sha256::digest(&bytes)) != sha {
+            return Err(ReportError::Read(format!(
+                "{url} does not match the SHA-256 the manifest records for it: the release was changed after it \
+                 was published"
+            )));
+        }
+        Ok::<_, ReportError>(bytes)
     };
     let steps = manifest.get("steps").and_then(Value::as_array).cloned().unwrap_or_default();
     for s in &steps {
@@ -53,13 +82,13 @@ pub async fn gather(
             .map(|a| a.iter().filter_map(|x| x.as_str().map(String::from)).collect())
             .unwrap_or_default();
         for n in names.iter().filter(|n| n.ends_with(".csv")) {
-            if let Some(url) = url_of(step, n) {
-                g.csv.insert(n.clone(), crate::io::read_bytes(ctx, &url).await.map_err(read_err)?);
+            if let Some((url, sha)) = located(step, n)? {
+                g.csv.insert(n.clone(), checked_read(url, sha).await?);
             }
         }
         for n in names.iter().filter(|n| n.ends_with(".napsu.json")) {
-            if let Some(url) = url_of(step, n) {
-                let bytes = crate::io::read_bytes(ctx, &url).await.map_err(read_err)?;
+            if let Some((url, sha)) = located(step, n)? {
+                let bytes = checked_read(url, sha).await?;
                 let v: Value = serde_json::from_slice(&bytes).map_err(read_err)?;
                 if let Some(st) = v.get("napsu").and_then(|x| x.get("statistics")) {
                     g.statistics.insert(step.to_string(), st.clone());
@@ -68,7 +97,7 @@ pub async fn gather(
         }
         // The synthetic data's one-way marginals where the step logged noisy one-way counts.
         let (Some(ds), Some(first)) = (dataset, names.first()) else { continue };
-        let Some(url) = url_of(step, first) else { continue };
+        let Some((url, sha)) = located(step, first)? else { continue };
         let logs: Vec<crate::synth::MeasurementLog> =
             s.get("measurements").and_then(|v| serde_json::from_value(v.clone()).ok()).unwrap_or_default();
         let wanted: Vec<(String, usize)> = logs
@@ -79,6 +108,8 @@ pub async fn gather(
         if wanted.is_empty() {
             continue;
         }
+        // The synthetic output is read through the domain below: check its hash first.
+        checked_read(url.clone(), sha).await?;
         let mut syn = ds.clone();
         syn.location = url;
         syn.extra_locations = vec![];
@@ -115,10 +146,11 @@ pub async fn gather(
 pub async fn build(
     ctx: &SessionContext,
     manifest: &Value,
+    base: &str,
     dataset: Option<&Dataset>,
     ledger: Option<(&Budget, &[ChargeRow])>,
 ) -> Result<String, ReportError> {
-    let g = gather(ctx, manifest, dataset).await?;
+    let g = gather(ctx, manifest, base, dataset).await?;
     super::render(&ReportInput {
         manifest,
         csv: &g.csv,

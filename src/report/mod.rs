@@ -190,17 +190,25 @@ fn budget_section(h: &mut String, input: &ReportInput<'_>) -> Result<()> {
     let mut acc = Normalized::default();
     let mut points = Vec::new();
     let mut rows = String::new();
+    // Every charge that counts as spent (committed, failed after a read, or
+    // reserved), without what tells them apart: whether a run failed can
+    // depend on the data (docs/PRIVACY.md §1, §7). Analysts' queries are not
+    // named.
     for (i, c) in charges.iter().filter(|c| c.status != ChargeStatus::Released).enumerate() {
         acc = acc + c.normalized;
         let y = spent_in_unit(total, &acc);
         points.push(((i + 1) as f64, y));
+        let what = if c.analyst.is_some() {
+            "an analyst's query".to_string()
+        } else {
+            c.release_id.split("#failed-").next().unwrap_or_default().to_string()
+        };
         let _ = writeln!(
             rows,
-            "<tr><td>{}</td><td>{}</td><td>{}</td><td>{}</td><td>{}</td><td>{}</td></tr>",
+            "<tr><td>{}</td><td>{}</td><td>{}</td><td>{}</td><td>{}</td></tr>",
             i + 1,
-            esc(&c.release_id),
+            esc(&what),
             esc(&c.reserved_at),
-            esc(&format!("{:?}", c.status).to_lowercase()),
             num(c.cost),
             num(y)
         );
@@ -210,7 +218,7 @@ fn budget_section(h: &mut String, input: &ReportInput<'_>) -> Result<()> {
         h,
         "<h3>The dataset's budget over time</h3>\n<figure>{}<figcaption>Cumulative spending of every charge on the \
          dataset (blue) against its total budget {} (red).</figcaption></figure>\n<table>\n<tr><th>#</th><th>release \
-         or query</th><th>reserved</th><th>status</th><th>cost ({unit})</th><th>cumulative ({unit})</th></tr>\n{rows}\
+         or query</th><th>reserved</th><th>cost ({unit})</th><th>cumulative ({unit})</th></tr>\n{rows}\
          </table>\n",
         plots::budget_timeline(&points, total.amount(), unit)?,
         esc(&total.describe())
@@ -610,6 +618,56 @@ mod tests {
         })
         .unwrap_err();
         assert!(e.to_string().contains("manifest's steps is missing"), "{e}");
+    }
+
+    #[test]
+    fn the_budget_timeline_does_not_tell_failed_charges_or_analysts_apart() {
+        let m = manifest();
+        let charge = |id: i64, release: &str, status: ChargeStatus, analyst: Option<&str>| ChargeRow {
+            id,
+            dataset: "d".into(),
+            release_id: release.into(),
+            status,
+            mechanisms: vec![],
+            normalized: Normalized { rho: 0.0, eps: 0.5, delta: 0.0 },
+            cost: 0.5,
+            reserved_at: format!("2026-11-2{id}T00:00:00Z"),
+            resolved_at: None,
+            note: Some("why it failed".into()),
+            analyst: analyst.map(String::from),
+        };
+        let charges = vec![
+            charge(1, "nightly-1", ChargeStatus::Committed, None),
+            charge(2, "nightly-2#failed-2", ChargeStatus::Failed, None),
+            charge(3, "q-17-secret", ChargeStatus::Committed, Some("alice")),
+            charge(4, "nightly-3", ChargeStatus::Released, None),
+        ];
+        let total = Budget::Pure { epsilon: 10.0 };
+        let html = render(&ReportInput {
+            manifest: &m,
+            csv: &BTreeMap::new(),
+            synthetic: &BTreeMap::new(),
+            statistics: &BTreeMap::new(),
+            domain: None,
+            ledger: Some((&total, &charges)),
+        })
+        .unwrap();
+        for hidden in ["failed", "committed", "alice", "q-17-secret", "why it failed", "nightly-3"] {
+            assert!(!html.to_lowercase().contains(hidden), "{hidden} shown");
+        }
+        assert!(html.contains("<td>2</td><td>nightly-2</td>") && html.contains("an analyst&#39;s query"));
+        // Cumulative spending counts the failed charge and the query, not the returned reservation.
+        assert!(html.contains("<td>0.5</td><td>1.5</td>"), "{html}");
+    }
+
+    #[test]
+    fn plot_labels_are_escaped() {
+        let svg = plots::marginal(&["<script>x</script>".into(), "a&b".into()], &[0.5, 0.5], &[(0.5, 0.1), (0.5, 0.1)])
+            .unwrap();
+        assert!(!svg.contains("<script>") && svg.contains("&lt;script&gt;"));
+        let svg =
+            plots::heatmap(&["<b>".into(), "c".into()], &[vec![None, Some(0.1)], vec![Some(0.1), None]], 0.1).unwrap();
+        assert!(!svg.contains("<b>"));
     }
 
     #[test]

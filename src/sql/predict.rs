@@ -1,5 +1,5 @@
 //! Predicted error of each DP aggregate of a query, from its plan alone
-//! (issue 20, item 4; see `privacy::accuracy`): the noise [`plan_costs`]
+//! (issue 20, item 4; see `privacy::accuracy`): the noise `costing::plan_costs`
 //! calibrates is public, so
 //!
 //! - `dp_count` and `dp_sum`: the exact quantile and RMSE of the integer
@@ -18,8 +18,6 @@
 //!   error in value depends on the data's density and is not predicted;
 //! - DP partition selection: how many privacy units a key needs to be kept
 //!   with probability 1/2 and `level`.
-//!
-//! [`plan_costs`]: super::costing::plan_costs
 
 use super::costing::{Kind, Planned, Selection};
 use crate::privacy::Prediction;
