@@ -12,6 +12,16 @@ fn err<E: std::fmt::Debug>(e: E) -> PlotError {
     PlotError(format!("{e:?}"))
 }
 
+/// The label of category `i` at its centre `i + 0.5` on a category axis
+/// (the ticks are at every half unit; the others stay blank).
+fn centred_label(labels: &[String], x: f64) -> String {
+    if (x - x.floor() - 0.5).abs() < 1e-9 {
+        labels.get(x.floor() as usize).cloned().unwrap_or_default()
+    } else {
+        String::new()
+    }
+}
+
 /// The dataset's cumulative spending over its ledger charges (a step line)
 /// against its total budget (a horizontal line). `points`: (charge number,
 /// cumulative spent), charge numbers from 1.
@@ -69,10 +79,7 @@ pub fn marginal(labels: &[String], synthetic: &[f64], noisy: &[(f64, f64)]) -> R
             .y_label_area_size(50)
             .build_cartesian_2d(0f64..k as f64, bottom..top)
             .map_err(err)?;
-        let label_of = |x: &f64| {
-            let i = x.floor() as usize;
-            if (x - x.floor() - 0.5).abs() < 1e-9 { labels.get(i).cloned().unwrap_or_default() } else { String::new() }
-        };
+        let label_of = |x: &f64| centred_label(labels, *x);
         chart
             .configure_mesh()
             .disable_x_mesh()
@@ -117,10 +124,7 @@ pub fn heatmap(labels: &[String], m: &[Vec<Option<f64>>], max: f64) -> Result<St
             .y_label_area_size(110)
             .build_cartesian_2d(0f64..d as f64, 0f64..d as f64)
             .map_err(err)?;
-        let label_of = |x: &f64| {
-            let i = x.floor() as usize;
-            if (x - x.floor() - 0.5).abs() < 1e-9 { labels.get(i).cloned().unwrap_or_default() } else { String::new() }
-        };
+        let label_of = |x: &f64| centred_label(labels, *x);
         chart
             .configure_mesh()
             .disable_mesh()
