@@ -112,7 +112,7 @@ impl Pipeline {
     /// The predicted half-width `target` refers to under this pipeline (the
     /// largest over the predictions it names); `worst`: the worst-case one.
     async fn targeted(&self, target: &Target, a: &Assumptions, worst: bool) -> Result<f64, PipelineError> {
-        let plans = self.plan_steps(a).await?;
+        let plans = self.plan_steps(a, Some(&target.step)).await?;
         targeted_in(&plans, target, worst).map_err(|why| PipelineError::Target { target: target_text(target), why })
     }
 

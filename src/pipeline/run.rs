@@ -247,7 +247,7 @@ impl Pipeline {
 
     /// [`Pipeline::plan`] with each step's predicted error under `assumptions`.
     pub async fn plan_forecast(&self, assumptions: &crate::sql::Assumptions) -> Result<(Vec<StepPlan>, f64)> {
-        let plans = self.plan_steps(assumptions).await?;
+        let plans = self.plan_steps(assumptions, None).await?;
         let mut filter = PrivacyFilter::new(self.budget);
         for p in &plans {
             for m in &p.mechanisms {
@@ -262,9 +262,13 @@ impl Pipeline {
         Ok((plans, filter.spent_amount()))
     }
 
-    /// Every step's mechanisms and predictions, not yet checked against the
-    /// release budget.
-    pub(super) async fn plan_steps(&self, assumptions: &crate::sql::Assumptions) -> Result<Vec<StepPlan>> {
+    /// Every step's mechanisms and predictions (only step `only`'s, when
+    /// given), not yet checked against the release budget.
+    pub(super) async fn plan_steps(
+        &self,
+        assumptions: &crate::sql::Assumptions,
+        only: Option<&str>,
+    ) -> Result<Vec<StepPlan>> {
         let catalog = self.catalog()?;
         for t in catalog.tables.values().filter(|t| !t.public) {
             if let Some(why) = t.dataset.domain().dp_read_refusal() {
@@ -279,7 +283,7 @@ impl Pipeline {
             .await
             .map_err(|e| PipelineError::Tables { file: self.path.display().to_string(), source: e.into() })?;
         let mut plans = Vec::new();
-        for step in &self.steps {
+        for step in self.steps.iter().filter(|s| only.is_none_or(|o| o == s.name())) {
             let mut predictions = Vec::new();
             let (kind, mechanisms) = match step {
                 Step::Sql { query, budget, name, .. } => {
@@ -497,7 +501,7 @@ impl Pipeline {
             }
             return Err(e);
         }
-        let step_records = match self.run_steps(&ctx, &loc, opts, progress).await {
+        let step_records = match self.run_steps(&ctx, &loc, opts, &plans, progress).await {
             Ok(r) => r,
             Err(PipelineError::NapsuInference { step, record, source }) => {
                 // After the statistics were saved: everything since is post-processing
@@ -630,6 +634,7 @@ impl Pipeline {
         ctx: &datafusion::execution::context::SessionContext,
         loc: &Locations,
         opts: &RunOptions,
+        plans: &[StepPlan],
         progress: &dyn Fn(&str),
     ) -> Result<Vec<serde_json::Value>> {
         let mut engine = SqlEngine::open_precharged(self.catalog()?, opts.unsafe_seed)
@@ -644,10 +649,7 @@ impl Pipeline {
             match step {
                 Step::Sql { name, query, budget, output } => {
                     // Each output column's statistic and stated interval (public: from the plan).
-                    let (_, columns) = engine
-                        .predict(query, Some(*budget), &crate::sql::Assumptions::default())
-                        .await
-                        .map_err(|e| step_error(name, e.into()))?;
+                    let columns = plans.iter().find(|p| &p.step == name).map(|p| p.predictions.clone());
                     let r = engine.query(query, Some(*budget)).await.map_err(|e| step_error(name, e.into()))?;
                     let mut buf = Vec::new();
                     {

@@ -111,16 +111,26 @@ impl Prediction {
 
 /// Four significant digits, no exponent for everyday magnitudes.
 pub fn fmt_num(x: f64) -> String {
+    fmt_sig(x, 4)
+}
+
+/// `x` to `digits` significant digits, trailing zeros dropped; an exponent
+/// outside [10⁻³, 10⁷).
+pub fn fmt_sig(x: f64, digits: i32) -> String {
     if x == 0.0 || !x.is_finite() {
         return format!("{x}");
     }
     let a = x.abs();
     if (1e-3..1e7).contains(&a) {
-        let decimals = (3 - a.log10().floor() as i32).max(0) as usize;
+        let decimals = (digits - 1 - a.log10().floor() as i32).max(0) as usize;
         let s = format!("{x:.decimals$}");
         if s.contains('.') { s.trim_end_matches('0').trim_end_matches('.').to_string() } else { s }
     } else {
-        format!("{x:.3e}")
+        let s = format!("{x:.*e}", (digits - 1).max(0) as usize);
+        match s.split_once('e') {
+            Some((m, e)) if m.contains('.') => format!("{}e{e}", m.trim_end_matches('0').trim_end_matches('.')),
+            _ => s,
+        }
     }
 }
 
@@ -220,27 +230,17 @@ pub fn simulate(level: f64, mut error: impl FnMut(&mut DpRng) -> f64) -> (f64, f
     (abs[k], (sq / SIMULATION_DRAWS as f64).sqrt())
 }
 
-/// The smallest factor t in [lo, hi] (to a relative 10⁻³) with `ok(t)`,
-/// assuming `ok` is monotone (false below, true above); `None` if `ok(hi)`
-/// fails. Used to invert a prediction: the budget for a target error.
-pub fn smallest_factor(lo: f64, hi: f64, mut ok: impl FnMut(f64) -> bool) -> Option<f64> {
-    if !ok(hi) {
-        return None;
-    }
-    if ok(lo) {
-        return Some(lo);
-    }
-    let (mut a, mut b) = (lo.ln(), hi.ln());
-    while b - a > 1e-3 {
-        let m = (a + b) / 2.0;
-        if ok(m.exp()) { b = m } else { a = m }
-    }
-    Some(b.exp())
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn numbers_keep_their_significant_digits() {
+        assert_eq!(fmt_num(0.28447883), "0.2845");
+        assert_eq!(fmt_num(48842.0), "48842");
+        assert_eq!(fmt_sig(0.000123456, 3), "1.23e-4");
+        assert_eq!(fmt_sig(2.5e9, 6), "2.5e9");
+    }
 
     #[test]
     fn discrete_laplace_rmse_matches_a_brute_force_sum() {
@@ -308,13 +308,5 @@ mod tests {
             assert!((q / want - 1.0).abs() < 0.03, "{noise:?}: {q} vs {want}");
             assert!((rmse / noise.std_dev() - 1.0).abs() < 0.03, "{noise:?}: rmse {rmse}");
         }
-    }
-
-    #[test]
-    fn smallest_factor_inverts_a_monotone_condition() {
-        let t = smallest_factor(1e-3, 1e3, |t| 10.0 / t <= 2.0).unwrap();
-        assert!((t / 5.0 - 1.0).abs() < 2e-3, "{t}");
-        assert_eq!(smallest_factor(1e-3, 1e3, |_| false), None);
-        assert_eq!(smallest_factor(1.0, 2.0, |_| true), Some(1.0));
     }
 }

@@ -90,17 +90,13 @@ pub fn esc(s: &str) -> String {
     o
 }
 
-/// A number as the report prints it (integers without a fraction; else up
-/// to six significant digits).
+/// A number as the report prints it: integers without a fraction, else six
+/// significant digits.
 pub fn num(x: f64) -> String {
     if x.is_finite() && x == x.trunc() && x.abs() < 1e15 {
         format!("{}", x as i64)
-    } else if x.is_finite() && x.abs() >= 1e-4 && x.abs() < 1e9 {
-        let decimals = (5 - x.abs().log10().floor() as i32).max(0) as usize;
-        let s = format!("{x:.decimals$}");
-        if s.contains('.') { s.trim_end_matches('0').trim_end_matches('.').to_string() } else { s }
     } else {
-        format!("{x:e}")
+        crate::privacy::accuracy::fmt_sig(x, 6)
     }
 }
 
