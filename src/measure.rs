@@ -195,7 +195,7 @@ pub async fn measure(
     dataset: &Dataset,
     queries: &[MarginalQuery],
     noise: &[NoiseDistribution],
-    accountant: &mut dyn Accountant,
+    accountant: &mut (dyn Accountant + Send),
     rng: &mut DpRng,
 ) -> Result<Vec<NoisyMarginal>> {
     if queries.is_empty() {

@@ -115,6 +115,18 @@ impl SqlEngine {
                 seed: unsafe_seed,
             }),
         );
+        for function in
+            [super::table_calls::DpTableFunctionKind::Marginals, super::table_calls::DpTableFunctionKind::Synthesize]
+        {
+            ctx.register_udtf(
+                function.name(),
+                Arc::new(super::table_calls::DpTableFunction {
+                    function,
+                    tables: catalog.tables.clone(),
+                    confidence: catalog.confidence,
+                }),
+            );
+        }
         for t in catalog.tables.values() {
             let raw = t.dataset.raw(&ctx).await?.into_view();
             let passthrough = match &t.unit {
@@ -207,7 +219,7 @@ impl SqlEngine {
                 &prepared.sites,
                 self.catalog.query_budget,
             )?),
-            Checked::Dp(plan, _) | Checked::Synthetic(plan) => output_schema(&plan),
+            Checked::Dp(plan, _) | Checked::Synthetic(plan) | Checked::DpTables(plan) => output_schema(&plan),
         })
     }
 
@@ -221,6 +233,10 @@ impl SqlEngine {
         no_duplicate_sites(&plan)?;
         if super::imputed::uses_imputed(&prepared.sites) {
             return Ok((prepared, Checked::Imputed(plan)));
+        }
+        if !super::table_release::calls_in(&plan).is_empty() {
+            super::table_release::check_reads(&plan, &self.catalog, !prepared.sites.is_empty())?;
+            return Ok((prepared, Checked::DpTables(plan)));
         }
         if prepared.sites.is_empty() && super::synthetic::synthetic_only(&plan, &self.catalog) {
             return Ok((prepared, Checked::Synthetic(plan)));
@@ -317,6 +333,9 @@ impl SqlEngine {
                 }
                 return self.synthetic_query(plan).await;
             }
+            Checked::DpTables(plan) => {
+                return self.dp_table_query(plan, budget, prepared.explain || force_explain).await;
+            }
             Checked::Dp(plan, analysis) => (plan, *analysis),
         };
         let DpPlan { entry, agg, unit, domain_keys, planned, selection, records } =
@@ -408,6 +427,12 @@ impl SqlEngine {
                      model's release carries its error)",
                 )],
             )),
+            Checked::DpTables(plan) => {
+                use super::table_release as t;
+                let calls = t::calls_in(&plan);
+                let budgets = t::budgets(&calls, budget.or(self.catalog.query_budget))?;
+                Ok((t::records(&calls, &budgets)?, t::predictions(&calls, &budgets, assumptions)))
+            }
             Checked::Dp(plan, analysis) => {
                 let d = self.plan_dp(&plan, &analysis, &prepared, budget).await?;
                 let keys = d.domain_keys.as_ref().map(|k| k.len());
@@ -426,7 +451,7 @@ impl SqlEngine {
 
     /// Reserves `records` in the ledger before any data is read (refusing a
     /// query that does not fit), or checks that running unrecorded is allowed.
-    fn reserve(&mut self, dataset: &str, records: &[MechanismRecord]) -> Result<Option<Reservation>> {
+    pub(super) fn reserve(&mut self, dataset: &str, records: &[MechanismRecord]) -> Result<Option<Reservation>> {
         let release_id = release_id();
         match self.ledger.as_mut() {
             Some(l) => {
@@ -452,7 +477,7 @@ impl SqlEngine {
     /// after protected data was read, so it is charged too (status `failed`)
     /// and its message is replaced by one that depends on public inputs only
     /// ([`crate::privacy::failure`]).
-    fn settle(
+    pub(super) fn settle(
         &self,
         outcome: Result<(SchemaRef, Vec<RecordBatch>)>,
         reservation: Option<Reservation>,
@@ -617,6 +642,9 @@ enum Checked {
     Imputed(LogicalPlan),
     /// A DP query: its coerced plan and analysis.
     Dp(LogicalPlan, Box<super::check::Analysis>),
+    /// A query over `dp_marginals()`/`synthesize()` calls (and public or
+    /// synthetic tables): see [`super::table_release`].
+    DpTables(LogicalPlan),
 }
 
 /// The columns a DP query returns: its plan's, named without call-site tags
@@ -743,7 +771,7 @@ pub fn explain_batch(rows: &[ExplainRow]) -> Result<RecordBatch> {
 }
 
 /// The EXPLAIN answer for `records` (nothing charged, no data read).
-fn explained(records: Vec<MechanismRecord>) -> QueryResult {
+pub(super) fn explained(records: Vec<MechanismRecord>) -> QueryResult {
     let rows = records
         .iter()
         .map(|r| ExplainRow {

@@ -17,6 +17,8 @@ mod release;
 pub use dpflow_udfs::rowsafe;
 pub mod sites;
 pub mod synthetic;
+pub mod table_calls;
+mod table_release;
 
 pub use catalog::{Catalog, PrivacyUnit, TableEntry};
 pub use costing::selection_threshold;

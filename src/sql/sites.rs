@@ -10,7 +10,8 @@ use std::ops::ControlFlow;
 
 use super::error::{Result, SqlError};
 use datafusion::sql::sqlparser::ast::{
-    Expr, FunctionArg, FunctionArgExpr, FunctionArguments, Statement, Value, visit_expressions_mut,
+    Expr, FunctionArg, FunctionArgExpr, FunctionArguments, Statement, TableFactor, Value, VisitMut, VisitorMut,
+    visit_expressions_mut,
 };
 use datafusion::sql::sqlparser::dialect::GenericDialect;
 use datafusion::sql::sqlparser::parser::Parser;
@@ -160,7 +161,53 @@ pub fn prepare(sql: &str) -> Result<Prepared> {
     if let Some(e) = error {
         return Err(e.into());
     }
+    let mut named = NamedTableArgs { error: None };
+    let _ = stmt.visit(&mut named);
+    if let Some(e) = named.error {
+        return Err(e.into());
+    }
     Ok(Prepared { sql: stmt.to_string(), sites, explain })
+}
+
+/// The DP table functions, whose named arguments (`epsilon => 1`) `prepare`
+/// rewrites: DataFusion plans only positional table-function arguments, so
+/// `name => value` becomes `named_struct('name', value)`, which
+/// [`super::table_calls`] reads back.
+pub const DP_TABLE_FUNCTIONS: &[&str] = &["dp_marginals", "synthesize"];
+
+struct NamedTableArgs {
+    error: Option<Refusal>,
+}
+
+impl VisitorMut for NamedTableArgs {
+    type Break = ();
+
+    fn pre_visit_table_factor(&mut self, factor: &mut TableFactor) -> ControlFlow<()> {
+        let TableFactor::Table { name, args: Some(args), .. } = factor else {
+            return ControlFlow::Continue(());
+        };
+        let function = name.to_string().to_ascii_lowercase();
+        if !DP_TABLE_FUNCTIONS.contains(&function.as_str()) {
+            return ControlFlow::Continue(());
+        }
+        for a in &mut args.args {
+            let FunctionArg::Named { name: n, arg, .. } = a else { continue };
+            let FunctionArgExpr::Expr(value) = arg else {
+                self.error = Some(Refusal::new(K::Arguments, format!("{function}: {} => needs a value", n.value)));
+                return ControlFlow::Break(());
+            };
+            let key = n.value.to_ascii_lowercase().replace('\'', "''");
+            let text = format!("named_struct('{key}', {value})");
+            match Parser::new(&GenericDialect {}).try_with_sql(&text).and_then(|mut p| p.parse_expr()) {
+                Ok(e) => *a = FunctionArg::Unnamed(FunctionArgExpr::Expr(e)),
+                Err(e) => {
+                    self.error = Some(Refusal::new(K::Arguments, format!("{function}: {key} => {value}: {e}")));
+                    return ControlFlow::Break(());
+                }
+            }
+        }
+        ControlFlow::Continue(())
+    }
 }
 
 /// The call-site id of a tagged DP call (its last argument).
@@ -207,5 +254,21 @@ mod tests {
         assert!(prepare("SELECT 1; SELECT 2").is_err());
         assert!(prepare("SELECT dp_count(*, delta => 1) FROM adult").is_err());
         assert!(prepare("SELECT dp_count(*, rho => -1) FROM adult").is_err());
+    }
+
+    #[test]
+    fn dp_table_functions_get_positional_named_arguments() {
+        let p = prepare("SELECT * FROM synthesize('adult', mechanism => 'aim', EPSILON => 1, rows => 10)").unwrap();
+        assert!(
+            p.sql.contains(
+                "synthesize('adult', named_struct('mechanism', 'aim'), named_struct('epsilon', 1), named_struct('rows', 10))"
+            ),
+            "{}",
+            p.sql
+        );
+        assert!(p.sites.is_empty());
+        // Other table functions keep their arguments.
+        let p = prepare("SELECT * FROM synthetic('m.json', 10)").unwrap();
+        assert!(p.sql.contains("synthetic('m.json', 10)"), "{}", p.sql);
     }
 }

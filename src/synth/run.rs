@@ -1015,14 +1015,7 @@ pub(crate) fn reserve(
     }
     let release_id =
         req.release_id.clone().unwrap_or_else(|| format!("synth-{}", chrono::Utc::now().format("%Y%m%dT%H%M%S%.3fZ")));
-    let record = MechanismRecord {
-        mechanism: name.to_string(),
-        target: format!("synthetic data of {}", req.dataset.name),
-        sensitivity: None,
-        noise: None,
-        loss: budget.loss(),
-        params: serde_json::json!({ "workload": req.workload, "missing": req.missing.to_string() }),
-    };
+    let record = synthesis_record(name, &req.dataset.name, budget, &req.workload, req.missing);
     let r = ledger.reserve(ds, &release_id, &[record], None)?;
     // A run that reads the data again under an earlier run's reservation
     // would release twice for one charge: the earlier run may have
@@ -1032,6 +1025,36 @@ pub(crate) fn reserve(
     }
     progress(&format!("ledger: reserved {:.6} as charge #{} ({:.6} left)", budget.amount(), r.charge_id, r.remaining));
     Ok(Some((ledger, r.charge_id)))
+}
+
+/// The one ledger record of a synthesis release: its whole budget share,
+/// in the synthesizer's unit.
+fn synthesis_record(name: &str, dataset: &str, share: Share, workload: &str, missing: Strategy) -> MechanismRecord {
+    MechanismRecord {
+        mechanism: name.to_string(),
+        target: format!("synthetic data of {dataset}"),
+        sensitivity: None,
+        noise: None,
+        loss: share.loss(),
+        params: serde_json::json!({ "workload": workload, "missing": missing.to_string() }),
+    }
+}
+
+/// The record [`run_synth`] charges a ledger for a release of `mechanism`
+/// (one of the synthesizers [`run_synth`] fits itself: AIM, MST, MWEM,
+/// independent, PrivBayes, PrivBayes-PGM) under `budget` — for a caller
+/// that charges the ledger itself before running it (SQL's `synthesize()`).
+pub fn release_record(
+    dataset: &str,
+    mechanism: Mechanism,
+    budget: &Budget,
+    workload: &str,
+    missing: Strategy,
+) -> Result<MechanismRecord> {
+    budget_check(budget)?;
+    let synth = mechanism.synthesizer(&SynthOptions::default());
+    let share = fit_share(budget, synth.pure_dp())?;
+    Ok(synthesis_record(synth.name(), dataset, share, workload, missing))
 }
 
 pub(crate) fn budget_check(b: &Budget) -> Result<()> {
