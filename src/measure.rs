@@ -96,6 +96,14 @@ pub enum MeasureError {
         /// Marginals asked for.
         marginals: usize,
     },
+    /// A noise scale no release may use ([`NoiseDistribution::scale_refusal`]).
+    #[error("marginal ({marginal}): {why}")]
+    Noise {
+        /// The marginal.
+        marginal: String,
+        /// Why.
+        why: String,
+    },
     /// A marginal over a column that is not in the domain.
     #[error("{dataset}: unknown column {column:?} in marginal ({marginal}); it is not in the domain")]
     UnknownColumn {
@@ -217,6 +225,11 @@ pub async fn measure(
             }
         }
     }
+    for (i, q) in queries.iter().enumerate() {
+        if let Some(why) = noise_of(i).scale_refusal() {
+            return Err(MeasureError::Noise { marginal: q.label(), why });
+        }
+    }
     let records: Vec<MechanismRecord> = queries
         .iter()
         .enumerate()
@@ -239,7 +252,7 @@ pub async fn measure(
     for (i, m) in exact.into_iter().enumerate() {
         let dist = noise_of(i);
         let sampler = dist.integer_sampler();
-        let values = m.counts.iter().map(|&c| (c as i128 + sampler.sample(rng)) as f64).collect();
+        let values = m.counts.iter().map(|&c| (c as i128).saturating_add(sampler.sample(rng)) as f64).collect();
         out.push(NoisyMarginal {
             query: queries[i].clone(),
             shape: m.shape,

@@ -271,6 +271,31 @@ async fn a_failure_after_the_read_is_charged_and_says_nothing_of_the_data() {
 }
 
 #[tokio::test]
+async fn a_ledger_that_counts_people_by_a_column_is_refused_before_the_charge() {
+    let dir = tempfile::tempdir().unwrap();
+    world(dir.path());
+    // The table reads one row per person, but its ledger dataset counts people by `pid`.
+    let l = Ledger::create(dir.path().join("people.sqlite")).unwrap();
+    l.add_dataset("clinic", "pid", dpflow::privacy::Budget::Zcdp { rho: 5.0 }).unwrap();
+    let catalog = dir.path().join("people.yaml");
+    std::fs::write(
+        &catalog,
+        "ledger: people.sqlite\ntables:\n  visits: {location: t.csv, domain: t.yaml, ledger_dataset: clinic}\n",
+    )
+    .unwrap();
+    let mut e = SqlEngine::open(Catalog::load(&catalog).unwrap(), None).await.unwrap();
+    for q in [
+        "SELECT * FROM dp_marginals('visits', 'sex', rho => 0.1)",
+        "SELECT count(*) FROM synthesize('visits', mechanism => 'independent', rho => 0.1, rows => 5)",
+    ] {
+        let err = e.query(q, None).await.unwrap_err().to_string();
+        assert!(err.contains("counts people by \"pid\""), "{q}: {err}");
+    }
+    let l = Ledger::open(dir.path().join("people.sqlite")).unwrap();
+    assert!(l.history(Some("clinic")).unwrap().is_empty());
+}
+
+#[tokio::test]
 async fn bad_calls_are_refused_before_anything_is_charged() {
     let dir = tempfile::tempdir().unwrap();
     let catalog = world(dir.path());
@@ -288,7 +313,18 @@ async fn bad_calls_are_refused_before_anything_is_charged() {
         ("SELECT * FROM dp_marginals('t', 'sex', rho => -1)", "rho"),
         ("SELECT * FROM dp_marginals('t', 'sex', confidence => 2)", "confidence"),
         ("SELECT * FROM dp_marginals('t', 'sex', sigma => 2)", "unknown argument \"sigma\""),
+        // A vanishing budget would need noise beyond the samplers' range (a review found
+        // `rho => 1e-200` telling an empty cell from a full one): refused before the charge.
+        ("SELECT * FROM dp_marginals('t', 'sex', rho => 1e-200)", "budget is too small"),
+        ("SELECT * FROM dp_marginals('t', 'sex', epsilon => 1e-40)", "budget is too small"),
+        ("SELECT dp_count(*, epsilon => 1e-300) AS n FROM t", "budget is too small"),
+        ("SELECT dp_count(*, rho => 1e-200) AS n FROM t", "budget is too small"),
+        ("SELECT sex, dp_sum(age, 0, 100, epsilon => 1e-30) AS s FROM t GROUP BY sex", "budget is too small"),
         ("SELECT * FROM synthesize('t', rho => 1)", "mechanism => is required"),
+        (
+            "SELECT * FROM synthesize('t', mechanism => 'aim', rho => 1, missing => 'impute-first:mode-stability')",
+            "needs a public bound on the missing cells",
+        ),
         ("SELECT * FROM synthesize('t', mechanism => 'gan', rho => 1)", "unknown mechanism"),
         ("SELECT * FROM synthesize('t', mechanism => 'napsu-mq', rho => 1)", "not available from SQL"),
         ("SELECT * FROM synthesize('t', mechanism => 'aim', rho => 1, rows => 0)", "rows => must be a whole number"),

@@ -142,7 +142,8 @@ pub fn integer_noise_rmse(noise: &NoiseDistribution) -> f64 {
     match *noise {
         NoiseDistribution::Laplace { scale } => {
             let q = (-1.0 / scale).exp();
-            (2.0 * q).sqrt() / (1.0 - q)
+            // 1 − q without cancellation (q rounds to 1 for a huge scale).
+            (2.0 * q).sqrt() / -(-1.0 / scale).exp_m1()
         }
         NoiseDistribution::Gaussian { sigma } if sigma >= 1.0 => sigma,
         NoiseDistribution::Gaussian { sigma } => {
@@ -169,15 +170,21 @@ pub fn integer_abs_quantile(noise: &NoiseDistribution, level: f64) -> f64 {
     let alpha = 1.0 - level;
     match *noise {
         NoiseDistribution::Laplace { scale } => {
+            // ln q = −1/b exactly (q.ln() loses its digits when b is large).
             let q = (-1.0 / scale).exp();
-            let tail = |m: f64| 2.0 * q.powf(m + 1.0) / (1.0 + q);
-            let mut m = ((alpha * (1.0 + q) / 2.0).ln() / q.ln() - 1.0).ceil().max(0.0);
-            // Settle floating-point rounding at the boundary.
-            while m > 0.0 && tail(m - 1.0) <= alpha {
-                m -= 1.0;
+            let tail = |m: f64| 2.0 * (-(m + 1.0) / scale).exp() / (1.0 + q);
+            let mut m = (-(alpha * (1.0 + q) / 2.0).ln() * scale - 1.0).ceil().max(0.0);
+            // Settle floating-point rounding at the boundary (a few steps at most;
+            // bounded, since beyond 2⁵³ a step of 1 no longer moves m).
+            for _ in 0..4 {
+                if m > 0.0 && tail(m - 1.0) <= alpha {
+                    m -= 1.0;
+                }
             }
-            while tail(m) > alpha {
-                m += 1.0;
+            for _ in 0..4 {
+                if tail(m) > alpha {
+                    m += 1.0;
+                }
             }
             m
         }

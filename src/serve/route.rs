@@ -25,6 +25,11 @@ use super::sqlstate;
 /// analyst what they have left.
 pub const DP_BUDGET: &str = "dp_budget";
 
+/// The DP SQL table functions an analyst may call (`synthetic()` rows of a
+/// catalog model, charged `dp_marginals()` and `synthesize()`); they run in
+/// the analyst's DP session.
+pub const DP_TABLE_FUNCTIONS: [&str; 3] = ["synthetic", "dp_marginals", "synthesize"];
+
 /// What to do with one message's SQL.
 #[derive(Debug, Clone, PartialEq)]
 pub enum Route {
@@ -108,6 +113,12 @@ pub fn route(sql: &str, catalog: &BTreeSet<String>, allowed: &BTreeSet<String>) 
         let system = matches!(schema.as_deref(), Some("pg_catalog" | "information_schema"));
         if system || (schema.is_none() && (name == DP_BUDGET || name.starts_with("pg_"))) {
             meta = true;
+        } else if schema.is_some() {
+            // `x.adult` (DataFusion would read `x` as a table function's name).
+            return Route::Refuse(sqlstate::UNDEFINED_TABLE, format!("relation {:?} does not exist", t.to_string()));
+        } else if DP_TABLE_FUNCTIONS.contains(&name) {
+            // Their tables are the analyst's own: the DP session registers nothing else.
+            dp = true;
         } else if catalog.contains(name) {
             if !allowed.contains(name) {
                 return Route::Refuse(
@@ -164,6 +175,11 @@ mod tests {
         assert_eq!(r("SAVEPOINT sa_1"), Route::Set("SAVEPOINT"));
         assert_eq!(r("ROLLBACK TO SAVEPOINT sa_1"), Route::Set("ROLLBACK"));
         assert_eq!(r("SHOW dp_budget"), Route::Show("dp_budget".into()));
+        assert_eq!(r("SELECT * FROM dp_marginals('adult', 'sex', rho => 0.1)"), Route::Dp);
+        assert_eq!(r("SELECT count(*) FROM synthesize('adult', mechanism => 'mst', rho => 0.1)"), Route::Dp);
+        assert_eq!(r("SELECT count(*) FROM synthetic('m', 10)"), Route::Dp);
+        // A qualified name is never a table function's alias for a catalog table.
+        assert_eq!(code(r("SELECT * FROM dp_marginals.adult('adult', 'sex')")), sqlstate::UNDEFINED_TABLE);
     }
 
     #[test]

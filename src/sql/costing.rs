@@ -344,6 +344,11 @@ pub(super) fn plan_costs(
         };
         (rec, b, tau)
     });
+    if let Some((rec, b, _)) = &selection
+        && let Some(why) = (NoiseDistribution::Laplace { scale: *b }).scale_refusal()
+    {
+        return Err(Refusal::new(K::Budget, format!("{}: {why}", rec.target)).into());
+    }
     Ok((planned, selection))
 }
 
@@ -468,7 +473,52 @@ pub(super) fn plan_one(
             vec![]
         }
     };
+    // A public check before anything is charged (MAX_NOISE_SCALE says why).
+    if let Some(why) = noise.iter().find_map(|n| n.scale_refusal()) {
+        return Err(Refusal::new(K::Budget, format!("{name}: {why}")).into());
+    }
     Ok(Planned { field, kind, noise, grid, records, helpers, quantile })
+}
+
+/// Gives each `dp_ci_low`/`dp_ci_high` of a `dp_quantile` call its own
+/// exponential-mechanism selection ([`super::quantile_interval`]): a call
+/// with m − 1 requested ends splits its share into m equal parts (ε/m, or
+/// ρ/m), one for the point and one per end, each charged at plan time.
+pub(super) fn split_quantile_for_intervals(planned: &mut [Planned], cis: &[super::release::CiRequest]) {
+    for (i, p) in planned.iter_mut().enumerate() {
+        let Some((eps, bins, sens)) = p.quantile else { continue };
+        let ends: Vec<&super::release::CiRequest> = cis.iter().filter(|r| r.agg == i).collect();
+        if ends.is_empty() || p.records.len() != 1 {
+            continue;
+        }
+        let m = (ends.len() + 1) as f64;
+        let point = p.records[0].clone();
+        let (loss, eps) = match point.loss {
+            PrivacyLoss::Pure { epsilon } => (PrivacyLoss::Pure { epsilon: epsilon / m }, eps / m),
+            // ε per group from ρ = l0·ε²/8: a share ρ/m gives ε/√m.
+            PrivacyLoss::Zcdp { rho } => (PrivacyLoss::Zcdp { rho: rho / m }, eps / m.sqrt()),
+            _ => continue,
+        };
+        p.quantile = Some((eps, bins, sens));
+        let record = |target: String| MechanismRecord {
+            target,
+            loss: loss.clone(),
+            params: {
+                let mut v = point.params.clone();
+                v["epsilon_per_group"] = serde_json::json!(eps);
+                v
+            },
+            ..point.clone()
+        };
+        let mut records = vec![record(point.target.clone())];
+        for r in ends {
+            let side = if r.side_high { "high" } else { "low" };
+            let level = r.level;
+            records
+                .push(record(point.target.replace("quantile bin", &format!("quantile interval {side} end ({level})"))));
+        }
+        p.records = records;
+    }
 }
 
 /// The integer threshold τ of DP partition selection with discrete Laplace

@@ -389,7 +389,9 @@ impl SqlEngine {
         // Domain-enumerable GROUP BY keys, else partition selection.
         let domain_keys = domain_keys(&self.catalog, &agg, &entry)?;
         let needs_selection = !agg.group_expr.is_empty() && domain_keys.is_none();
-        let (planned, selection) = plan_costs(&agg, &entry, &prepared.sites, budget, needs_selection)?;
+        let (mut planned, selection) = plan_costs(&agg, &entry, &prepared.sites, budget, needs_selection)?;
+        let cis = super::release::ci_requests(plan, &planned, self.catalog.confidence);
+        super::costing::split_quantile_for_intervals(&mut planned, &cis);
         let mut records: Vec<MechanismRecord> = planned.iter().flat_map(|p| p.records.clone()).collect();
         if let Some((rec, _, _)) = &selection {
             records.push(rec.clone());
@@ -708,7 +710,7 @@ fn release_id() -> String {
 /// Runs a ledger call (SQLite, which may wait for another process's lock)
 /// without stalling the other tasks of a multi-threaded runtime (a server's
 /// other sessions); on any other thread it just runs.
-fn blocking<T>(f: impl FnOnce() -> T) -> T {
+pub(super) fn blocking<T>(f: impl FnOnce() -> T) -> T {
     match tokio::runtime::Handle::try_current() {
         Ok(h) if h.runtime_flavor() == tokio::runtime::RuntimeFlavor::MultiThread => tokio::task::block_in_place(f),
         _ => f(),

@@ -230,7 +230,7 @@ impl SqlEngine {
                     let units = exact.get(key).map_or(0, |v| v[n_helpers]);
                     // Unit counts are integers: discrete Laplace noise of scale b (exact, no floats),
                     // kept when above the integer threshold τ of the discrete tail.
-                    let noisy = units + sampler.sample(&mut self.rng);
+                    let noisy = units.saturating_add(sampler.sample(&mut self.rng));
                     if noisy > *tau {
                         kept.push(key.clone());
                     }

@@ -12,6 +12,7 @@ mod exact;
 mod execute;
 pub mod imputed;
 pub mod predict;
+pub mod quantile_interval;
 pub mod refusal;
 mod release;
 pub use dpflow_udfs::rowsafe;

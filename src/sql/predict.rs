@@ -152,8 +152,11 @@ fn predict_one(p: &Planned, rows: Option<f64>, rows_basis: &str, level: f64) -> 
                 format!(
                     "exponential mechanism over {bins} bins of width {}: a bound on the rank error beyond the \
                      optimal bin's own rows (utility theorem); the error in value depends on how dense the data \
-                     is near the quantile, so no interval is predicted",
-                    fmt_num((hi - lo) / bins as f64)
+                     is near the quantile, so no interval is predicted. dp_ci_low/dp_ci_high release one (an \
+                     interval holding the exact sample quantile, whose ends aim {} ranks beyond q·n), each at a \
+                     share of the call's budget",
+                    fmt_num((hi - lo) / bins as f64),
+                    fmt_num(super::quantile_interval::endpoint_shift(eps, sensitivity, bins, level)),
                 ),
             );
             pr.rank_error = Some(rank);

@@ -82,7 +82,8 @@ pub(super) fn release_one(
     rng: &mut DpRng,
 ) -> Result<(ScalarValue, Vec<(usize, ScalarValue)>)> {
     // Exact integer + exact integer noise; only the noisy value becomes a float.
-    let noisy_int = |x: i128, n: &NoiseDistribution, rng: &mut DpRng| -> f64 { (x + n.sample_integer(rng)) as f64 };
+    let noisy_int =
+        |x: i128, n: &NoiseDistribution, rng: &mut DpRng| -> f64 { x.saturating_add(n.sample_integer(rng)) as f64 };
     let g = 2f64.powi(p.grid);
     let mine: Vec<(usize, &CiRequest)> = cis.iter().enumerate().filter(|(_, r)| r.agg == pi).collect();
     let mut out_cis = Vec::new();
@@ -183,8 +184,14 @@ pub(super) fn release_one(
             let mech = ExponentialMechanism::new(eps, sensitivity)?;
             let b = mech.select(rng, &scores)?;
             let width = (hi - lo) / bins as f64;
-            for (k, _) in &mine {
-                out_cis.push((*k, ScalarValue::Float64(None)));
+            // Each requested end is a selection of its own, charged at plan time
+            // (`costing::split_quantile_for_intervals`; proof in `quantile_interval`).
+            for (k, r) in &mine {
+                let shift = super::quantile_interval::endpoint_shift(eps, sensitivity, bins, r.level);
+                let s = super::quantile_interval::endpoint_scores(histogram, bins, *q, shift, r.side_high);
+                let e = mech.select(rng, &s)?;
+                let edge = if r.side_high { lo + (e + 1) as f64 * width } else { lo + e as f64 * width };
+                out_cis.push((*k, ScalarValue::Float64(Some(edge.clamp(*lo, *hi)))));
             }
             ScalarValue::Float64(Some(lo + (b as f64 + 0.5) * width))
         }

@@ -62,6 +62,16 @@ pub fn prepare(sql: &str) -> Result<Prepared> {
         explain = true;
         stmt = *statement;
     }
+    if let Statement::Query(q) = &stmt
+        && let datafusion::sql::sqlparser::ast::SetExpr::Select(s) = q.body.as_ref()
+        && s.into.is_some()
+    {
+        return Err(Refusal::new(
+            K::Unsupported,
+            "SELECT ... INTO creates a table: only SELECT queries are allowed (no DDL, DML or configuration statements)",
+        )
+        .into());
+    }
     if !matches!(stmt, Statement::Query(_)) {
         return Err(Refusal::new(
             K::Unsupported,
@@ -252,6 +262,7 @@ mod tests {
         assert!(prepare("EXPLAIN SELECT dp_count(*) FROM adult").unwrap().explain);
         assert!(prepare("DROP TABLE adult").is_err());
         assert!(prepare("SELECT 1; SELECT 2").is_err());
+        assert!(prepare("SELECT * INTO x FROM adult").is_err());
         assert!(prepare("SELECT dp_count(*, delta => 1) FROM adult").is_err());
         assert!(prepare("SELECT dp_count(*, rho => -1) FROM adult").is_err());
     }

@@ -155,6 +155,9 @@ impl DpTableCall {
         match &self.kind {
             CallKind::Marginals { queries, .. } => {
                 let noise = Self::marginal_noise(queries.len(), budget);
+                if let Some(why) = noise.scale_refusal() {
+                    return Err(why);
+                }
                 Ok(queries.iter().map(|q| marginal_record(q, noise)).collect())
             }
             CallKind::Synthesize { mechanism, workload, missing, .. } => {
@@ -443,6 +446,12 @@ impl TableFunctionImpl for DpTableFunction {
                     None => Strategy::default(),
                     Some(s) => s.parse::<Strategy>().map_err(|e| self.err(format!("missing => {s:?}: {e}")))?,
                 };
+                if missing == Strategy::ImputeFirst(crate::missing::ImputeMethod::ModeStability) {
+                    return Err(self.err(
+                        "missing => 'impute-first:mode-stability' needs a public bound on the missing cells, which \
+                         SQL has no place for: use `dpflow synth --max-missing-cells` or a pipeline step",
+                    ));
+                }
                 crate::synth::run::check_settings(&SynthOptions::default(), &StrategyOptions::default())
                     .map_err(|e| self.err(e))?;
                 let model_domain = if missing.models_nulls() { domain.clone() } else { domain.without_nulls() };
@@ -453,6 +462,8 @@ impl TableFunctionImpl for DpTableFunction {
                     .unwrap_or_else(|| format!("all-{}way", model_domain.names().len().clamp(1, 3)));
                 crate::synth::workload::Workload::parse(&workload, &model_domain)
                     .map_err(|e| self.err(format!("workload => {workload:?}: {e}")))?;
+                // The output's not-applicable rules compile from the public domain alone.
+                crate::synth::structure::rules(&model_domain).map_err(|e| self.err(format!("{}: {e}", table.name)))?;
                 let schema = dpflow_udfs::domain::decoded_schema(&model_domain);
                 (CallKind::Synthesize { mechanism, rows, workload, missing }, schema)
             }

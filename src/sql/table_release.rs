@@ -53,6 +53,10 @@ async fn synthesize_apart(
     }
 }
 
+fn blocking_unit(ledger: &crate::privacy::Ledger, dataset: &str) -> Result<String> {
+    Ok(super::engine::blocking(|| ledger.dataset(dataset))?.privacy_unit)
+}
+
 fn call_of(provider: &Arc<dyn TableProvider>) -> Option<&DpTableCall> {
     provider.downcast_ref::<DpTableCall>()
 }
@@ -242,9 +246,29 @@ impl SqlEngine {
         if explain {
             return Ok(super::engine::explained(records));
         }
+        // Marginals and synthesizers bound one row's influence: a ledger that
+        // counts people by a column would be undercharged (as `dpflow synth` refuses).
+        if let Some(l) = self.ledger.as_ref() {
+            let unit = blocking_unit(&l.lock(), &dataset)?;
+            if unit != "row" {
+                return Err(Refusal::new(
+                    K::TablePolicy,
+                    format!(
+                        "ledger dataset {dataset} counts people by {unit:?}; dp_marginals()/synthesize() bound one \
+                         row's influence and need a ledger dataset with privacy unit `row`"
+                    ),
+                )
+                .into());
+            }
+        }
         let reservation = self.reserve(&dataset, &records)?;
-        // From here on protected data is read: every outcome is a release.
-        let outcome = self.run_dp_tables(plan, &calls, &budgets).await;
+        // From here on protected data is read: every outcome is a release (a
+        // panic too: caught, and charged like any failure).
+        let run = async { Ok(self.run_dp_tables(plan, &calls, &budgets).await) };
+        let outcome = match dpflow_udfs::unwind::catch_unwind_future(run).await {
+            Ok(r) => r,
+            Err(panic) => Err(panic.into()),
+        };
         self.settle(outcome, reservation, records)
     }
 

@@ -535,7 +535,7 @@ fn noisy_count(
         NoiseDistribution::Laplace { scale } => MechanismRecord::laplace(target, 1.0, scale),
     };
     accountant.charge(&[record])?;
-    Ok((exact as i128 + noise.integer_sampler().sample(rng)) as f64)
+    Ok((exact as i128).saturating_add(noise.integer_sampler().sample(rng)) as f64)
 }
 
 /// What the missing-data strategy produced before the main fit.

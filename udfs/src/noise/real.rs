@@ -34,7 +34,37 @@ pub enum NoiseDistribution {
     },
 }
 
+/// The largest noise scale (Laplace b or Gaussian σ, in integer units) a
+/// release may use: 2⁹⁶. A draw from a larger scale can pass 2¹²⁷, where the
+/// exact samplers clamp it to i128's range, and a clamped draw plus the
+/// exact answer depends on the answer without noise (a review found
+/// `rho => 1e-200` telling an empty cell from a full one). Planners refuse
+/// such a scale before any charge ([`NoiseDistribution::scale_refusal`]);
+/// below the cap a draw reaches 2¹²⁷ with probability below e^(−2³⁰), and
+/// answer plus noise stays far inside i128. (Grid units are small: a sum of
+/// squares uses up to 2⁴³ units per row, so real scales reach 2⁶⁰.)
+pub const MAX_NOISE_SCALE: f64 = 79_228_162_514_264_337_593_543_950_336.0; // 2^96
+
 impl NoiseDistribution {
+    /// Why this noise may not be used for a release (a scale that is not
+    /// positive and finite, or above [`MAX_NOISE_SCALE`]): a public check,
+    /// made when a release is planned.
+    pub fn scale_refusal(&self) -> Option<String> {
+        let (name, s) = match *self {
+            NoiseDistribution::Laplace { scale } => ("Laplace scale", scale),
+            NoiseDistribution::Gaussian { sigma } => ("Gaussian σ", sigma),
+        };
+        if !(s > 0.0 && s.is_finite()) {
+            return Some(format!("the {name} {s} is not a positive finite number"));
+        }
+        (s > MAX_NOISE_SCALE).then(|| {
+            format!(
+                "the budget is too small: it needs a {name} of {s:e} (integer units), above the largest the exact \
+                 samplers take (2^96 ≈ 7.9e28), which would release noise and nothing else; give a larger budget"
+            )
+        })
+    }
+
     /// Standard deviation of the noise (continuous approximation).
     pub fn std_dev(&self) -> f64 {
         match *self {
