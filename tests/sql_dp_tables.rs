@@ -321,6 +321,7 @@ async fn bad_calls_are_refused_before_anything_is_charged() {
         ("SELECT dp_count(*, rho => 1e-200) AS n FROM t", "budget is too small"),
         ("SELECT sex, dp_sum(age, 0, 100, epsilon => 1e-30) AS s FROM t GROUP BY sex", "budget is too small"),
         ("SELECT * FROM synthesize('t', rho => 1)", "mechanism => is required"),
+        ("SELECT * FROM synthesize('t', mechanism => 'aim', rho => 1e-200)", "too small to synthesize"),
         (
             "SELECT * FROM synthesize('t', mechanism => 'aim', rho => 1, missing => 'impute-first:mode-stability')",
             "needs a public bound on the missing cells",

@@ -15,6 +15,15 @@ use crate::privacy::{BudgetError, FailureError, LedgerError};
 /// A synthesis failure.
 #[derive(Debug, thiserror::Error)]
 pub enum SynthError {
+    /// A budget so small that the noise would leave the exact samplers' range.
+    #[error(
+        "the budget {budget} is too small to synthesize anything (its noise would be pure noise and beyond the \
+         exact samplers' range): give ρ ≥ 1e-30 or ε ≥ 1e-15"
+    )]
+    BudgetTooSmall {
+        /// The budget given.
+        budget: String,
+    },
     /// A domain's `not_applicable_when` rule (checked before anything is charged).
     #[error(transparent)]
     Rule(#[from] crate::domain::RuleError),

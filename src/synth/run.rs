@@ -1057,6 +1057,20 @@ pub fn release_record(
     Ok(synthesis_record(synth.name(), dataset, share, workload, missing))
 }
 
+/// The smallest ρ (and ε) a synthesis runs with: far below any useful
+/// budget, and far above where a synthesizer's noise would leave the exact
+/// samplers' range (σ ≈ √(T/2ρ) stays below 2⁹⁶ for thousands of
+/// measurements; docs/PRIVACY.md §3.2).
+pub const MIN_SYNTH_BUDGET: f64 = 1e-30;
+
 pub(crate) fn budget_check(b: &Budget) -> Result<()> {
-    Ok(b.validate()?)
+    b.validate()?;
+    let small = match *b {
+        Budget::Pure { epsilon } | Budget::Approx { epsilon, .. } => epsilon < MIN_SYNTH_BUDGET.sqrt(),
+        Budget::Zcdp { rho } => rho < MIN_SYNTH_BUDGET,
+    };
+    if small {
+        return Err(SynthError::BudgetTooSmall { budget: b.describe() });
+    }
+    Ok(())
 }
