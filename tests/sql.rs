@@ -473,6 +473,15 @@ async fn quantile_intervals_are_charged_and_cover_the_exact_quantile() {
     assert_eq!(covered, total, "{covered}/{total}");
     // Ranks qn ± r with r = (2/0.5)·ln(2·1024/0.05) ≈ 42 of 2000 rows: a few values of [0, 100].
     assert!(widest < 8.0, "widest interval {widest}");
+    // Bounds that are not dyadic: (hi − lo)/1024 rounds, and the top bin's computed upper edge,
+    // lo + 1024·w, fell one ulp below hi = 1 while every value (1.0) sat in it (found in review):
+    // the ends are the bounds themselves at the first and last bins, and rounded outward inside.
+    let call = "dp_quantile(x, 0.5, -1.0000000000000002, 1, epsilon => 3)";
+    let sql = format!("SELECT dp_ci_low({call}) AS lo, dp_ci_high({call}) AS hi FROM u WHERE k = 0 AND x >= 1");
+    let mut e = SqlEngine::open(cat(), Some(6)).await.unwrap();
+    let r = e.query(&sql, None).await.unwrap();
+    let (lo, hi) = (column_f64(&r.batches, "lo")[0].unwrap(), column_f64(&r.batches, "hi")[0].unwrap());
+    assert!(lo <= 1.0 && hi >= 1.0, "[{lo}, {hi}] misses 1.0");
 }
 
 /// Found by the SQL privacy audit (tests/dp_audit_sql.rs): a query whose only

@@ -320,6 +320,15 @@ async fn bad_calls_are_refused_before_anything_is_charged() {
         ("SELECT dp_count(*, epsilon => 1e-300) AS n FROM t", "budget is too small"),
         ("SELECT dp_count(*, rho => 1e-200) AS n FROM t", "budget is too small"),
         ("SELECT sex, dp_sum(age, 0, 100, epsilon => 1e-30) AS s FROM t GROUP BY sex", "budget is too small"),
+        // Found by the review of quantile intervals: each would fail only after the charge.
+        (
+            "SELECT dp_ci_low(dp_quantile(age, 0.5, 0, 100, epsilon => 2e-307)) AS l FROM t",
+            "too small for a quantile interval",
+        ),
+        ("SELECT dp_quantile(age, 0.5, -1e308, 1e308) AS m FROM t", "too far apart"),
+        ("SELECT dp_ci_low(dp_count(*), 1.5) AS l FROM t", "level must be a number between 0 and 1"),
+        ("SELECT dp_ci_low(n) AS l FROM (SELECT dp_count(*) AS n FROM t) s", "takes a DP aggregate of the same SELECT"),
+        ("(SELECT * INTO x FROM dp_marginals('t', 'sex', rho => 1))", "SELECT ... INTO"),
         ("SELECT * FROM synthesize('t', rho => 1)", "mechanism => is required"),
         ("SELECT * FROM synthesize('t', mechanism => 'aim', rho => 1e-200)", "too small to synthesize"),
         (

@@ -454,6 +454,13 @@ pub(super) fn plan_one(
         }
         Kind::Quantile { lo, hi, .. } => {
             let bins = 1024usize;
+            if !((hi - lo) / bins as f64).is_finite() {
+                return Err(Refusal::new(
+                    K::Arguments,
+                    format!("{name}: the bounds {lo} and {hi} are too far apart for a finite bin width"),
+                )
+                .into());
+            }
             let (eps_em, loss) = match share {
                 Share::Epsilon(e) => (e / l0, PrivacyLoss::Pure { epsilon: e }),
                 // ε²/8 per group, L0 groups: ρ = L0·ε²/8.
@@ -484,10 +491,11 @@ pub(super) fn plan_one(
 /// exponential-mechanism selection ([`super::quantile_interval`]): a call
 /// with m − 1 requested ends splits its share into m equal parts (ε/m, or
 /// ρ/m), one for the point and one per end, each charged at plan time.
-pub(super) fn split_quantile_for_intervals(planned: &mut [Planned], cis: &[super::release::CiRequest]) {
+/// `ends` are the requested ends as (aggregate index, high end, level).
+pub(super) fn split_quantile_for_intervals(planned: &mut [Planned], ends: &[(usize, bool, f64)]) -> Result<()> {
     for (i, p) in planned.iter_mut().enumerate() {
         let Some((eps, bins, sens)) = p.quantile else { continue };
-        let ends: Vec<&super::release::CiRequest> = cis.iter().filter(|r| r.agg == i).collect();
+        let ends: Vec<(bool, f64)> = ends.iter().filter(|r| r.0 == i).map(|r| (r.1, r.2)).collect();
         if ends.is_empty() || p.records.len() != 1 {
             continue;
         }
@@ -511,14 +519,22 @@ pub(super) fn split_quantile_for_intervals(planned: &mut [Planned], cis: &[super
             ..point.clone()
         };
         let mut records = vec![record(point.target.clone())];
-        for r in ends {
-            let side = if r.side_high { "high" } else { "low" };
-            let level = r.level;
+        for (high, level) in ends {
+            // A public check before the charge: a vanishing ε would aim the ends at ±∞.
+            if !super::quantile_interval::endpoint_shift(eps, sens, bins, level).is_finite() {
+                return Err(Refusal::new(
+                    K::Budget,
+                    format!("{}: the budget is too small for a quantile interval; give a larger one", point.target),
+                )
+                .into());
+            }
+            let side = if high { "high" } else { "low" };
             records
                 .push(record(point.target.replace("quantile bin", &format!("quantile interval {side} end ({level})"))));
         }
         p.records = records;
     }
+    Ok(())
 }
 
 /// The integer threshold τ of DP partition selection with discrete Laplace

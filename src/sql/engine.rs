@@ -229,13 +229,14 @@ impl SqlEngine {
     async fn plan_checked(&self, sql: &str) -> Result<(super::sites::Prepared, Checked)> {
         let prepared = prepare(sql)?;
         let plan = self.ctx.state().create_logical_plan(&prepared.sql).await?;
+        refuse_statements(&plan)?;
         refuse_placeholders(&plan)?;
         no_duplicate_sites(&plan)?;
         if super::imputed::uses_imputed(&prepared.sites) {
             return Ok((prepared, Checked::Imputed(plan)));
         }
-        if !super::table_release::calls_in(&plan).is_empty() {
-            super::table_release::check_reads(&plan, &self.catalog, !prepared.sites.is_empty())?;
+        if !super::table_plan::calls_in(&plan).is_empty() {
+            super::table_plan::check_reads(&plan, &self.catalog, !prepared.sites.is_empty())?;
             return Ok((prepared, Checked::DpTables(plan)));
         }
         if prepared.sites.is_empty() && super::synthetic::synthetic_only(&plan, &self.catalog) {
@@ -345,8 +346,13 @@ impl SqlEngine {
         }
         // Reserve before touching data; refuse if it does not fit.
         let reservation = self.reserve(&entry.ledger_dataset, &records)?;
-        let outcome =
-            self.execute(&plan, &agg, &entry, unit.as_ref(), &planned, domain_keys, selection.as_ref(), releases).await;
+        // A panic after the read is caught and charged like any failure.
+        let run = async {
+            Ok(self
+                .execute(&plan, &agg, &entry, unit.as_ref(), &planned, domain_keys, selection.as_ref(), releases)
+                .await)
+        };
+        let outcome = unwound(dpflow_udfs::unwind::catch_unwind_future(run).await);
         self.settle(outcome, reservation, records)
     }
 
@@ -391,7 +397,9 @@ impl SqlEngine {
         let needs_selection = !agg.group_expr.is_empty() && domain_keys.is_none();
         let (mut planned, selection) = plan_costs(&agg, &entry, &prepared.sites, budget, needs_selection)?;
         let cis = super::release::ci_requests(plan, &planned, self.catalog.confidence);
-        super::costing::split_quantile_for_intervals(&mut planned, &cis);
+        super::release::check_markers(plan, &cis)?;
+        let ends: Vec<(usize, bool, f64)> = cis.iter().map(|r| (r.agg, r.side_high, r.level)).collect();
+        super::costing::split_quantile_for_intervals(&mut planned, &ends)?;
         let mut records: Vec<MechanismRecord> = planned.iter().flat_map(|p| p.records.clone()).collect();
         if let Some((rec, _, _)) = &selection {
             records.push(rec.clone());
@@ -430,7 +438,7 @@ impl SqlEngine {
                 )],
             )),
             Checked::DpTables(plan) => {
-                use super::table_release as t;
+                use super::table_plan as t;
                 let calls = t::calls_in(&plan);
                 let budgets = t::budgets(&calls, budget.or(self.catalog.query_budget))?;
                 Ok((t::records(&calls, &budgets)?, t::predictions(&calls, &budgets, assumptions)))
@@ -540,7 +548,8 @@ impl SqlEngine {
             return Ok(explained(records));
         }
         let reservation = self.reserve(&ip.table.ledger_dataset, &records)?;
-        let outcome = self.run_imputed(&ip).await;
+        let outcome =
+            unwound(dpflow_udfs::unwind::catch_unwind_future(async { Ok(self.run_imputed(&ip).await) }).await);
         self.settle(outcome, reservation, records)
     }
 
@@ -667,6 +676,29 @@ fn imputed_schema(ip: &super::imputed::ImputedPlan) -> SchemaRef {
     Arc::new(Schema::new(ip.outputs.iter().map(|(n, _)| Field::new(n, DataType::Float64, true)).collect::<Vec<_>>()))
 }
 
+/// Only queries: a plan that would create, change or copy anything (e.g.
+/// `(SELECT ... INTO t ...)`, which parses as a query) is refused before
+/// anything runs.
+fn refuse_statements(plan: &LogicalPlan) -> Result<()> {
+    use datafusion::common::tree_node::TreeNodeRecursion;
+    let mut found = false;
+    plan.apply_with_subqueries(|node| {
+        found |= matches!(
+            node,
+            LogicalPlan::Ddl(_) | LogicalPlan::Dml(_) | LogicalPlan::Copy(_) | LogicalPlan::Statement(_)
+        );
+        Ok(if found { TreeNodeRecursion::Stop } else { TreeNodeRecursion::Continue })
+    })?;
+    if found {
+        return Err(Refusal::new(
+            K::Unsupported,
+            "only SELECT queries are allowed (no DDL, DML or configuration statements, and no SELECT ... INTO)",
+        )
+        .into());
+    }
+    Ok(())
+}
+
 /// A DP query's values are part of what is checked and costed: a
 /// placeholder (`$1`) left in its plan is refused before anything is charged
 /// (DataFusion would only fail on it after the data was read).
@@ -710,6 +742,15 @@ fn release_id() -> String {
 /// Runs a ledger call (SQLite, which may wait for another process's lock)
 /// without stalling the other tasks of a multi-threaded runtime (a server's
 /// other sessions); on any other thread it just runs.
+/// The outcome of a run guarded by `catch_unwind_future`: a panic becomes
+/// an error (then charged by `settle`, its text withheld).
+pub(super) fn unwound<T>(r: std::result::Result<Result<T>, datafusion::error::DataFusionError>) -> Result<T> {
+    match r {
+        Ok(r) => r,
+        Err(panic) => Err(panic.into()),
+    }
+}
+
 pub(super) fn blocking<T>(f: impl FnOnce() -> T) -> T {
     match tokio::runtime::Handle::try_current() {
         Ok(h) if h.runtime_flavor() == tokio::runtime::RuntimeFlavor::MultiThread => tokio::task::block_in_place(f),

@@ -276,7 +276,10 @@ impl SqlEngine {
                             (0..g).map(|c| ScalarValue::try_from_array(b.column(c), r)).collect::<Result<_, _>>()?;
                         let bin = ScalarValue::try_from_array(b.column(g), r)?;
                         if bin.is_null() {
-                            continue; // NaN: no bin (TRY_CAST gave null)
+                            // Only where the bin width is not finite (refused at plan time). A NaN
+                            // value compares above hi (IEEE total order), so it is clamped to hi and
+                            // counted in the last bin: the interval covers the data with NaN read as hi.
+                            continue;
                         }
                         let bi = scalar_f64(&bin)?.max(0.0) as usize;
                         let n = scalar_f64(&ScalarValue::try_from_array(b.column(g + 1), r)?)?;

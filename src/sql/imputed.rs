@@ -258,6 +258,14 @@ pub(super) fn plan_imputed(
             crate::impute::smooth_calibration(per_number, None)
                 .map_err(|e| Refusal::new(K::Budget, format!("{}: {e}", q.name)))?;
         }
+        // Discrete Laplace at ~2²¹ grid units / ε: ε ≥ 1e-15 keeps it far below the
+        // samplers' range (noise::MAX_NOISE_SCALE); smaller budgets release only noise.
+        if per_number < 1e-15 {
+            return refuse(
+                K::Budget,
+                format!("{}: the budget is too small (ε {per_number:e} per number); give a larger one", q.name),
+            );
+        }
         calls.push((q, per_number));
         fields.push(field);
     }

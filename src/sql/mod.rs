@@ -19,6 +19,7 @@ pub use dpflow_udfs::rowsafe;
 pub mod sites;
 pub mod synthetic;
 pub mod table_calls;
+mod table_plan;
 mod table_release;
 
 pub use catalog::{Catalog, PrivacyUnit, TableEntry};

@@ -72,6 +72,45 @@ pub(super) fn ci_requests(plan: &LogicalPlan, planned: &[Planned], default_level
     out
 }
 
+/// Every `dp_ci_low`/`dp_ci_high` in the plan (subqueries too) must be one
+/// of `cis` — a DP aggregate of this query, with a level in (0, 1) if one is
+/// given — or the query is refused before the charge (an unmatched marker
+/// would only fail after the read).
+pub(super) fn check_markers(plan: &LogicalPlan, cis: &[CiRequest]) -> Result<()> {
+    use super::refusal::{Refusal, RefusalKind as K};
+    use datafusion::common::tree_node::TreeNodeRecursion;
+    let mut bad: Option<String> = None;
+    plan.apply_with_subqueries(|node| {
+        node.apply_expressions(|e| {
+            e.apply(|x| {
+                if let Expr::ScalarFunction(ScalarFunction { func, args }) = x
+                    && (func.name() == "dp_ci_low" || func.name() == "dp_ci_high")
+                {
+                    if let Some(l) = args.get(1)
+                        && !parse_f64(l, "level", func.name()).is_ok_and(|l| l > 0.0 && l < 1.0)
+                    {
+                        bad = Some(format!("{}: the level must be a number between 0 and 1, e.g. 0.9", func.name()));
+                    } else if !cis.iter().any(|r| r.matches(func.name(), args)) {
+                        bad = Some(format!(
+                            "{} takes a DP aggregate of the same SELECT, e.g. dp_ci_low(dp_count(*)) or \
+                             dp_ci_high(dp_avg(x, 0, 100), 0.9)",
+                            func.name()
+                        ));
+                    }
+                    if bad.is_some() {
+                        return Ok(TreeNodeRecursion::Stop);
+                    }
+                }
+                Ok(TreeNodeRecursion::Continue)
+            })
+        })
+    })?;
+    match bad {
+        Some(m) => Err(Refusal::new(K::Arguments, m).into()),
+        None => Ok(()),
+    }
+}
+
 /// Noises one aggregate for one group; returns the value and requested CI bounds.
 pub(super) fn release_one(
     p: &Planned,
@@ -190,7 +229,16 @@ pub(super) fn release_one(
                 let shift = super::quantile_interval::endpoint_shift(eps, sensitivity, bins, r.level);
                 let s = super::quantile_interval::endpoint_scores(histogram, bins, *q, shift, r.side_high);
                 let e = mech.select(rng, &s)?;
-                let edge = if r.side_high { lo + (e + 1) as f64 * width } else { lo + e as f64 * width };
+                // A value lands in bin ⌊(x − lo)/w⌋ computed in floating point, so the
+                // bin's edges are rounded outward by a few ulps of the bounds' magnitude;
+                // the first and last bins end exactly at lo and hi.
+                let margin = 8.0 * f64::EPSILON * lo.abs().max(hi.abs()).max(hi - lo);
+                let edge = match (r.side_high, e) {
+                    (false, 0) => *lo,
+                    (false, e) => lo + e as f64 * width - margin,
+                    (true, e) if e + 1 >= bins => *hi,
+                    (true, e) => lo + (e + 1) as f64 * width + margin,
+                };
                 out_cis.push((*k, ScalarValue::Float64(Some(edge.clamp(*lo, *hi)))));
             }
             ScalarValue::Float64(Some(lo + (b as f64 + 0.5) * width))

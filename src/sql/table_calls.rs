@@ -6,7 +6,7 @@
 //! table is protected and counts one row per person, the columns are in its
 //! domain, the cells fit, the mechanism and workload exist), fixes the output
 //! schema, and returns a placeholder table, [`DpTableCall`]. The engine
-//! ([`super::table_release`]) then finds every call in the plan, charges
+//! (`sql::table_plan`, `sql::table_release`) then finds every call in the plan, charges
 //! them all at plan time, runs each one once in our own code, and swaps each
 //! placeholder for its released rows before DataFusion executes the rest of
 //! the query, which is post-processing. A call referenced twice (a CTE) is
