@@ -211,6 +211,31 @@ fn psql_runs_dp_queries_explain_and_reads_sqlstates() {
     assert!(audit.contains("\"sqlstate\":\"PD101\"") && audit.contains("\"route\":\"explain\""), "{audit}");
 }
 
+/// Issue 20, item 5, served: an analyst calls `dp_marginals()` on a table of
+/// their role (charged to them, once), never on another's.
+#[test]
+fn an_analyst_releases_noisy_marginals_of_their_own_tables_only() {
+    if !client_available("psql", have("psql", &["--version"])) {
+        return;
+    }
+    let w = world(0.5, 5.0, &[("penguins", "carol", 2.0)], "adult");
+    let s = serve(&w, "s");
+    let q = "SELECT marginal, species, count, ci_low, ci_high FROM dp_marginals('penguins', 'species', epsilon => 0.5) \
+             ORDER BY species";
+    let o = psql(s.port, "carol", PASSWORD, q);
+    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+    let out = String::from_utf8_lossy(&o.stdout).to_string();
+    let rows: Vec<&str> = out.lines().collect();
+    assert_eq!(rows.len(), 3, "{out}");
+    assert!(rows[0].starts_with("species|Adelie|") && rows[2].starts_with("species|Gentoo|"), "{out}");
+    // adult is not in carol's role: her session has no such table (nothing charged).
+    let o = psql(s.port, "carol", PASSWORD, "SELECT * FROM dp_marginals('adult', 'sex', epsilon => 0.5)");
+    assert!(!o.status.success() && String::from_utf8_lossy(&o.stderr).contains("no table"), "{o:?}");
+    let c = charges(&w.ledger);
+    assert_eq!(c.len(), 1, "{c:?}");
+    assert_eq!((c[0].dataset.as_str(), c[0].analyst.as_deref()), ("penguins", Some("carol")));
+}
+
 #[test]
 fn logins_roles_and_statements_that_reach_files_are_refused_and_charge_nothing() {
     if !client_available("psql", have("psql", &["--version"])) {

@@ -329,8 +329,9 @@ fn sql_step(h: &mut String, s: &Value, input: &ReportInput<'_>) -> Result<()> {
                 c.target, c.statistic
             ),
             (None, "quantile") => format!(
-                "{}: no interval — the exponential mechanism's error depends on how dense the data is near the \
-                 quantile{}",
+                "{}: the exponential mechanism's error in value depends on how dense the data is near the \
+                 quantile{}; the query's dp_ci_low/dp_ci_high columns publish an interval holding the exact sample \
+                 quantile (each end is a selection of its own, at a share of the budget; add them where absent)",
                 c.target,
                 c.rank_error.map_or(String::new(), |r| format!(" (its rank error is at most {} rows at 95%)", num(r)))
             ),
