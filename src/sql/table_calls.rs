@@ -185,16 +185,10 @@ fn mechanism_name(m: Mechanism) -> String {
     serde_json::to_value(m).ok().and_then(|v| v.as_str().map(str::to_string)).unwrap_or_default()
 }
 
-/// The mechanisms `synthesize()` runs (the others need options SQL has no
-/// place for: `dpflow synth` or a pipeline step runs them).
-pub const SQL_SYNTHESIZERS: [Mechanism; 6] = [
-    Mechanism::Aim,
-    Mechanism::Mst,
-    Mechanism::Mwem,
-    Mechanism::Independent,
-    Mechanism::Privbayes,
-    Mechanism::PrivbayesPgm,
-];
+/// The mechanisms `synthesize()` runs: those `run_synth` fits itself (the
+/// others need options or a record file SQL has no place for: `dpflow
+/// synth` or a pipeline step runs them).
+pub const SQL_SYNTHESIZERS: [Mechanism; 6] = crate::synth::run::FITTED_SYNTHESIZERS;
 
 #[async_trait]
 impl TableProvider for DpTableCall {

@@ -1040,6 +1040,17 @@ fn synthesis_record(name: &str, dataset: &str, share: Share, workload: &str, mis
     }
 }
 
+/// The synthesizers [`run_synth`] fits itself from exact marginals (the
+/// others — NAPSU-MQ and the 002 family — have runs of their own).
+pub const FITTED_SYNTHESIZERS: [Mechanism; 6] = [
+    Mechanism::Aim,
+    Mechanism::Mst,
+    Mechanism::Mwem,
+    Mechanism::Independent,
+    Mechanism::Privbayes,
+    Mechanism::PrivbayesPgm,
+];
+
 /// The record [`run_synth`] charges a ledger for a release of `mechanism`
 /// (one of the synthesizers [`run_synth`] fits itself: AIM, MST, MWEM,
 /// independent, PrivBayes, PrivBayes-PGM) under `budget` — for a caller

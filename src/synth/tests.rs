@@ -60,14 +60,7 @@ fn run(mech: Mechanism, rho: f64, seed: u64, n: usize, workload: &str) -> (Fitte
 
 #[test]
 fn every_mechanism_spends_exactly_its_budget() {
-    for mech in [
-        Mechanism::Aim,
-        Mechanism::Mst,
-        Mechanism::Mwem,
-        Mechanism::Independent,
-        Mechanism::Privbayes,
-        Mechanism::PrivbayesPgm,
-    ] {
+    for mech in crate::synth::run::FITTED_SYNTHESIZERS {
         // (ρ for zCDP synthesizers, ε for PrivBayes.)
         for rho in [0.01, 0.5] {
             let (_, spent, _, _) = run(mech, rho, 1, 2000, "all-2way");
