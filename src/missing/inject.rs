@@ -14,15 +14,19 @@
 //!   inputs themselves are masked MCAR at the same rate, so whether a cell is
 //!   missing can depend on values that are not observed.
 //!
-//! They are seeded (reproducible) and hold the data in memory: evaluation
-//! tools, not release mechanisms; nothing they output is private.
+//! They are seeded (reproducible for a seed and an input) and stream: memory
+//! holds a batch and the MAR inputs' sums, not the table (issue 19). MAR's
+//! bias is fitted on a histogram of its logits (8192 bins over ±12 standard
+//! deviations: the achieved rate is within about 10⁻³ of the bias on the
+//! exact logits). Evaluation tools, not release mechanisms; nothing they
+//! output is private.
 
 use std::sync::Arc;
 
 use datafusion::arrow::array::{Array, ArrayRef, BooleanArray, RecordBatch};
-use datafusion::arrow::compute::{concat_batches, nullif};
+use datafusion::arrow::compute::nullif;
 use datafusion::execution::context::SessionContext;
-use datafusion::physical_plan::collect;
+use datafusion::physical_plan::{ExecutionPlan, ExecutionPlanProperties};
 use dpflow_udfs::domain::{BatchEncoder, EncodeExec};
 use dpflow_udfs::noise::DpRng;
 use rand::RngExt;
@@ -79,28 +83,32 @@ pub struct InjectReport {
     pub complete_rows: f64,
 }
 
-/// Masks of one run: per domain column, `true` = make null.
-pub(crate) struct Masks {
-    pub(crate) masks: Vec<Option<Vec<bool>>>,
-    pub(crate) masked_columns: Vec<usize>,
-    pub(crate) inputs: Vec<usize>,
-}
-
 /// The logistic function 1 / (1 + e^(−z)).
 pub fn sigmoid(z: f64) -> f64 {
     1.0 / (1.0 + (-z).exp())
 }
 
-/// Exactly `k` of `n` positions, uniformly without replacement (Algorithm S).
-fn select_exact(rng: &mut DpRng, n: u64, k: u64) -> impl FnMut() -> bool + '_ {
-    let mut seen = 0u64;
-    let mut chosen = 0u64;
-    move || {
-        let left = n - seen;
-        let need = k - chosen;
-        seen += 1;
+/// Exactly `k` of `n` positions in order, uniformly without replacement
+/// (Knuth's Algorithm S): the state of a selection that runs across batches.
+#[derive(Debug, Clone)]
+struct Selection {
+    n: u64,
+    k: u64,
+    seen: u64,
+    chosen: u64,
+}
+
+impl Selection {
+    fn new(n: u64, k: u64) -> Self {
+        Self { n, k, seen: 0, chosen: 0 }
+    }
+
+    fn next(&mut self, rng: &mut DpRng) -> bool {
+        let left = self.n - self.seen;
+        let need = self.k - self.chosen;
+        self.seen += 1;
         if need > 0 && rng.random_range(0..left) < need {
-            chosen += 1;
+            self.chosen += 1;
             true
         } else {
             false
@@ -108,27 +116,279 @@ fn select_exact(rng: &mut DpRng, n: u64, k: u64) -> impl FnMut() -> bool + '_ {
     }
 }
 
-/// MCAR masks over `columns` of an n-row table: exactly round(rate·n·|columns|) cells.
-fn mcar(rng: &mut DpRng, n: usize, columns: &[usize], d: usize, rate: f64) -> Vec<Option<Vec<bool>>> {
-    let cells = (n * columns.len()) as u64;
-    let k = (rate * cells as f64).round() as u64;
-    let mut masks: Vec<Option<Vec<bool>>> = vec![None; d];
-    for &c in columns {
-        masks[c] = Some(vec![false; n]);
+/// Streaming sums of the MAR inputs' codes: n, Σx_k and Σx_k·x_l (first pass).
+#[derive(Debug, Clone)]
+struct InputStats {
+    n: u64,
+    sum: Vec<f64>,
+    cross: Vec<Vec<f64>>,
+}
+
+impl InputStats {
+    fn new(k: usize) -> Self {
+        Self { n: 0, sum: vec![0.0; k], cross: vec![vec![0.0; k]; k] }
     }
-    let mut pick = select_exact(rng, cells, k);
-    // Cell order: row-major over the chosen columns.
-    for r in 0..n {
-        for &c in columns {
-            if pick() {
-                masks[c].as_mut().expect("allocated")[r] = true;
+
+    fn add(&mut self, codes: &[&[u32]], inputs: &[usize]) {
+        let rows = codes.first().map_or(0, |c| c.len());
+        self.n += rows as u64;
+        for (a, &ca) in inputs.iter().enumerate() {
+            let xa = codes[ca];
+            self.sum[a] += xa.iter().map(|&v| v as f64).sum::<f64>();
+            for (b, &cb) in inputs.iter().enumerate().skip(a) {
+                let xb = codes[cb];
+                let s: f64 = xa.iter().zip(xb).map(|(&u, &v)| u as f64 * v as f64).sum();
+                self.cross[a][b] += s;
             }
         }
     }
-    masks
+
+    /// Means and standard deviations (constant columns: sd 1), and the
+    /// covariance of the standardised inputs.
+    fn standardised(&self) -> (Vec<f64>, Vec<f64>, Vec<Vec<f64>>) {
+        let n = self.n.max(1) as f64;
+        let k = self.sum.len();
+        let mean: Vec<f64> = self.sum.iter().map(|s| s / n).collect();
+        let cov = |a: usize, b: usize| {
+            let (a, b) = (a.min(b), a.max(b));
+            self.cross[a][b] / n - mean[a] * mean[b]
+        };
+        let sd: Vec<f64> = (0..k).map(|a| if cov(a, a) > 0.0 { cov(a, a).sqrt() } else { 1.0 }).collect();
+        let c = (0..k).map(|a| (0..k).map(|b| cov(a, b) / (sd[a] * sd[b])).collect()).collect();
+        (mean, sd, c)
+    }
 }
 
-/// Bias b with mean sigmoid(z + b) = rate (bisection; the mean is increasing in b).
+/// Bins of the histogram of standardised logits that the bias is fitted on.
+const Z_BINS: usize = 8192;
+/// Logits beyond ±Z_RANGE standard deviations count in the end bins.
+const Z_RANGE: f64 = 12.0;
+
+/// One MAR/MNAR-masked column: the logit of row r is Σ_k w_k·x_k[r] + c
+/// (the standardised inputs' weights folded into the codes), scaled to unit
+/// standard deviation, plus the fitted bias.
+#[derive(Debug, Clone)]
+struct Logistic {
+    column: usize,
+    weights: Vec<f64>,
+    offset: f64,
+    bias: f64,
+    histogram: Vec<f64>,
+}
+
+impl Logistic {
+    fn logit(&self, codes: &[&[u32]], inputs: &[usize], r: usize) -> f64 {
+        self.offset + self.weights.iter().zip(inputs).map(|(w, &c)| w * codes[c][r] as f64).sum::<f64>()
+    }
+
+    fn count(&mut self, codes: &[&[u32]], inputs: &[usize]) {
+        let rows = codes.first().map_or(0, |c| c.len());
+        for r in 0..rows {
+            let z = self.logit(codes, inputs, r);
+            let b = ((z + Z_RANGE) / (2.0 * Z_RANGE) * Z_BINS as f64).floor().clamp(0.0, (Z_BINS - 1) as f64);
+            self.histogram[b as usize] += 1.0;
+        }
+    }
+
+    /// The bias b with mean sigmoid(z + b) = rate over the histogram's bin centres.
+    fn fit(&mut self, rate: f64) {
+        let w = 2.0 * Z_RANGE / Z_BINS as f64;
+        let centres: Vec<(f64, f64)> = self
+            .histogram
+            .iter()
+            .enumerate()
+            .filter(|(_, n)| **n > 0.0)
+            .map(|(i, n)| (-Z_RANGE + (i as f64 + 0.5) * w, *n))
+            .collect();
+        let total: f64 = centres.iter().map(|c| c.1).sum();
+        let mean = |b: f64| centres.iter().map(|(z, n)| n * sigmoid(z + b)).sum::<f64>() / total.max(1.0);
+        let (mut lo, mut hi) = (-50.0, 50.0);
+        for _ in 0..100 {
+            let mid = 0.5 * (lo + hi);
+            if mean(mid) < rate {
+                lo = mid;
+            } else {
+                hi = mid;
+            }
+        }
+        self.bias = 0.5 * (lo + hi);
+        self.histogram = Vec::new();
+    }
+}
+
+/// A run's decisions and state: which columns are masked, MCAR selections
+/// (exact counts across batches) and the MAR logits. Masks are drawn row by
+/// row in the stream's order, so a run is reproducible for a seed and a
+/// fixed input order.
+pub(crate) struct Masker {
+    rng: DpRng,
+    d: usize,
+    rate: f64,
+    mechanism: InjectMechanism,
+    pub(crate) masked_columns: Vec<usize>,
+    pub(crate) inputs: Vec<usize>,
+    /// MCAR columns (MNAR: the inputs) and one selection over their cells, row-major.
+    mcar: Option<(Vec<usize>, Selection)>,
+    logistic: Vec<Logistic>,
+}
+
+impl Masker {
+    /// Checks `spec` against the column names and chooses the masked columns
+    /// and (MAR/MNAR) the inputs and their weights: nothing read yet.
+    pub(crate) fn new(spec: &InjectSpec, names: &[&str]) -> Result<Self> {
+        let d = names.len();
+        if !(0.0..1.0).contains(&spec.rate) {
+            return Err(MissingError::InjectRate(spec.rate));
+        }
+        let chosen: Option<Vec<usize>> = spec
+            .columns
+            .as_ref()
+            .map(|cols| {
+                cols.iter()
+                    .map(|c| names.iter().position(|n| n == c).ok_or_else(|| MissingError::InjectColumn(c.clone())))
+                    .collect::<Result<Vec<_>>>()
+            })
+            .transpose()?;
+        let mut rng = DpRng::unsafe_seeded(spec.seed);
+        let (masked_columns, inputs) = match spec.mechanism {
+            InjectMechanism::Mcar => (chosen.unwrap_or_else(|| (0..d).collect()), vec![]),
+            InjectMechanism::Mar | InjectMechanism::Mnar => {
+                if d < 2 {
+                    return Err(MissingError::TooFewColumns);
+                }
+                let masked: Vec<usize> = match chosen {
+                    Some(c) => c,
+                    None => {
+                        // A random half (rounded down) is masked; the rest are inputs.
+                        let mut idx: Vec<usize> = (0..d).collect();
+                        for i in (1..d).rev() {
+                            let j = rng.random_range(0..=i);
+                            idx.swap(i, j);
+                        }
+                        let mut m = idx[..d / 2].to_vec();
+                        m.sort_unstable();
+                        m
+                    }
+                };
+                let inputs: Vec<usize> = (0..d).filter(|c| !masked.contains(c)).collect();
+                if inputs.is_empty() {
+                    return Err(MissingError::NoInputColumn);
+                }
+                (masked, inputs)
+            }
+        };
+        let logistic = if inputs.is_empty() {
+            vec![]
+        } else {
+            masked_columns
+                .iter()
+                .map(|&column| Logistic {
+                    column,
+                    weights: (0..inputs.len())
+                        .map(|_| dpflow_udfs::noise::cauchy::standard_normal_sample(&mut rng))
+                        .collect(),
+                    offset: 0.0,
+                    bias: 0.0,
+                    histogram: vec![0.0; Z_BINS],
+                })
+                .collect()
+        };
+        Ok(Self { rng, d, rate: spec.rate, mechanism: spec.mechanism, masked_columns, inputs, mcar: None, logistic })
+    }
+
+    /// Whether the logits need the inputs' statistics (passes 1 and 2).
+    fn needs_passes(&self) -> bool {
+        !self.logistic.is_empty()
+    }
+
+    /// After the first pass: the weights on raw codes with the logits scaled
+    /// to unit standard deviation (000 §6.1: w ~ N(0, 1) on standardised
+    /// inputs), and the MCAR selections sized to the row count.
+    fn prepare(&mut self, stats: &InputStats) {
+        let n = stats.n;
+        let (mean, sd, cov) = stats.standardised();
+        for l in &mut self.logistic {
+            let w = &l.weights;
+            let var: f64 = (0..w.len()).map(|a| (0..w.len()).map(|b| w[a] * w[b] * cov[a][b]).sum::<f64>()).sum();
+            let scale = if var > 0.0 { var.sqrt() } else { 1.0 };
+            let raw: Vec<f64> = w.iter().zip(&sd).map(|(w, s)| w / s / scale).collect();
+            l.offset = -raw.iter().zip(&mean).map(|(w, m)| w * m).sum::<f64>();
+            l.weights = raw;
+        }
+        let mcar_cols: Vec<usize> = match self.mechanism {
+            InjectMechanism::Mcar => self.masked_columns.clone(),
+            InjectMechanism::Mnar => self.inputs.clone(),
+            InjectMechanism::Mar => vec![],
+        };
+        if !mcar_cols.is_empty() {
+            let cells = n * mcar_cols.len() as u64;
+            let k = (self.rate * cells as f64).round() as u64;
+            // One selection over the chosen columns' cells in row-major order.
+            self.mcar = Some((mcar_cols, Selection::new(cells, k)));
+        }
+    }
+
+    /// The masks of one batch of codes (`true` = make null), drawn row by row.
+    fn masks(&mut self, codes: &[&[u32]]) -> Vec<Option<Vec<bool>>> {
+        let rows = codes.first().map_or(0, |c| c.len());
+        let mut out: Vec<Option<Vec<bool>>> = vec![None; self.d];
+        if let Some((cols, _)) = &self.mcar {
+            for &c in cols {
+                out[c] = Some(vec![false; rows]);
+            }
+        }
+        for l in &self.logistic {
+            out[l.column] = Some(vec![false; rows]);
+        }
+        for r in 0..rows {
+            if let Some((cols, sel)) = &mut self.mcar {
+                for &c in cols.iter() {
+                    if sel.next(&mut self.rng) {
+                        out[c].as_mut().expect("allocated")[r] = true;
+                    }
+                }
+            }
+            for l in &self.logistic {
+                let p = sigmoid(l.logit(codes, &self.inputs, r) + l.bias).clamp(0.0, 1.0);
+                if self.rng.random_bool(p) {
+                    out[l.column].as_mut().expect("allocated")[r] = true;
+                }
+            }
+        }
+        out
+    }
+}
+
+/// Masks of one run: per domain column, `true` = make null.
+#[cfg(test)]
+pub(crate) struct Masks {
+    pub(crate) masks: Vec<Option<Vec<bool>>>,
+    pub(crate) masked_columns: Vec<usize>,
+    pub(crate) inputs: Vec<usize>,
+}
+
+/// The masks for `codes` (one vector of codes per domain column), through
+/// the same passes as a streamed run (the whole table as one batch).
+#[cfg(test)]
+pub(crate) fn masks_for(spec: &InjectSpec, names: &[&str], codes: &[Vec<u32>]) -> Result<Masks> {
+    let mut m = Masker::new(spec, names)?;
+    let view: Vec<&[u32]> = codes.iter().map(Vec::as_slice).collect();
+    let mut stats = InputStats::new(m.inputs.len());
+    stats.add(&view, &m.inputs);
+    m.prepare(&stats);
+    if m.needs_passes() {
+        let inputs = m.inputs.clone();
+        for l in &mut m.logistic {
+            l.count(&view, &inputs);
+            l.fit(spec.rate);
+        }
+    }
+    let masks = m.masks(&view);
+    Ok(Masks { masks, masked_columns: m.masked_columns.clone(), inputs: m.inputs.clone() })
+}
+
+/// The bias b with mean sigmoid(z + b) = rate over `z` (bisection; the mean
+/// is increasing in b).
 pub fn fit_bias(z: &[f64], rate: f64) -> f64 {
     let mean = |b: f64| z.iter().map(|&x| sigmoid(x + b)).sum::<f64>() / z.len() as f64;
     let (mut lo, mut hi) = (-50.0, 50.0);
@@ -143,151 +403,147 @@ pub fn fit_bias(z: &[f64], rate: f64) -> f64 {
     0.5 * (lo + hi)
 }
 
-/// Standardised input features (codes, mean 0, sd 1; constant columns are 0).
-fn features(codes: &[Vec<u32>], inputs: &[usize], n: usize) -> Vec<Vec<f64>> {
-    inputs
-        .iter()
-        .map(|&c| {
-            let col = &codes[c];
-            let mean = col.iter().map(|&v| v as f64).sum::<f64>() / n as f64;
-            let var = col.iter().map(|&v| (v as f64 - mean).powi(2)).sum::<f64>() / n as f64;
-            let sd = if var > 0.0 { var.sqrt() } else { 1.0 };
-            col.iter().map(|&v| (v as f64 - mean) / sd).collect()
+/// The domain-typed plan of the dataset's columns.
+async fn typed_plan(
+    ctx: &SessionContext,
+    dataset: &Dataset,
+    domain: &Arc<dpflow_udfs::domain::Domain>,
+) -> Result<Arc<dyn ExecutionPlan>> {
+    let names: Vec<&str> = domain.names();
+    let read_err = |source| MissingError::Read { location: dataset.location.clone(), source };
+    let raw = dataset.raw(ctx).await?.select_columns(&names).map_err(read_err)?;
+    let plan = raw.create_physical_plan().await.map_err(read_err)?;
+    Ok(Arc::new(EncodeExec::typed(plan, domain.clone()).map_err(read_err)?))
+}
+
+/// Every batch of `plan`, partition after partition (a fixed order, so a
+/// seeded run reproduces), each with its domain codes.
+fn coded_batches(
+    plan: Arc<dyn ExecutionPlan>,
+    ctx: &SessionContext,
+    domain: Arc<dpflow_udfs::domain::Domain>,
+) -> impl futures::Stream<Item = datafusion::common::Result<(RecordBatch, RecordBatch)>> + Send + use<> {
+    use futures::{StreamExt, TryStreamExt};
+    let task = ctx.task_ctx();
+    let parts = plan.output_partitioning().partition_count();
+    let schema = plan.schema();
+    let mut encoder = BatchEncoder::new(domain, &schema);
+    futures::stream::iter(0..parts).map(move |p| plan.execute(p, task.clone())).try_flatten().map(move |b| {
+        let b = b?;
+        let e = match &mut encoder {
+            Ok(e) => e.encode(&b).map_err(|e| datafusion::error::DataFusionError::External(Box::new(e)))?,
+            Err(e) => return Err(datafusion::error::DataFusionError::Execution(e.to_string())),
+        };
+        Ok((b, e))
+    })
+}
+
+fn code_columns(encoded: &RecordBatch) -> Vec<&[u32]> {
+    (0..encoded.num_columns())
+        .map(|c| {
+            encoded.column(c).as_any().downcast_ref::<datafusion::arrow::array::UInt32Array>().expect("codes").values()
+                as &[u32]
         })
         .collect()
 }
 
-/// The masks for `codes` (one vector of codes per domain column).
-pub(crate) fn masks_for(spec: &InjectSpec, names: &[&str], codes: &[Vec<u32>]) -> Result<Masks> {
-    let d = names.len();
-    let n = codes.first().map_or(0, Vec::len);
-    if !(0.0..1.0).contains(&spec.rate) {
-        return Err(MissingError::InjectRate(spec.rate));
-    }
-    let chosen: Option<Vec<usize>> = spec
-        .columns
-        .as_ref()
-        .map(|cols| {
-            cols.iter()
-                .map(|c| names.iter().position(|n| n == c).ok_or_else(|| MissingError::InjectColumn(c.clone())))
-                .collect::<Result<Vec<_>>>()
-        })
-        .transpose()?;
-    let mut rng = DpRng::unsafe_seeded(spec.seed);
-    match spec.mechanism {
-        InjectMechanism::Mcar => {
-            let cols = chosen.unwrap_or_else(|| (0..d).collect());
-            Ok(Masks { masks: mcar(&mut rng, n, &cols, d, spec.rate), masked_columns: cols, inputs: vec![] })
-        }
-        InjectMechanism::Mar | InjectMechanism::Mnar => {
-            if d < 2 {
-                return Err(MissingError::TooFewColumns);
-            }
-            let masked: Vec<usize> = match chosen {
-                Some(c) => c,
-                None => {
-                    // A random half (rounded down) is masked; the rest are inputs.
-                    let mut idx: Vec<usize> = (0..d).collect();
-                    for i in (1..d).rev() {
-                        let j = rng.random_range(0..=i);
-                        idx.swap(i, j);
-                    }
-                    let mut m = idx[..d / 2].to_vec();
-                    m.sort_unstable();
-                    m
-                }
-            };
-            let inputs: Vec<usize> = (0..d).filter(|c| !masked.contains(c)).collect();
-            if inputs.is_empty() {
-                return Err(MissingError::NoInputColumn);
-            }
-            let x = features(codes, &inputs, n);
-            let mut masks: Vec<Option<Vec<bool>>> = vec![None; d];
-            for &j in &masked {
-                let w: Vec<f64> =
-                    (0..inputs.len()).map(|_| dpflow_udfs::noise::cauchy::standard_normal_sample(&mut rng)).collect();
-                let mut z: Vec<f64> = (0..n).map(|r| w.iter().zip(&x).map(|(wk, xk)| wk * xk[r]).sum()).collect();
-                let mean = z.iter().sum::<f64>() / n.max(1) as f64;
-                let sd = (z.iter().map(|v| (v - mean).powi(2)).sum::<f64>() / n.max(1) as f64).sqrt();
-                if sd > 0.0 {
-                    z.iter_mut().for_each(|v| *v /= sd);
-                }
-                let b = fit_bias(&z, spec.rate);
-                masks[j] = Some(z.iter().map(|&zi| rng.random_bool(sigmoid(zi + b).clamp(0.0, 1.0))).collect());
-            }
-            if spec.mechanism == InjectMechanism::Mnar {
-                let m = mcar(&mut rng, n, &inputs, d, spec.rate);
-                for c in &inputs {
-                    masks[*c] = m[*c].clone();
-                }
-            }
-            Ok(Masks { masks, masked_columns: masked, inputs })
-        }
-    }
+/// What the writing pass counted.
+#[derive(Default)]
+struct Counts {
+    rows: u64,
+    newly: Vec<u64>,
+    masked: u64,
+    complete: u64,
 }
 
 /// Reads the dataset (typed through its domain), injects missingness and
-/// writes the result to `out` (Parquet or CSV by extension). Returns what was done.
+/// writes the result to `out` (Parquet or CSV by extension), streaming:
+/// memory holds one batch and the MAR statistics, not the table. MCAR and
+/// MNAR's input masks need the row count (a first pass); MAR needs the
+/// inputs' means and covariance (the same pass) and the distribution of its
+/// logits (a second pass, binned in 8192 bins to fit the bias). The
+/// masks are drawn in a third pass, which writes. Returns what was done.
 pub async fn inject(ctx: &SessionContext, dataset: &Dataset, spec: &InjectSpec, out: &str) -> Result<InjectReport> {
+    use futures::{StreamExt, TryStreamExt};
     let domain = Arc::new(dataset.domain().clone());
     let names: Vec<&str> = domain.names();
+    // Public checks before anything is read.
+    let mut masker = Masker::new(spec, &names)?;
     let read_err = |source| MissingError::Read { location: dataset.location.clone(), source };
-    let encode_err = |source| MissingError::Encode { location: dataset.location.clone(), source };
-    let raw = dataset.raw(ctx).await?.select_columns(&names).map_err(read_err)?;
-    let plan = raw.create_physical_plan().await.map_err(read_err)?;
-    let typed: Arc<dyn datafusion::physical_plan::ExecutionPlan> =
-        Arc::new(EncodeExec::typed(plan, domain.clone()).map_err(read_err)?);
-    let schema = typed.schema();
-    let batches = collect(typed, ctx.task_ctx()).await.map_err(read_err)?;
-    let batch = concat_batches(&schema, &batches)?;
-    drop(batches);
-    let n = batch.num_rows();
-    let mut encoder = BatchEncoder::new(domain.clone(), &schema).map_err(encode_err)?;
-    let encoded = encoder.encode(&batch).map_err(encode_err)?;
-    let codes: Vec<Vec<u32>> = (0..encoded.num_columns())
-        .map(|c| {
-            let a = encoded.column(c).as_any().downcast_ref::<datafusion::arrow::array::UInt32Array>().expect("codes");
-            a.values().to_vec()
-        })
-        .collect();
-    let masks = masks_for(spec, &names, &codes)?;
-
-    // Apply: nullif(column, mask) keeps existing nulls and adds the new ones.
-    let mut columns: Vec<ArrayRef> = Vec::with_capacity(batch.num_columns());
-    let mut per_column = Vec::new();
-    let mut masked_cells = 0u64;
-    for (c, array) in batch.columns().iter().enumerate() {
-        match &masks.masks[c] {
-            Some(m) => {
-                let newly = m.iter().zip(0..n).filter(|(b, r)| **b && array.is_valid(*r)).count() as u64;
-                if masks.masked_columns.contains(&c) {
-                    masked_cells += m.iter().filter(|b| **b).count() as u64;
-                }
-                per_column.push((names[c].to_string(), newly, newly as f64 / n.max(1) as f64));
-                columns.push(nullif(array, &BooleanArray::from(m.clone()))?);
+    // A plan per pass: a physical plan is not guaranteed to run twice.
+    let plan = typed_plan(ctx, dataset, &domain).await?;
+    // Pass 1: rows and the inputs' sums.
+    let mut stats = InputStats::new(masker.inputs.len());
+    let inputs = masker.inputs.clone();
+    let schema = plan.schema();
+    let mut s = std::pin::pin!(coded_batches(plan, ctx, domain.clone()));
+    while let Some((_, e)) = s.try_next().await.map_err(read_err)? {
+        stats.add(&code_columns(&e), &inputs);
+    }
+    masker.prepare(&stats);
+    // Pass 2 (MAR/MNAR): the logits' histogram, then the bias.
+    if masker.needs_passes() {
+        let plan = typed_plan(ctx, dataset, &domain).await?;
+        let mut s = std::pin::pin!(coded_batches(plan, ctx, domain.clone()));
+        while let Some((_, e)) = s.try_next().await.map_err(read_err)? {
+            let codes = code_columns(&e);
+            for l in &mut masker.logistic {
+                l.count(&codes, &inputs);
             }
-            None => columns.push(array.clone()),
+        }
+        for l in &mut masker.logistic {
+            l.fit(spec.rate);
         }
     }
-    // Columns that can now hold nulls must be nullable in the output schema.
+    // Pass 3: mask and write. Columns that can now hold nulls are nullable.
     let fields: Vec<_> = schema.fields().iter().map(|f| f.as_ref().clone().with_nullable(true)).collect();
     let out_schema = Arc::new(datafusion::arrow::datatypes::Schema::new(fields));
-    let result = RecordBatch::try_new(out_schema.clone(), columns)?;
-    let complete = (0..n).filter(|&r| result.columns().iter().all(|a| a.is_valid(r))).count();
-    let stream = datafusion::physical_plan::stream::RecordBatchStreamAdapter::new(
-        out_schema,
-        futures::stream::iter(vec![Ok(result)]),
-    );
+    let counts = Arc::new(parking_lot::Mutex::new(Counts { newly: vec![0; names.len()], ..Default::default() }));
+    let masked_set = masker.masked_columns.clone();
+    let (schema2, counts2) = (out_schema.clone(), counts.clone());
+    let plan = typed_plan(ctx, dataset, &domain).await?;
+    let masked = coded_batches(plan, ctx, domain.clone()).map(move |r| {
+        let (b, e) = r?;
+        let masks = masker.masks(&code_columns(&e));
+        let mut c = counts2.lock();
+        let mut columns: Vec<ArrayRef> = Vec::with_capacity(b.num_columns());
+        for (i, array) in b.columns().iter().enumerate() {
+            match &masks[i] {
+                Some(m) => {
+                    c.newly[i] += m.iter().enumerate().filter(|(r, x)| **x && array.is_valid(*r)).count() as u64;
+                    if masked_set.contains(&i) {
+                        c.masked += m.iter().filter(|x| **x).count() as u64;
+                    }
+                    columns.push(nullif(array, &BooleanArray::from(m.clone()))?);
+                }
+                None => columns.push(array.clone()),
+            }
+        }
+        let result = RecordBatch::try_new(schema2.clone(), columns)?;
+        c.rows += result.num_rows() as u64;
+        c.complete += (0..result.num_rows()).filter(|&r| result.columns().iter().all(|a| a.is_valid(r))).count() as u64;
+        Ok(result)
+    });
+    let stream = datafusion::physical_plan::stream::RecordBatchStreamAdapter::new(out_schema, masked.boxed());
     crate::io::write_stream(ctx, out, Box::pin(stream)).await?;
+    let c = counts.lock();
+    let n = c.rows;
+    let report_masks = Masker::new(spec, &names)?;
     Ok(InjectReport {
         mechanism: spec.mechanism,
         rate: spec.rate,
-        rows: n as u64,
-        masked_columns: masks.masked_columns.iter().map(|&c| names[c].to_string()).collect(),
-        inputs: masks.inputs.iter().map(|&c| names[c].to_string()).collect(),
-        per_column,
-        achieved_rate: masked_cells as f64 / (n * masks.masked_columns.len()).max(1) as f64,
-        complete_rows: complete as f64 / n.max(1) as f64,
+        rows: n,
+        masked_columns: report_masks.masked_columns.iter().map(|&i| names[i].to_string()).collect(),
+        inputs: report_masks.inputs.iter().map(|&i| names[i].to_string()).collect(),
+        per_column: (0..names.len())
+            .filter(|&i| {
+                report_masks.masked_columns.contains(&i)
+                    || (spec.mechanism == InjectMechanism::Mnar && report_masks.inputs.contains(&i))
+            })
+            .map(|i| (names[i].to_string(), c.newly[i], c.newly[i] as f64 / n.max(1) as f64))
+            .collect(),
+        achieved_rate: c.masked as f64 / (n * report_masks.masked_columns.len() as u64).max(1) as f64,
+        complete_rows: c.complete as f64 / n.max(1) as f64,
     })
 }
 
@@ -432,6 +688,97 @@ mod tests {
             let m = z.iter().map(|&x| sigmoid(x + b)).sum::<f64>() / z.len() as f64;
             assert!((m - rate).abs() < 1e-9);
         }
+    }
+
+    #[test]
+    fn masks_carry_their_state_across_batches() {
+        // The same run over one batch and over batches of 7 rows: identical masks (the MCAR
+        // selection keeps its count across batches; the MAR draws go row by row).
+        let n = 1000;
+        let codes = table(n);
+        for (mech, cols) in [
+            (InjectMechanism::Mcar, None),
+            (InjectMechanism::Mar, Some(vec!["y", "z"])),
+            (InjectMechanism::Mnar, Some(vec!["y"])),
+        ] {
+            let sp = spec(mech, 0.3, cols);
+            let whole = masks_for(&sp, &NAMES, &codes).unwrap();
+            let mut m = Masker::new(&sp, &NAMES).unwrap();
+            let view: Vec<&[u32]> = codes.iter().map(Vec::as_slice).collect();
+            let mut stats = InputStats::new(m.inputs.len());
+            for start in (0..n).step_by(7) {
+                let end = (start + 7).min(n);
+                let chunk: Vec<&[u32]> = view.iter().map(|c| &c[start..end]).collect();
+                stats.add(&chunk, &m.inputs);
+            }
+            m.prepare(&stats);
+            let inputs = m.inputs.clone();
+            for l in &mut m.logistic {
+                for start in (0..n).step_by(7) {
+                    let chunk: Vec<&[u32]> = view.iter().map(|c| &c[start..(start + 7).min(n)]).collect();
+                    l.count(&chunk, &inputs);
+                }
+                l.fit(0.3);
+            }
+            let mut joined: Vec<Option<Vec<bool>>> = vec![None; NAMES.len()];
+            for start in (0..n).step_by(7) {
+                let chunk: Vec<&[u32]> = view.iter().map(|c| &c[start..(start + 7).min(n)]).collect();
+                for (c, mask) in m.masks(&chunk).into_iter().enumerate() {
+                    if let Some(mask) = mask {
+                        joined[c].get_or_insert_with(Vec::new).extend(mask);
+                    }
+                }
+            }
+            assert_eq!(joined, whole.masks, "{mech:?}");
+        }
+    }
+
+    /// Nulls per column, rows, and the file's bytes.
+    async fn nulls(ctx: &SessionContext, out: String) -> (Vec<usize>, usize, Vec<u8>) {
+        let b = ctx.read_parquet(out.clone(), Default::default()).await.unwrap().collect().await.unwrap();
+        let per: Vec<usize> = (0..4).map(|c| b.iter().map(|b| b.column(c).null_count()).sum()).collect();
+        (per, b.iter().map(|b| b.num_rows()).sum(), std::fs::read(out).unwrap())
+    }
+
+    #[tokio::test]
+    async fn inject_streams_batches_and_reproduces_for_a_seed() {
+        use datafusion::prelude::SessionConfig;
+        let dir = tempfile::tempdir().unwrap();
+        let mut csv = String::from("x0,x1,y,z\n");
+        let codes = table(5000);
+        for ((x0, x1), (y, z)) in codes[0].iter().zip(&codes[1]).zip(codes[2].iter().zip(&codes[3])) {
+            csv += &format!("{x0},{x1},{y},{z}\n");
+        }
+        std::fs::write(dir.path().join("t.csv"), csv).unwrap();
+        std::fs::write(
+            dir.path().join("t.yaml"),
+            "columns:\n  - {name: x0, kind: integer, bounds: [0, 2]}\n  - {name: x1, kind: integer, bounds: [0, 3]}\n  \
+             - {name: y, kind: integer, bounds: [0, 4]}\n  - {name: z, kind: integer, bounds: [0, 1]}\n",
+        )
+        .unwrap();
+        let p = |f: &str| dir.path().join(f).display().to_string();
+        let ds = Dataset::open("t", &p("t.csv"), None, &p("t.yaml")).unwrap();
+        // Small batches over two partitions: the run streams, in a fixed partition order.
+        let ctx =
+            dpflow_udfs::session::dpflow_context(SessionConfig::new().with_batch_size(256).with_target_partitions(2));
+        let sp = spec(InjectMechanism::Mcar, 0.2, None);
+        let r = inject(&ctx, &ds, &sp, &p("a.parquet")).await.unwrap();
+        assert_eq!(r.rows, 5000);
+        let (per, rows, first) = nulls(&ctx, p("a.parquet")).await;
+        assert_eq!(rows, 5000);
+        assert_eq!(per.iter().sum::<usize>(), 4000, "exactly 20% of 20,000 cells");
+        inject(&ctx, &ds, &sp, &p("a.parquet")).await.unwrap();
+        let (per2, _, second) = nulls(&ctx, p("a.parquet")).await;
+        assert_eq!((per, first), (per2, second), "the same seed writes the same file");
+        // MAR: the inputs stay observed, the masked columns near the rate.
+        let r =
+            inject(&ctx, &ds, &spec(InjectMechanism::Mar, 0.3, Some(vec!["y", "z"])), &p("b.parquet")).await.unwrap();
+        let (per, _, _) = nulls(&ctx, p("b.parquet")).await;
+        assert_eq!((per[0], per[1]), (0, 0));
+        for c in [2, 3] {
+            assert!((per[c] as f64 / 5000.0 - 0.3).abs() < 0.03, "{per:?}");
+        }
+        assert!((r.achieved_rate - 0.3).abs() < 0.02, "{}", r.achieved_rate);
     }
 
     #[test]
