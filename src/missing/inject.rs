@@ -200,18 +200,7 @@ impl Logistic {
             .filter(|(_, n)| **n > 0.0)
             .map(|(i, n)| (-Z_RANGE + (i as f64 + 0.5) * w, *n))
             .collect();
-        let total: f64 = centres.iter().map(|c| c.1).sum();
-        let mean = |b: f64| centres.iter().map(|(z, n)| n * sigmoid(z + b)).sum::<f64>() / total.max(1.0);
-        let (mut lo, mut hi) = (-50.0, 50.0);
-        for _ in 0..100 {
-            let mid = 0.5 * (lo + hi);
-            if mean(mid) < rate {
-                lo = mid;
-            } else {
-                hi = mid;
-            }
-        }
-        self.bias = 0.5 * (lo + hi);
+        self.bias = fit_bias_weighted(&centres, rate);
         self.histogram = Vec::new();
     }
 }
@@ -390,7 +379,15 @@ pub(crate) fn masks_for(spec: &InjectSpec, names: &[&str], codes: &[Vec<u32>]) -
 /// The bias b with mean sigmoid(z + b) = rate over `z` (bisection; the mean
 /// is increasing in b).
 pub fn fit_bias(z: &[f64], rate: f64) -> f64 {
-    let mean = |b: f64| z.iter().map(|&x| sigmoid(x + b)).sum::<f64>() / z.len() as f64;
+    let points: Vec<(f64, f64)> = z.iter().map(|&x| (x, 1.0)).collect();
+    fit_bias_weighted(&points, rate)
+}
+
+/// [`fit_bias`] over weighted logits (z, weight), e.g. a histogram's bin
+/// centres and counts.
+pub fn fit_bias_weighted(points: &[(f64, f64)], rate: f64) -> f64 {
+    let total: f64 = points.iter().map(|p| p.1).sum();
+    let mean = |b: f64| points.iter().map(|(z, w)| w * sigmoid(z + b)).sum::<f64>() / total.max(f64::MIN_POSITIVE);
     let (mut lo, mut hi) = (-50.0, 50.0);
     for _ in 0..100 {
         let mid = 0.5 * (lo + hi);
