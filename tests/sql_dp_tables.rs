@@ -85,7 +85,12 @@ type Cell = (String, Option<String>, Option<String>, i64, f64, f64, f64);
 fn cells(batches: &[RecordBatch]) -> Vec<Cell> {
     let mut out = Vec::new();
     for b in batches {
-        let s = |i: usize| b.column(i).as_string::<i32>().clone();
+        let s = |i: usize| {
+            datafusion::arrow::compute::cast(b.column(i), &datafusion::arrow::datatypes::DataType::Utf8)
+                .unwrap()
+                .as_string::<i32>()
+                .clone()
+        };
         let f = |i: usize| b.column(i).as_primitive::<Float64Type>().clone();
         let (m, sex, age) = (s(0), s(1), s(2));
         let n = b.column(3).as_primitive::<Int64Type>().clone();
@@ -153,6 +158,28 @@ async fn dp_marginals_are_charged_at_plan_time_and_release_every_cell_with_its_i
     assert_eq!(recs.len(), 2);
     assert_eq!(preds.len(), 2);
     assert!(preds.iter().all(|p| p.half_width == Some(half)), "{preds:?}");
+}
+
+#[tokio::test]
+async fn an_observed_only_marginal_leaves_out_the_rows_with_a_null() {
+    let dir = tempfile::tempdir().unwrap();
+    let catalog = world(dir.path());
+    let mut e = SqlEngine::open(unledgered(&catalog), Some(4)).await.unwrap();
+    // Both modes of one column are two marginals: ρ/2 each, 2 + 3 cells.
+    let q = "SELECT marginal, sex, CAST(NULL AS VARCHAR) AS age, count, sigma, ci_low, ci_high \
+             FROM dp_marginals('t', 'sex[observed]; sex', rho => 50)";
+    let r = e.query(q, None).await.unwrap();
+    let got = cells(&r.batches);
+    let observed: Vec<_> = got.iter().filter(|c| c.0 == "sex[observed]").collect();
+    assert_eq!(observed.iter().map(|c| c.1.as_deref()).collect::<Vec<_>>(), [Some("F"), Some("M")]);
+    assert_eq!(got.iter().filter(|c| c.0 == "sex").count(), 3);
+    // σ = 0.1: the counts are the exact ones (F 200, M 360; the 40 nulls left out).
+    for c in &observed {
+        assert!((c.3 - exact("sex", c.1.as_deref())).abs() <= 1, "{c:?}");
+    }
+    let nulls = exact("sex", None);
+    assert_eq!(nulls, 40);
+    assert!(got.iter().any(|c| c.0 == "sex" && c.1.is_none() && (c.3 - nulls).abs() <= 1), "{got:?}");
 }
 
 #[tokio::test]
@@ -241,7 +268,7 @@ async fn synthesize_is_charged_once_and_every_reference_reads_the_same_rows() {
     let b = &r.batches[0];
     let col = |i: usize| b.column(i).as_primitive::<Int64Type>().value(0);
     assert_eq!((col(0), col(2)), (0, 2000));
-    // Nulls are modelled as a category: about a tenth of the rows (60 of 600 are null).
+    // Nulls are modelled as a category: about a fifteenth of the rows (40 of 600 are null).
     assert!((100..=320).contains(&col(1)), "null rows {}", col(1));
     let h = history(dir.path(), "t");
     assert_eq!(h.len(), 2);

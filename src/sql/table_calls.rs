@@ -16,7 +16,8 @@
 //! * `dp_marginals` releases noisy contingency tables: one row per cell, with
 //!   the marginal's label, the cell's values (SQL NULL is the null category of
 //!   an attribute in the marginal, and fills the attributes not in it), the
-//!   noisy `count`, the noise's standard deviation `sigma`, and the interval
+//!   noisy `count` (a marginal written `a,b[observed]` counts only the rows
+//!   with neither a nor b null, and has no null cells), the noise's standard deviation `sigma`, and the interval
 //!   `ci_low`..`ci_high` at the catalog's confidence (or `confidence =>`).
 //!   Privacy (NOTES §1, add/remove-one neighbours): one person changes one
 //!   cell of each marginal by 1, so each marginal has L1 and L2 sensitivity
@@ -40,6 +41,7 @@ use datafusion::common::{DataFusionError, Result, ScalarValue};
 use datafusion::datasource::TableType;
 use datafusion::logical_expr::Expr;
 use datafusion::physical_plan::ExecutionPlan;
+use dpflow_udfs::marginal::NullMode;
 use dpflow_udfs::noise::NoiseDistribution;
 
 use super::catalog::{PrivacyUnit, TableEntry};
@@ -123,7 +125,7 @@ impl DpTableCall {
             CallKind::Marginals { queries, .. } => format!(
                 "dp_marginals({}, '{}')",
                 self.table.name,
-                queries.iter().map(|q| q.attrs.join(",")).collect::<Vec<_>>().join("; ")
+                queries.iter().map(|q| q.label()).collect::<Vec<_>>().join("; ")
             ),
             CallKind::Synthesize { mechanism, .. } => {
                 format!("synthesize({}, mechanism => '{}')", self.table.name, mechanism_name(*mechanism))
@@ -289,7 +291,7 @@ impl DpTableFunction {
     fn usage(&self) -> &'static str {
         match self.function {
             DpTableFunctionKind::Marginals => {
-                "dp_marginals('table', 'a,b; c' [, rho => R | epsilon => E [, delta => D]] [, confidence => 0.95])"
+                "dp_marginals('table', 'a,b; c[observed]' [, rho => R | epsilon => E [, delta => D]] [, confidence => 0.95])"
             }
             DpTableFunctionKind::Synthesize => {
                 "synthesize('table', mechanism => 'aim' [, rho => R | epsilon => E [, delta => D]] [, rows => N] \
@@ -473,15 +475,29 @@ impl TableFunctionImpl for DpTableFunction {
     }
 }
 
+/// Cells of one attribute in a marginal: its categories, and its null cell
+/// unless the marginal is observed-only.
+pub(super) fn cells_of(c: &dpflow_udfs::domain::Column, mode: NullMode) -> usize {
+    match (mode, c.null_code()) {
+        (NullMode::Observed, Some(_)) => c.cardinality() - 1,
+        _ => c.cardinality(),
+    }
+}
+
 impl DpTableFunction {
-    /// `'a,b; c'` → the marginals and the attributes they cover.
+    /// `'a,b; c[observed]'` → the marginals and the attributes they cover.
     fn marginals(&self, spec: &str, table: &TableEntry) -> Result<(Vec<MarginalQuery>, Vec<String>)> {
         let domain = table.dataset.domain();
         let mut queries: Vec<MarginalQuery> = Vec::new();
         let mut columns: Vec<String> = Vec::new();
         let mut cells: u64 = 0;
         for part in spec.split(';') {
-            let attrs: Vec<String> = part.split(',').map(|a| a.trim().to_string()).collect();
+            // `a,b[observed]`: rows with a null in any of a, b are left out (no null cells).
+            let (body, mode) = match part.trim().strip_suffix("[observed]") {
+                Some(b) => (b, NullMode::Observed),
+                None => (part, NullMode::Cells),
+            };
+            let attrs: Vec<String> = body.split(',').map(|a| a.trim().to_string()).collect();
             if attrs.iter().any(|a| a.is_empty()) {
                 return Err(self.err(format!(
                     "marginal {:?}: give column names separated by commas, marginals by semicolons, e.g. 'sex,race; age'",
@@ -506,12 +522,12 @@ impl DpTableFunction {
                         MARGINAL_COLUMNS.join(", ")
                     )));
                 }
-                size = size.saturating_mul(c.cardinality() as u64);
+                size = size.saturating_mul(cells_of(c, mode) as u64);
                 if !columns.contains(a) {
                     columns.push(a.clone());
                 }
             }
-            let q = MarginalQuery { attrs, mode: dpflow_udfs::marginal::NullMode::Cells };
+            let q = MarginalQuery { attrs, mode };
             if queries.contains(&q) {
                 return Err(self.err(format!("marginal {:?} is given twice", part.trim())));
             }

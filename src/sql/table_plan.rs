@@ -153,7 +153,7 @@ pub(super) fn predictions(
                 let noise = DpTableCall::marginal_noise(queries.len(), b);
                 for q in queries {
                     let mut p = Prediction::new(
-                        format!("{}: {}", c.describe(), q.attrs.join(",")),
+                        format!("{}: {}", c.describe(), q.label()),
                         "count",
                         assumptions.level,
                         "every cell's noise, exactly (integer noise of a known scale)",

@@ -194,7 +194,7 @@ fn marginal_rows(call: &DpTableCall, noisy: &[NoisyMarginal], columns: &[String]
             .iter()
             .map(|a| domain.column(a).ok_or_else(|| SqlError::Internal(format!("column {a} left the domain"))))
             .collect::<Result<_>>()?;
-        if cols.iter().map(|c| c.cardinality()).ne(m.shape.iter().copied()) {
+        if cols.iter().map(|c| super::table_calls::cells_of(c, m.query.mode)).ne(m.shape.iter().copied()) {
             return Err(SqlError::Internal("a marginal's shape differs from its domain".into()));
         }
         let at: Vec<usize> = m
@@ -205,7 +205,7 @@ fn marginal_rows(call: &DpTableCall, noisy: &[NoisyMarginal], columns: &[String]
             .collect();
         let sd = integer_noise_rmse(&m.noise);
         let half = integer_abs_quantile(&m.noise, level);
-        let name = m.query.attrs.join(",");
+        let name = m.query.label();
         for (cell, v) in m.values.iter().enumerate() {
             let mut codes = vec![0u32; cols.len()];
             let mut rest = cell;
