@@ -196,6 +196,19 @@ impl Accountant for LedgerAccountant<'_> {
     }
 }
 
+/// The record of one marginal measured with `noise` (sensitivity 1: one
+/// person changes one cell by 1, or none).
+pub fn marginal_record(q: &MarginalQuery, noise: NoiseDistribution) -> MechanismRecord {
+    match noise {
+        NoiseDistribution::Gaussian { sigma } => {
+            MechanismRecord::gaussian(format!("marginal({})", q.label()), 1.0, sigma)
+        }
+        NoiseDistribution::Laplace { scale } => {
+            MechanismRecord::laplace(format!("marginal({})", q.label()), 1.0, scale)
+        }
+    }
+}
+
 /// Measures marginals with per-marginal noise (`noise[i]` for `queries[i]`, or
 /// one noise for all). Charges first; computes all marginals in one scan.
 pub async fn measure(
@@ -230,18 +243,8 @@ pub async fn measure(
             return Err(MeasureError::Noise { marginal: q.label(), why });
         }
     }
-    let records: Vec<MechanismRecord> = queries
-        .iter()
-        .enumerate()
-        .map(|(i, q)| match noise_of(i) {
-            NoiseDistribution::Gaussian { sigma } => {
-                MechanismRecord::gaussian(format!("marginal({})", q.label()), 1.0, sigma)
-            }
-            NoiseDistribution::Laplace { scale } => {
-                MechanismRecord::laplace(format!("marginal({})", q.label()), 1.0, scale)
-            }
-        })
-        .collect();
+    let records: Vec<MechanismRecord> =
+        queries.iter().enumerate().map(|(i, q)| marginal_record(q, noise_of(i))).collect();
     // 1. Charge before touching data.
     accountant.charge(&records)?;
     // 2. Count exactly, in one scan.

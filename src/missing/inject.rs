@@ -497,6 +497,7 @@ pub async fn inject(ctx: &SessionContext, dataset: &Dataset, spec: &InjectSpec, 
     let out_schema = Arc::new(datafusion::arrow::datatypes::Schema::new(fields));
     let counts = Arc::new(parking_lot::Mutex::new(Counts { newly: vec![0; names.len()], ..Default::default() }));
     let masked_set = masker.masked_columns.clone();
+    let report_masked = masked_set.clone();
     let (schema2, counts2) = (out_schema.clone(), counts.clone());
     let plan = typed_plan(ctx, dataset, &domain).await?;
     let masked = coded_batches(plan, ctx, domain.clone()).map(move |r| {
@@ -525,21 +526,17 @@ pub async fn inject(ctx: &SessionContext, dataset: &Dataset, spec: &InjectSpec, 
     crate::io::write_stream(ctx, out, Box::pin(stream)).await?;
     let c = counts.lock();
     let n = c.rows;
-    let report_masks = Masker::new(spec, &names)?;
     Ok(InjectReport {
         mechanism: spec.mechanism,
         rate: spec.rate,
         rows: n,
-        masked_columns: report_masks.masked_columns.iter().map(|&i| names[i].to_string()).collect(),
-        inputs: report_masks.inputs.iter().map(|&i| names[i].to_string()).collect(),
+        masked_columns: report_masked.iter().map(|&i| names[i].to_string()).collect(),
+        inputs: inputs.iter().map(|&i| names[i].to_string()).collect(),
         per_column: (0..names.len())
-            .filter(|&i| {
-                report_masks.masked_columns.contains(&i)
-                    || (spec.mechanism == InjectMechanism::Mnar && report_masks.inputs.contains(&i))
-            })
+            .filter(|&i| report_masked.contains(&i) || (spec.mechanism == InjectMechanism::Mnar && inputs.contains(&i)))
             .map(|i| (names[i].to_string(), c.newly[i], c.newly[i] as f64 / n.max(1) as f64))
             .collect(),
-        achieved_rate: c.masked as f64 / (n * report_masks.masked_columns.len() as u64).max(1) as f64,
+        achieved_rate: c.masked as f64 / (n * report_masked.len() as u64).max(1) as f64,
         complete_rows: c.complete as f64 / n.max(1) as f64,
     })
 }

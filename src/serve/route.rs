@@ -25,10 +25,13 @@ use super::sqlstate;
 /// analyst what they have left.
 pub const DP_BUDGET: &str = "dp_budget";
 
-/// The DP SQL table functions an analyst may call (`synthetic()` rows of a
-/// catalog model, charged `dp_marginals()` and `synthesize()`); they run in
-/// the analyst's DP session.
-pub const DP_TABLE_FUNCTIONS: [&str; 3] = ["synthetic", "dp_marginals", "synthesize"];
+/// Whether `name` is a DP SQL table function an analyst may call
+/// (`synthetic()` rows of a catalog model, the charged
+/// [`crate::sql::sites::DP_TABLE_FUNCTIONS`]); they run in the analyst's DP
+/// session.
+fn is_dp_table_function(name: &str) -> bool {
+    name == "synthetic" || crate::sql::sites::DP_TABLE_FUNCTIONS.contains(&name)
+}
 
 /// What to do with one message's SQL.
 #[derive(Debug, Clone, PartialEq)]
@@ -116,7 +119,7 @@ pub fn route(sql: &str, catalog: &BTreeSet<String>, allowed: &BTreeSet<String>) 
         } else if schema.is_some() {
             // `x.adult` (DataFusion would read `x` as a table function's name).
             return Route::Refuse(sqlstate::UNDEFINED_TABLE, format!("relation {:?} does not exist", t.to_string()));
-        } else if DP_TABLE_FUNCTIONS.contains(&name) {
+        } else if is_dp_table_function(name) {
             // Their tables are the analyst's own: the DP session registers nothing else.
             dp = true;
         } else if catalog.contains(name) {

@@ -347,25 +347,37 @@ impl SqlEngine {
         // Reserve before touching data; refuse if it does not fit.
         let reservation = self.reserve(&entry.ledger_dataset, &records)?;
         // A panic after the read is caught and charged like any failure.
-        let run = async {
-            Ok(self
-                .execute(&plan, &agg, &entry, unit.as_ref(), &planned, domain_keys, selection.as_ref(), releases)
-                .await)
-        };
-        let outcome = unwound(dpflow_udfs::unwind::catch_unwind_future(run).await);
+        let outcome = guarded(self.execute(
+            &plan,
+            &agg,
+            &entry,
+            unit.as_ref(),
+            &planned,
+            domain_keys,
+            selection.as_ref(),
+            releases,
+        ))
+        .await;
         self.settle(outcome, reservation, records)
     }
 
     /// Runs a query over synthetic rows (and public tables) as ordinary SQL:
     /// post-processing of a DP model, nothing charged.
     async fn synthetic_query(&self, plan: LogicalPlan) -> Result<QueryResult> {
+        let (schema, batches) = self.run_released(plan).await?;
+        Ok(QueryResult { schema, batches, mechanisms: vec![], explain: None, charge_id: None, remaining: None })
+    }
+
+    /// Runs a plan that reads only released (or public) rows, as ordinary
+    /// SQL, with the output columns named as planned.
+    pub(super) async fn run_released(&self, plan: LogicalPlan) -> Result<(SchemaRef, Vec<RecordBatch>)> {
         let schema = output_schema(&plan);
         let batches = self.ctx.execute_logical_plan(plan).await?.collect().await?;
         let batches = batches
             .into_iter()
             .map(|b| RecordBatch::try_new(schema.clone(), b.columns().to_vec()))
             .collect::<std::result::Result<Vec<_>, _>>()?;
-        Ok(QueryResult { schema, batches, mechanisms: vec![], explain: None, charge_id: None, remaining: None })
+        Ok((schema, batches))
     }
 
     /// Everything about a checked DP query that is decided before any
@@ -548,8 +560,7 @@ impl SqlEngine {
             return Ok(explained(records));
         }
         let reservation = self.reserve(&ip.table.ledger_dataset, &records)?;
-        let outcome =
-            unwound(dpflow_udfs::unwind::catch_unwind_future(async { Ok(self.run_imputed(&ip).await) }).await);
+        let outcome = guarded(self.run_imputed(&ip)).await;
         self.settle(outcome, reservation, records)
     }
 
@@ -739,18 +750,18 @@ fn release_id() -> String {
     format!("sql-{}-{}-{n}-{nonce:016x}", chrono::Utc::now().format("%Y%m%dT%H%M%S%.6fZ"), std::process::id())
 }
 
-/// Runs a ledger call (SQLite, which may wait for another process's lock)
-/// without stalling the other tasks of a multi-threaded runtime (a server's
-/// other sessions); on any other thread it just runs.
-/// The outcome of a run guarded by `catch_unwind_future`: a panic becomes
-/// an error (then charged by `settle`, its text withheld).
-pub(super) fn unwound<T>(r: std::result::Result<Result<T>, datafusion::error::DataFusionError>) -> Result<T> {
-    match r {
+/// Runs what follows a reservation with panics caught: a panic becomes an
+/// error, which `settle` then charges with its text withheld.
+pub(super) async fn guarded<T>(run: impl std::future::Future<Output = Result<T>>) -> Result<T> {
+    match dpflow_udfs::unwind::catch_unwind_future(async { Ok(run.await) }).await {
         Ok(r) => r,
         Err(panic) => Err(panic.into()),
     }
 }
 
+/// Runs a ledger call (SQLite, which may wait for another process's lock)
+/// without stalling the other tasks of a multi-threaded runtime (a server's
+/// other sessions); on any other thread it just runs.
 pub(super) fn blocking<T>(f: impl FnOnce() -> T) -> T {
     match tokio::runtime::Handle::try_current() {
         Ok(h) if h.runtime_flavor() == tokio::runtime::RuntimeFlavor::MultiThread => tokio::task::block_in_place(f),

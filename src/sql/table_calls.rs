@@ -160,25 +160,13 @@ impl DpTableCall {
                 if let Some(why) = noise.scale_refusal() {
                     return Err(why);
                 }
-                Ok(queries.iter().map(|q| marginal_record(q, noise)).collect())
+                Ok(queries.iter().map(|q| crate::measure::marginal_record(q, noise)).collect())
             }
             CallKind::Synthesize { mechanism, workload, missing, .. } => {
                 crate::synth::run::release_record(&self.table.dataset.name, *mechanism, budget, workload, *missing)
                     .map(|r| vec![r])
                     .map_err(|e| e.to_string())
             }
-        }
-    }
-}
-
-/// The record `crate::measure::measure` charges for one marginal.
-pub(super) fn marginal_record(q: &MarginalQuery, noise: NoiseDistribution) -> MechanismRecord {
-    match noise {
-        NoiseDistribution::Gaussian { sigma } => {
-            MechanismRecord::gaussian(format!("marginal({})", q.label()), 1.0, sigma)
-        }
-        NoiseDistribution::Laplace { scale } => {
-            MechanismRecord::laplace(format!("marginal({})", q.label()), 1.0, scale)
         }
     }
 }

@@ -92,8 +92,7 @@ impl SqlEngine {
         let reservation = self.reserve(&dataset, &records)?;
         // From here on protected data is read: every outcome is a release (a
         // panic too: caught, and charged like any failure).
-        let run = async { Ok(self.run_dp_tables(plan, &calls, &budgets).await) };
-        let outcome = super::engine::unwound(dpflow_udfs::unwind::catch_unwind_future(run).await);
+        let outcome = super::engine::guarded(self.run_dp_tables(plan, &calls, &budgets)).await;
         self.settle(outcome, reservation, records)
     }
 
@@ -167,14 +166,10 @@ impl SqlEngine {
                 Ok(Transformed::no(node))
             })?
             .data;
-        let schema = super::engine::output_schema(&plan);
-        let batches = self.ctx.execute_logical_plan(plan).await?.collect().await?;
-        let batches = batches
-            .into_iter()
-            .map(|b| RecordBatch::try_new(schema.clone(), b.columns().to_vec()))
-            .collect::<std::result::Result<Vec<_>, _>>()?;
+        // The synthetic rows' files are read until the results are collected.
+        let out = self.run_released(plan).await;
         drop(tmp);
-        Ok((schema, batches))
+        out
     }
 }
 
