@@ -16,7 +16,7 @@ use serde::{Deserialize, Serialize};
 
 use super::factor::Factor;
 use super::jtree::JunctionTree;
-use super::model::{GraphicalModel, belief_propagation};
+use super::model::{GraphicalModel, belief_propagation, par_map};
 
 /// How a measurement reads the marginal of its attributes.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
@@ -119,11 +119,21 @@ pub struct EstimateOptions {
     pub tolerance: f64,
     /// L2 weights.
     pub weighting: Weighting,
+    /// Initial mirror-descent step; the Lipschitz step 2/(L·n) when `None`.
+    /// A warm-started fit passes the step its predecessor ended with.
+    pub initial_step: Option<f64>,
 }
 
 impl Default for EstimateOptions {
     fn default() -> Self {
-        Self { iters: 1000, norm: Norm::L2, total: None, tolerance: 0.0, weighting: Weighting::InverseSigma }
+        Self {
+            iters: 1000,
+            norm: Norm::L2,
+            total: None,
+            tolerance: 0.0,
+            weighting: Weighting::InverseSigma,
+            initial_step: None,
+        }
     }
 }
 
@@ -136,6 +146,8 @@ pub struct Estimate {
     pub loss: f64,
     /// Iterations run.
     pub iterations: usize,
+    /// The step size the line search ended with.
+    pub step: f64,
 }
 
 /// Minimum-variance unbiased estimate of the total from full-marginal
@@ -164,6 +176,10 @@ fn maximal(sets: &[Vec<usize>]) -> Vec<Vec<usize>> {
     out
 }
 
+/// The largest warm-started step, as a multiple of the Lipschitz step (the
+/// smallest is the Lipschitz step itself).
+const WARM_STEP_CAP: f64 = 1024.0;
+
 /// Huber smoothing width for the L1 loss, relative to σ.
 const HUBER: f64 = 0.1;
 
@@ -190,7 +206,9 @@ impl Problem<'_> {
         }
         let beliefs = belief_propagation(&self.jt, &psi, self.total);
         // Project onto the potential cliques.
-        self.cliques.iter().enumerate().map(|(k, c)| beliefs[self.to_jt[k]].sum_to(c)).collect()
+        let ks: Vec<usize> = (0..self.cliques.len()).collect();
+        let cost = beliefs.iter().map(Factor::len).sum();
+        par_map(&ks, cost, |&k| beliefs[self.to_jt[k]].sum_to(&self.cliques[k]))
     }
 
     /// Loss and gradient w.r.t. the potential-clique marginals.
@@ -238,10 +256,6 @@ impl Problem<'_> {
             grad[k].add_assign_sub(&gm);
         }
         (loss, grad)
-    }
-
-    fn loss(&self, mu: &[Factor]) -> f64 {
-        self.loss_grad(mu).0
     }
 }
 
@@ -319,7 +333,15 @@ pub fn estimate(
     // Initial step 2/(L·n) with L the Lipschitz constant of ∇L (exact for
     // identity queries: max over cliques of Σ w·|C|/|r|), as mbi 2.0 does.
     let lipschitz = lipschitz(&problem);
-    let mut alpha = 2.0 / (lipschitz * total);
+    // A warm step is kept between that and 2¹⁰ times it: a fit run to
+    // convergence ends with its step halved to nothing (the Armijo test fails
+    // at rounding level), and a long fit can grow it by 1% per iteration;
+    // either extreme would cost the next fit dozens of iterations to undo.
+    let lipschitz_step = 2.0 / (lipschitz * total);
+    let mut alpha = options
+        .initial_step
+        .filter(|s| s.is_finite())
+        .map_or(lipschitz_step, |s| s.clamp(lipschitz_step, WARM_STEP_CAP * lipschitz_step));
     let mut mu = problem.marginals(&theta);
     let (mut loss, mut grad) = problem.loss_grad(&mu);
     let mut iterations = 0;
@@ -336,13 +358,12 @@ pub fn estimate(
             })
             .collect();
         let mu2 = problem.marginals(&theta2);
-        let loss2 = problem.loss(&mu2);
+        let (loss2, grad2) = problem.loss_grad(&mu2);
         if loss - loss2 >= 0.5 * alpha * dot(&grad, &mu, &mu2) {
             theta = theta2;
             mu = mu2;
-            let (l, g) = problem.loss_grad(&mu);
-            loss = l;
-            grad = g;
+            loss = loss2;
+            grad = grad2;
             alpha *= 1.01;
         } else {
             alpha *= 0.5;
@@ -361,7 +382,7 @@ pub fn estimate(
         });
     }
     let model = GraphicalModel { sizes: sizes.to_vec(), potentials: theta, total, jtree: problem.jt };
-    Estimate { model, loss, iterations }
+    Estimate { model, loss, iterations, step: alpha }
 }
 
 /// The objective value (1/σ weights) of any marginal oracle: `marginal(attrs)` → counts.

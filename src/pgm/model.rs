@@ -1,6 +1,7 @@
 //! Graphical models in log space and exact belief propagation (sum-product on
 //! a junction tree, 001 §2.3; NOTES §3).
 
+use rayon::prelude::*;
 use serde::{Deserialize, Serialize};
 
 use super::factor::Factor;
@@ -62,42 +63,112 @@ pub(crate) fn tree_order(jt: &JunctionTree) -> (Vec<usize>, Vec<Option<usize>>) 
     (order, parent)
 }
 
-/// Sum-product belief propagation in log space. `log_potentials[i]` is over
+/// Work (in cells) below which a level of messages runs on the calling thread:
+/// rayon's hand-off costs a few microseconds, more than small factors take.
+/// Unit tests send every level through rayon, so the brute-force checks of
+/// this module cover the parallel path.
+const PARALLEL_CELLS: usize = if cfg!(test) { 1 } else { 1 << 14 };
+
+/// `f` over `items`, in parallel when `cost` (cells touched) is large enough;
+/// the results come back in the order of `items` either way.
+pub(crate) fn par_map<T: Sync, R: Send>(items: &[T], cost: usize, f: impl Fn(&T) -> R + Sync + Send) -> Vec<R> {
+    if items.len() > 1 && cost >= PARALLEL_CELLS {
+        items.par_iter().map(f).collect()
+    } else {
+        items.iter().map(f).collect()
+    }
+}
+
+/// Sum-product belief propagation. `log_potentials[i]` is over
 /// `jt.cliques[i]`. Returns normalised clique marginals with mass `total`.
+///
+/// Collect runs in log space (leaves to root). Distribute runs on normalised
+/// probabilities, the Hugin way: a clique's final belief is its collected
+/// belief times its parent's final marginal on the separator divided by the
+/// message it sent up, μ_C = ψ_C · μ_P(S) / m_{C→P}(S), so the parent's
+/// probabilities are computed once (one `exp` per cell, the same one that
+/// normalises it) and summed to each separator in linear space. Against the
+/// all-log-space sweep this saves one `exp` per parent cell per child; the
+/// two differ only where a separator's probability underflows below 1e-308
+/// (it becomes exactly 0).
+///
+/// Messages go level by level (deepest cliques first, then root first): the
+/// messages of one level are independent, so they are computed in parallel
+/// when the level is big enough to pay for it, and then added into their
+/// targets in a fixed order. The result therefore does not depend on the
+/// number of threads.
 pub fn belief_propagation(jt: &JunctionTree, log_potentials: &[Factor], total: f64) -> Vec<Factor> {
     let n = jt.cliques.len();
     let (order, parent) = tree_order(jt);
-    let mut beliefs: Vec<Factor> = log_potentials.to_vec();
-    // up[i] = message from i to its parent.
-    let mut up: Vec<Option<Factor>> = vec![None; n];
-    // Collect: leaves to root.
-    for &i in order.iter().rev() {
+    let mut depth = vec![0usize; n];
+    for &i in &order {
         if let Some(p) = parent[i] {
-            let sep = intersect(&jt.cliques[i], &jt.cliques[p]);
-            let m = beliefs[i].logsumexp_to(&sep);
+            depth[i] = depth[p] + 1;
+        }
+    }
+    let mut levels: Vec<Vec<usize>> = vec![Vec::new(); depth.iter().max().map_or(0, |d| d + 1)];
+    for &i in &order {
+        levels[depth[i]].push(i);
+    }
+    let seps: Vec<Vec<usize>> =
+        (0..n).map(|i| parent[i].map_or_else(Vec::new, |p| intersect(&jt.cliques[i], &jt.cliques[p]))).collect();
+    let mut beliefs: Vec<Factor> = log_potentials.to_vec();
+    // up[i] = message (log) from i to its parent.
+    let mut up: Vec<Option<Factor>> = vec![None; n];
+    // Collect: leaves to root, a level at a time (a level's beliefs are final
+    // once every deeper level has sent its messages).
+    for level in levels.iter().skip(1).rev() {
+        let cost: usize = level.iter().map(|&i| beliefs[i].len()).sum();
+        let msgs = par_map(level, cost, |&i| beliefs[i].logsumexp_to(&seps[i]));
+        for (&i, m) in level.iter().zip(msgs) {
+            let p = parent[i].expect("below the root");
             beliefs[p].add_assign_sub(&m);
             up[i] = Some(m);
         }
     }
-    // Distribute: root to leaves (parents are final before children).
-    for &i in &order {
-        if let Some(p) = parent[i] {
-            let sep = intersect(&jt.cliques[i], &jt.cliques[p]);
-            let mut tau = beliefs[p].clone();
-            tau.sub_assign_sub(up[i].as_ref().expect("collected"));
-            let m = tau.logsumexp_to(&sep);
-            beliefs[i].add_assign_sub(&m);
+    // Distribute: root first. A level's log-beliefs are final once its
+    // parents' messages are in; it is then turned into counts (normalised
+    // per clique, so each component of a forest gets mass `total`), and its
+    // children take their messages from those counts.
+    let mut counts: Vec<Option<Factor>> = vec![None; n];
+    for (d, level) in levels.iter().enumerate() {
+        if d > 0 {
+            let cost: usize = level.iter().map(|&i| beliefs[i].len()).sum();
+            let msgs = par_map(level, cost, |&i| {
+                let p = parent[i].expect("below the root");
+                let mut m = counts[p].as_ref().expect("parent's level is done").sum_to(&seps[i]);
+                let u = up[i].as_ref().expect("collected");
+                m.values.iter_mut().zip(&u.values).for_each(|(x, u)| *x = x.ln() - u);
+                m
+            });
+            for (&i, m) in level.iter().zip(msgs) {
+                beliefs[i].add_assign_sub(&m);
+            }
+        }
+        let cost: usize = level.iter().map(|&i| beliefs[i].len()).sum();
+        let done = par_map(level, cost, |&i| to_counts(&beliefs[i], total));
+        for (&i, c) in level.iter().zip(done) {
+            counts[i] = Some(c);
         }
     }
-    // Normalise each clique to total mass (components of a forest normalise separately,
-    // which is exact because they are independent).
-    for b in &mut beliefs {
-        let z = b.logsumexp();
-        for v in &mut b.values {
-            *v = (*v - z).exp() * total;
-        }
+    counts.into_iter().map(|c| c.expect("every clique is in a level")).collect()
+}
+
+/// exp(values), normalised to sum to `total` (one `exp` per cell).
+fn to_counts(log: &Factor, total: f64) -> Factor {
+    let max = log.values.iter().copied().fold(f64::NEG_INFINITY, f64::max);
+    if max == f64::NEG_INFINITY {
+        return Factor::filled(log.attrs.clone(), log.shape.clone(), 0.0);
     }
-    beliefs
+    let mut out = log.clone();
+    let mut sum = 0.0;
+    for v in &mut out.values {
+        *v = (*v - max).exp();
+        sum += *v;
+    }
+    let scale = total / sum;
+    out.values.iter_mut().for_each(|v| *v *= scale);
+    out
 }
 
 impl GraphicalModel {
@@ -195,27 +266,61 @@ impl Beliefs {
                 }
             }
         }
-        let root = (0..n).find(|&i| terminal[i]).expect("a terminal");
-        // DFS order within the subtree.
-        let mut order = vec![root];
-        let mut parent = vec![usize::MAX; n];
-        let mut k = 0;
-        while k < order.len() {
-            let x = order[k];
-            for &y in &nb[x] {
-                if alive[y] && y != parent[x] && parent[y] == usize::MAX && y != root {
-                    parent[y] = x;
-                    order.push(y);
+        // Any terminal can be the root. The work (cells visited) depends on the
+        // choice, by orders of magnitude when far-apart attributes would be
+        // carried across big cliques, so every terminal is planned
+        // symbolically and the cheapest runs.
+        let plan = |root: usize| {
+            let mut order = vec![root];
+            let mut parent = vec![usize::MAX; n];
+            let mut k = 0;
+            while k < order.len() {
+                let x = order[k];
+                for &y in &nb[x] {
+                    if alive[y] && y != parent[x] && parent[y] == usize::MAX && y != root {
+                        parent[y] = x;
+                        order.push(y);
+                    }
                 }
+                k += 1;
             }
-            k += 1;
-        }
-        // Messages are contracted clique by clique with fused product-sums
-        // (never the product of a clique with a message): a clique is first
-        // summed down to the attributes still needed (its separator to the
-        // parent, `attrs`, and those of incoming messages), so memory stays at
-        // the size of the messages (separator × `attrs`), not clique × `attrs`.
-        let mut msgs: Vec<Vec<Factor>> = vec![Vec::new(); n];
+            (order, parent)
+        };
+        let (order, parent) = (0..n)
+            .filter(|&i| terminal[i])
+            .map(plan)
+            .min_by(|a, b| {
+                self.eliminate(attrs, sizes, &a.0, &a.1, false)
+                    .0
+                    .total_cmp(&self.eliminate(attrs, sizes, &b.0, &b.1, false).0)
+            })
+            .expect("a terminal");
+        self.eliminate(attrs, sizes, &order, &parent, true).1.expect("executed")
+    }
+
+    /// Variable elimination towards `order[0]` over the subtree in `order`
+    /// (DFS order, `parent` links). Returns the cells visited and, when
+    /// `execute`, the marginal over `attrs`.
+    ///
+    /// Messages are contracted clique by clique with fused product-sums
+    /// (never the product of a clique with a message): a clique is first
+    /// summed down to the attributes still needed (its separator to the
+    /// parent, `attrs`, and those of incoming messages), so memory stays at
+    /// the size of the messages (separator × `attrs`), not clique × `attrs`.
+    fn eliminate(
+        &self,
+        attrs: &[usize],
+        sizes: &[usize],
+        order: &[usize],
+        parent: &[usize],
+        execute: bool,
+    ) -> (f64, Option<Factor>) {
+        let jt = &self.jtree;
+        let root = order[0];
+        let cells = |a: &[usize]| a.iter().map(|&x| sizes[x] as f64).product::<f64>();
+        let mut cost = 0.0;
+        // Incoming messages: their attributes, and their values when executing.
+        let mut msgs: Vec<Vec<(Vec<usize>, Option<Factor>)>> = vec![Vec::new(); jt.cliques.len()];
         for &i in order.iter().rev() {
             let incoming = std::mem::take(&mut msgs[i]);
             let sep: Vec<usize> = if i == root {
@@ -224,27 +329,35 @@ impl Beliefs {
                 let p = parent[i];
                 jt.cliques[i].iter().copied().filter(|a| jt.cliques[p].contains(a)).collect()
             };
-            let wanted = |a: &usize, rest: &[Factor]| {
-                sep.contains(a) || attrs.contains(a) || rest.iter().any(|m| m.attrs.contains(a))
+            let wanted = |a: &usize, rest: &[(Vec<usize>, Option<Factor>)]| {
+                sep.contains(a) || attrs.contains(a) || rest.iter().any(|m| m.0.contains(a))
             };
             let pre: Vec<usize> = jt.cliques[i].iter().copied().filter(|a| wanted(a, &incoming)).collect();
-            let mut cur = self.cliques[i].sum_to(&pre);
-            for (k, m) in incoming.iter().enumerate() {
+            cost += cells(&jt.cliques[i]);
+            let mut cur_attrs = pre.clone();
+            let mut cur = execute.then(|| self.cliques[i].sum_to(&pre));
+            for (k, (m_attrs, m)) in incoming.iter().enumerate() {
                 let rest = &incoming[k + 1..];
-                let mut keep: Vec<usize> =
-                    cur.attrs.iter().chain(&m.attrs).copied().filter(|a| wanted(a, rest)).collect();
-                keep.sort_unstable();
-                keep.dedup();
-                cur = cur.product_sum_to(m, &keep, sizes);
+                let mut union: Vec<usize> = cur_attrs.iter().chain(m_attrs).copied().collect();
+                union.sort_unstable();
+                union.dedup();
+                cost += cells(&union);
+                let keep: Vec<usize> = union.into_iter().filter(|a| wanted(a, rest)).collect();
+                if let (Some(c), Some(m)) = (cur.as_ref(), m.as_ref()) {
+                    cur = Some(c.product_sum_to(m, &keep, sizes));
+                }
+                cur_attrs = keep;
             }
             if i == root {
                 // Every attribute of `attrs` is in a terminal clique of the subtree.
-                return cur.sum_to(attrs);
+                return (cost, cur.map(|c| c.sum_to(attrs)));
             }
             // μ_C / μ_S: the conditional of the clique given its separator.
-            let sep_belief = self.cliques[parent[i]].sum_to(&sep);
-            cur.div_assign_sub(&sep_belief);
-            msgs[parent[i]].push(cur);
+            if let Some(c) = cur.as_mut() {
+                let sep_belief = self.cliques[parent[i]].sum_to(&sep);
+                c.div_assign_sub(&sep_belief);
+            }
+            msgs[parent[i]].push((cur_attrs, cur));
         }
         unreachable!("the root returns")
     }

@@ -63,6 +63,35 @@ fn belief_propagation_matches_the_joint() {
     }
 }
 
+/// Messages of one level are added in a fixed order, so belief propagation
+/// gives the same bits on one thread as on several.
+#[test]
+fn belief_propagation_does_not_depend_on_the_thread_count() {
+    let mut rng = SmallRng::seed_from_u64(9);
+    let sizes = vec![3, 4, 2, 5, 3, 4, 2, 3];
+    // A star and a chain: levels of several cliques each.
+    let cliques = vec![vec![0, 1, 2], vec![0, 3], vec![0, 4, 5], vec![1, 6], vec![2, 7], vec![5, 6]];
+    let potentials = random_potentials(&mut rng, &sizes, &cliques, 6.0);
+    let model = GraphicalModel {
+        sizes: sizes.clone(),
+        jtree: JunctionTree::build(&sizes, &cliques),
+        potentials: potentials.clone(),
+        total: 500.0,
+    };
+    let run = |threads: usize| {
+        rayon::ThreadPoolBuilder::new().num_threads(threads).build().expect("pool").install(|| model.beliefs())
+    };
+    let one = run(1);
+    assert_eq!(one, run(2));
+    assert_eq!(one, run(4));
+    let joint = brute_joint(&sizes, &potentials, 500.0);
+    for (c, b) in model.jtree.cliques.iter().zip(&one.cliques) {
+        for (x, y) in joint.sum_to(c).values.iter().zip(&b.values) {
+            assert!((x - y).abs() < 1e-9 * 500.0, "clique {c:?}: {x} vs {y}");
+        }
+    }
+}
+
 /// Minimises the same objective over the full joint by projected gradient
 /// descent with exact Euclidean projection onto {p ≥ 0, Σp = n}.
 fn dense_optimum(sizes: &[usize], ms: &[Measurement], total: f64, iters: usize) -> f64 {
@@ -192,6 +221,50 @@ fn warm_start_continues_from_previous_model() {
         Some(&e1.model),
     );
     assert!(warm.loss < cold.loss, "warm start {} should beat cold start {} after 30 iterations", warm.loss, cold.loss);
+    // The first fit ran to convergence, so its step collapsed (the Armijo
+    // test fails at rounding level); the warm step is floored at the
+    // Lipschitz step, so passing it never does worse than not passing it.
+    assert!(e1.step < 1e-6, "a converged fit's step: {}", e1.step);
+    let floored = estimate(
+        &sizes,
+        &ms2,
+        &EstimateOptions { iters: 30, total: Some(1000.0), initial_step: Some(e1.step), ..Default::default() },
+        Some(&e1.model),
+    );
+    assert_eq!(floored.loss, warm.loss);
+    // A step far too long is capped and halved back within the iterations.
+    let huge = estimate(
+        &sizes,
+        &ms2,
+        &EstimateOptions { iters: 30, total: Some(1000.0), initial_step: Some(1e12), ..Default::default() },
+        Some(&e1.model),
+    );
+    assert!(huge.loss < cold.loss, "a capped step {} should still beat the cold start {}", huge.loss, cold.loss);
+}
+
+/// The stopping rule ends a fit whose loss has stopped falling, and a looser
+/// tolerance never runs longer than a tighter one.
+#[test]
+fn tolerance_stops_a_converged_fit() {
+    let mut rng = SmallRng::seed_from_u64(4);
+    let sizes = vec![3, 3, 3];
+    let pots = random_potentials(&mut rng, &sizes, &[vec![0, 1], vec![1, 2]], 2.0);
+    let joint = brute_joint(&sizes, &pots, 1000.0);
+    let ms = noisy_measurements(&mut rng, &sizes, &joint, &[vec![0, 1], vec![1, 2]], 1.0);
+    let fit = |tolerance: f64| {
+        estimate(
+            &sizes,
+            &ms,
+            &EstimateOptions { iters: 5000, total: Some(1000.0), tolerance, ..Default::default() },
+            None,
+        )
+    };
+    let (full, tight, loose) = (fit(0.0), fit(1e-6), fit(1e-3));
+    assert_eq!(full.iterations, 5000);
+    assert!(tight.iterations < 5000 && tight.iterations % 50 == 0, "{}", tight.iterations);
+    assert!(loose.iterations <= tight.iterations);
+    // Stopped near the optimum: within 0.1% of the full run's loss.
+    assert!(loose.loss <= full.loss * 1.001 + 1e-9, "{} vs {}", loose.loss, full.loss);
 }
 
 #[test]
