@@ -480,6 +480,7 @@ pub(crate) fn fit_in(
         options,
         progress,
         observed,
+        step: Default::default(),
     };
     synth.fit(&mut ctx)
 }

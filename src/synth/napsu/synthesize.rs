@@ -165,6 +165,7 @@ pub(crate) async fn run(ctx: &SessionContext, req: &SynthRequest, progress: &dyn
             options: &req.options,
             progress,
             observed: None,
+            step: Default::default(),
         })?;
         drop(answers);
         let m = req.options.multiple;
