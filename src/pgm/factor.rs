@@ -146,27 +146,10 @@ impl Factor {
 
     /// Log-sum-exp over every attribute not in `keep` (values are logs).
     pub fn logsumexp_to(&self, keep: &[usize]) -> Factor {
-        self.logsumexp_minus_to(keep, None)
-    }
-
-    /// Log-sum-exp of `self − minus` over every attribute not in `keep`, where
-    /// `minus` is a factor over exactly `keep` (belief propagation's outgoing
-    /// message: the belief without the incoming message, summed to the
-    /// separator, without materialising the difference).
-    pub fn logsumexp_minus_to(&self, keep: &[usize], minus: Option<&Factor>) -> Factor {
-        debug_assert!(minus.is_none_or(|m| m.attrs == keep), "minus must be over keep");
         let shape = self.sub_shape(keep);
         let mut max = Factor::filled(keep.to_vec(), shape, f64::NEG_INFINITY);
-        let zeros;
-        let u: &[f64] = match minus {
-            Some(m) => &m.values,
-            None => {
-                zeros = vec![0.0; max.values.len()];
-                &zeros
-            }
-        };
         if keep.len() == self.attrs.len() {
-            max.values.iter_mut().zip(&self.values).zip(u).for_each(|((o, v), m)| *o = v - m);
+            max.values.copy_from_slice(&self.values);
             return max;
         }
         let ss = self.sub_strides(keep, &max.shape);
@@ -174,9 +157,8 @@ impl Factor {
         {
             let m = &mut max.values;
             for_each_pair(&self.shape, &ss, |i, j| {
-                let x = v[i] - u[j];
-                if x > m[j] {
-                    m[j] = x
+                if v[i] > m[j] {
+                    m[j] = v[i]
                 }
             });
         }
@@ -185,7 +167,7 @@ impl Factor {
             let m = &max.values;
             for_each_pair(&self.shape, &ss, |i, j| {
                 if m[j] > f64::NEG_INFINITY {
-                    sum[j] += (v[i] - u[j] - m[j]).exp();
+                    sum[j] += (v[i] - m[j]).exp();
                 }
             });
         }

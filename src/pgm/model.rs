@@ -160,15 +160,10 @@ fn to_counts(log: &Factor, total: f64) -> Factor {
     if max == f64::NEG_INFINITY {
         return Factor::filled(log.attrs.clone(), log.shape.clone(), 0.0);
     }
-    let mut out = log.clone();
-    let mut sum = 0.0;
-    for v in &mut out.values {
-        *v = (*v - max).exp();
-        sum += *v;
-    }
-    let scale = total / sum;
-    out.values.iter_mut().for_each(|v| *v *= scale);
-    out
+    let mut values: Vec<f64> = log.values.iter().map(|v| (v - max).exp()).collect();
+    let scale = total / values.iter().sum::<f64>();
+    values.iter_mut().for_each(|v| *v *= scale);
+    Factor { attrs: log.attrs.clone(), shape: log.shape.clone(), values }
 }
 
 impl GraphicalModel {
@@ -286,14 +281,13 @@ impl Beliefs {
             }
             (order, parent)
         };
-        let (order, parent) = (0..n)
+        let (_, (order, parent)) = (0..n)
             .filter(|&i| terminal[i])
-            .map(plan)
-            .min_by(|a, b| {
-                self.eliminate(attrs, sizes, &a.0, &a.1, false)
-                    .0
-                    .total_cmp(&self.eliminate(attrs, sizes, &b.0, &b.1, false).0)
+            .map(|root| {
+                let (order, parent) = plan(root);
+                (self.eliminate(attrs, sizes, &order, &parent, false).0, (order, parent))
             })
+            .min_by(|a, b| a.0.total_cmp(&b.0))
             .expect("a terminal");
         self.eliminate(attrs, sizes, &order, &parent, true).1.expect("executed")
     }
