@@ -165,8 +165,9 @@ pub async fn run(
         impute_secs += ti.elapsed().as_secs_f64();
         l1_total += data.l1.value as f64;
         donee_total += data.imputed.iter().filter(|x| **x).count() as f64;
+        let summary = data.summarize(&queries)?;
         for est in estimators {
-            let rel = answer(&data, &queries, est, epsilon, None, &mut noise_rng)?;
+            let rel = answer(&summary, &queries, est, epsilon, None, &mut noise_rng)?;
             for ((q, r), t) in queries.iter().zip(rel).zip(&truth) {
                 if let (Some(v), Some(t)) = (r.value, t) {
                     estimates.push((run, q.name.clone(), est, v, *t));

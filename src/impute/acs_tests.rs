@@ -26,8 +26,9 @@ async fn tour_example_is_accurate_on_the_bundled_ma2019() {
     let eps = 6.0 * std::f64::consts::LN_2;
     let mut rng = DpRng::unsafe_seeded(24);
     let (mut mean_ok, mut share_ok) = (0, 0);
+    let summary = data.summarize(&spec.queries).unwrap();
     for _ in 0..100 {
-        let r = answer(&data, &spec.queries, Estimator::Smooth, eps, None, &mut rng).unwrap();
+        let r = answer(&summary, &spec.queries, Estimator::Smooth, eps, None, &mut rng).unwrap();
         let m = r[0].value.unwrap();
         mean_ok += usize::from((m / truth[0].unwrap() - 1.0).abs() <= 0.05);
         let p = r[1].value.unwrap();

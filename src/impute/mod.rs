@@ -22,16 +22,22 @@
 #[cfg(test)]
 mod acs_tests;
 mod error;
+#[cfg(any(test, feature = "bench-internals"))]
+mod reference;
 mod relevance;
 pub mod spec;
+mod stream;
+#[cfg(feature = "bench-internals")]
+pub mod summary;
+#[cfg(not(feature = "bench-internals"))]
+mod summary;
 
 use std::collections::HashMap;
 
-use datafusion::arrow::array::{Array, AsArray};
+use datafusion::arrow::array::{Array, AsArray, RecordBatch};
 use datafusion::arrow::datatypes::{Float64Type, UInt32Type};
 use datafusion::execution::context::SessionContext;
 use dpflow_udfs::domain::{ColumnKind, EncodeExec};
-use dpflow_udfs::knn::{Assignment, KnnConfig, KnnRecords, L1Report};
 use dpflow_udfs::noise::cauchy::{dilation_cost, log_density_lipschitz, public_grid_exponent, snap};
 use dpflow_udfs::noise::real::{from_grid_units, to_grid_units};
 use dpflow_udfs::noise::{DpRng, GeneralizedCauchy, NoiseDistribution};
@@ -39,75 +45,30 @@ pub use error::{ImputeError, Result};
 use futures::StreamExt;
 use relevance::parts;
 use serde::Serialize;
+use summary::Summary;
 
 use crate::dataset::Dataset;
 use crate::privacy::{MechanismRecord, PrivacyLoss};
+#[cfg(any(test, feature = "bench-internals"))]
+#[allow(unused_imports)] // the tests use some, dpflow-bench others
+pub use reference::*;
 pub use relevance::{PartNoise, part_noises};
 pub use spec::{Predicate, QueryKind, QuerySpec, SmoothNoise};
 
-/// The imputed data held in memory: never released (only the DP answers of
-/// [`answer`] leave; its `Debug` prints no values).
-#[derive(Clone)]
-#[cfg_attr(feature = "bench-internals", visibility::make(pub))]
-pub(crate) struct Imputed {
-    /// Column name → values (numbers, or category codes) after imputation.
-    pub columns: HashMap<String, Vec<Option<f64>>>,
-    /// Column name → values before imputation (for the ignore-missing baseline).
-    pub observed: HashMap<String, Vec<Option<f64>>>,
-    /// Which rows were imputed (donees: an unknown cell in an imputed column).
-    pub imputed: Vec<bool>,
-    /// The imputed columns.
-    pub imputed_columns: Vec<String>,
-    /// Imputed column → rows whose cell is unknown (imputed).
-    pub missing: HashMap<String, Vec<bool>>,
-    /// The donor search, for the per-statistic L1_R(D) (None when no row takes part).
-    pub(crate) search: Option<Search>,
-    /// L1(D) of the whole table (every donee).
-    pub l1: L1Report,
-    /// Rows.
-    pub n: usize,
-}
-
-/// The donor search over the rows that take part in it (donors and donees).
-#[derive(Clone)]
-pub(crate) struct Search {
-    pub cfg: KnnConfig,
-    pub rec: KnnRecords,
-    pub asg: Assignment,
-    pub enumerate_limit: u64,
-    /// Record → row.
-    pub rows: Vec<usize>,
-}
-
-dpflow_udfs::protected_debug!(Imputed, Search);
-
-/// Reads the columns `needed` of a dataset as numbers (categorical → code).
-#[cfg_attr(feature = "bench-internals", visibility::make(pub))]
-pub(crate) async fn load_columns(
+/// Reads a dataset in file order and calls `f` with each batch twice over:
+/// typed by its domain, and as domain codes (row-aligned).
+pub(crate) async fn read_in_order(
     ctx: &SessionContext,
     ds: &Dataset,
-    needed: &[String],
-    as_codes: &[String],
-) -> Result<HashMap<String, Vec<Option<f64>>>> {
-    Ok(load_columns_with_na(ctx, ds, needed, as_codes).await?.0)
-}
-
-/// Column values (as [`load_columns`]) and, for each needed column with a
-/// `not_applicable_when` rule, which rows hold a not-applicable null.
-pub(crate) async fn load_columns_with_na(
-    ctx: &SessionContext,
-    ds: &Dataset,
-    needed: &[String],
-    as_codes: &[String],
-) -> Result<(HashMap<String, Vec<Option<f64>>>, HashMap<String, Vec<bool>>)> {
+    mut f: impl FnMut(&RecordBatch, &RecordBatch) -> Result<()>,
+) -> Result<()> {
     use datafusion::physical_plan::ExecutionPlan;
     // Rows are paired across reads (typed values with codes, and across calls), so
     // every read must see them in the same order: one partition per input in file
     // order, partitions read one after the other (never merged as they finish).
     let ctx = &ordered_context(ctx);
     let domain = std::sync::Arc::new(ds.domain().clone());
-    let df = ds.raw(ctx).await?;
-    let plan = df.create_physical_plan().await?;
+    let plan = ds.raw(ctx).await?.create_physical_plan().await?;
     let typed = std::sync::Arc::new(EncodeExec::typed(plan, domain.clone())?);
     let codes_plan =
         std::sync::Arc::new(EncodeExec::try_new(ds.raw(ctx).await?.create_physical_plan().await?, domain.clone())?);
@@ -115,53 +76,52 @@ pub(crate) async fn load_columns_with_na(
     if codes_plan.properties().partitioning.partition_count() != parts {
         return Err(ImputeError::Internal("the two reads of an imputation input are partitioned differently"));
     }
-    let mut out: HashMap<String, Vec<Option<f64>>> = needed.iter().map(|n| (n.clone(), Vec::new())).collect();
-    let mut rules = Vec::new();
-    for name in needed {
-        if let Some(rule) = crate::domain::NotApplicable::compile(&domain, name)? {
-            rules.push((name.clone(), rule));
-        }
-    }
-    let mut na: HashMap<String, Vec<bool>> = rules.iter().map(|(n, _)| (n.clone(), Vec::new())).collect();
     for p in 0..parts {
         let mut s_typed = typed.execute(p, ctx.task_ctx())?;
         let mut s_codes = codes_plan.execute(p, ctx.task_ctx())?;
-        while let (Some(t), Some(c)) = (s_typed.next().await, s_codes.next().await) {
-            let (t, c) = (t?, c?);
-            if t.num_rows() != c.num_rows() {
-                return Err(ImputeError::Internal("the two reads of an imputation input are not aligned"));
-            }
-            for (name, rule) in &rules {
-                na.get_mut(name).expect("inserted").extend(rule.mask(&t)?);
-            }
-            for name in needed {
-                let col =
-                    domain.column(name).ok_or_else(|| crate::dataset::DatasetError::UnknownColumn(name.clone()))?;
-                let i = domain.position(name).expect("known");
-                let v = out.get_mut(name).expect("inserted");
-                match col.kind {
-                    _ if as_codes.contains(name) => {
-                        let codes = c.column(i).as_primitive::<UInt32Type>();
-                        v.extend(codes.values().iter().map(|&x| Some(x as f64)));
+        loop {
+            match (s_typed.next().await, s_codes.next().await) {
+                (Some(t), Some(c)) => {
+                    let (t, c) = (t?, c?);
+                    if t.num_rows() != c.num_rows() {
+                        return Err(ImputeError::Internal("the two reads of an imputation input are not aligned"));
                     }
-                    ColumnKind::Categorical { .. } | ColumnKind::Boolean => {
-                        let codes = c.column(i).as_primitive::<UInt32Type>();
-                        let null = col.null_code();
-                        v.extend(codes.values().iter().map(|&x| (Some(x) != null).then_some(x as f64)));
-                    }
-                    _ => {
-                        let f = datafusion::arrow::compute::cast(
-                            t.column(i),
-                            &datafusion::arrow::datatypes::DataType::Float64,
-                        )?;
-                        let f = f.as_primitive::<Float64Type>();
-                        v.extend((0..f.len()).map(|r| f.is_valid(r).then(|| f.value(r))));
-                    }
+                    f(&t, &c)?;
                 }
+                (None, None) => break,
+                _ => return Err(ImputeError::Internal("the two reads of an imputation input are not aligned")),
             }
         }
     }
-    Ok((out, na))
+    Ok(())
+}
+
+/// One column of a batch pair as numbers: categorical and boolean columns as
+/// their codes (their null code a null), or every column as its raw code
+/// (`as_code`, null code included), other columns cast to `f64`.
+pub(crate) fn batch_values(
+    domain: &dpflow_udfs::domain::Domain,
+    name: &str,
+    typed: &RecordBatch,
+    codes: &RecordBatch,
+    as_code: bool,
+) -> Result<Vec<Option<f64>>> {
+    let col = domain.column(name).ok_or_else(|| crate::dataset::DatasetError::UnknownColumn(name.to_string()))?;
+    let i = domain.position(name).expect("known");
+    Ok(match col.kind {
+        _ if as_code => codes.column(i).as_primitive::<UInt32Type>().values().iter().map(|&x| Some(x as f64)).collect(),
+        ColumnKind::Categorical { .. } | ColumnKind::Boolean => {
+            let null = col.null_code();
+            let codes = codes.column(i).as_primitive::<UInt32Type>();
+            codes.values().iter().map(|&x| (Some(x) != null).then_some(x as f64)).collect()
+        }
+        _ => {
+            let f =
+                datafusion::arrow::compute::cast(typed.column(i), &datafusion::arrow::datatypes::DataType::Float64)?;
+            let f = f.as_primitive::<Float64Type>();
+            (0..f.len()).map(|r| f.is_valid(r).then(|| f.value(r))).collect()
+        }
+    })
 }
 
 /// `ctx` with one partition per input and no repartitioning of file scans, so
@@ -170,137 +130,6 @@ fn ordered_context(ctx: &SessionContext) -> SessionContext {
     let config = ctx.copied_config().with_target_partitions(1).with_repartition_file_scans(false);
     let state = datafusion::execution::SessionStateBuilder::new_from_existing(ctx.state()).with_config(config).build();
     SessionContext::new_with_state(state)
-}
-
-/// The donor search and L1(D) of one imputation, each phase timed (for benchmarks).
-#[cfg_attr(feature = "bench-internals", visibility::make(pub))]
-#[cfg_attr(not(feature = "bench-internals"), allow(dead_code))] // timings read by dpflow-bench
-pub(crate) struct DonorSearch {
-    /// Records (rows complete on `a` are donors).
-    pub rec: KnnRecords,
-    /// Donors of every donee.
-    pub asg: Assignment,
-    /// L1(D).
-    pub l1: L1Report,
-    /// Seconds spent in the donor search.
-    pub seconds_search: f64,
-    /// Seconds spent computing L1(D).
-    pub seconds_l1: f64,
-}
-
-/// Donor search and L1(D) over the rows that take part: donors (every
-/// imputed column observed) and donees (an unknown cell in an imputed
-/// column); rows whose imputed cells are only observed or not applicable
-/// take no part. Here every null is unknown (benchmarks); imputation with
-/// not-applicable nulls goes through [`impute_columns_na`].
-#[cfg_attr(feature = "bench-internals", visibility::make(pub))]
-#[cfg_attr(not(feature = "bench-internals"), allow(dead_code))] // benchmarks only (dpflow-bench)
-pub(crate) fn donor_search(
-    columns: &HashMap<String, Vec<Option<f64>>>,
-    a: &[String],
-    match_codes: Vec<Vec<u32>>,
-    cfg: &KnnConfig,
-    enumerate_limit: u64,
-) -> Result<DonorSearch> {
-    let missing = unknown_cells(columns, &HashMap::new(), a);
-    donor_search_on(columns, &missing, a, match_codes, cfg, enumerate_limit).map(|(d, _)| d)
-}
-
-/// Imputed column → rows whose cell is unknown: null, and not marked in
-/// `not_applicable`.
-fn unknown_cells(
-    columns: &HashMap<String, Vec<Option<f64>>>,
-    not_applicable: &HashMap<String, Vec<bool>>,
-    a: &[String],
-) -> HashMap<String, Vec<bool>> {
-    a.iter()
-        .map(|x| {
-            let na = not_applicable.get(x);
-            let unknown = columns[x].iter().enumerate().map(|(r, v)| v.is_none() && !na.is_some_and(|m| m[r]));
-            (x.clone(), unknown.collect())
-        })
-        .collect()
-}
-
-/// [`donor_search`] given the unknown cells of each imputed column; also
-/// returns record → row.
-fn donor_search_on(
-    columns: &HashMap<String, Vec<Option<f64>>>,
-    missing: &HashMap<String, Vec<bool>>,
-    a: &[String],
-    match_codes: Vec<Vec<u32>>,
-    cfg: &KnnConfig,
-    enumerate_limit: u64,
-) -> Result<(DonorSearch, Vec<usize>)> {
-    let n = match_codes.len();
-    let complete: Vec<bool> = (0..n).map(|r| a.iter().all(|x| columns[x][r].is_some())).collect();
-    let takes_part: Vec<bool> = (0..n).map(|r| complete[r] || a.iter().any(|x| missing[x][r])).collect();
-    let rows: Vec<usize> = (0..n).filter(|&r| takes_part[r]).collect();
-    // Identifiers are row numbers: unique, and the cyclic tie-break is by position in the file.
-    let rec = KnnRecords {
-        keys: match_codes.into_iter().zip(&takes_part).filter_map(|(k, &t)| t.then_some(k)).collect(),
-        rid: rows.iter().map(|&r| r as f64).collect(),
-        complete: rows.iter().map(|&r| complete[r]).collect(),
-    };
-    let t = std::time::Instant::now();
-    let asg = Assignment::build(cfg, &rec);
-    let seconds_search = t.elapsed().as_secs_f64();
-    let t = std::time::Instant::now();
-    let l1 = asg.l1(cfg, &rec, enumerate_limit)?;
-    Ok((DonorSearch { rec, asg, l1, seconds_search, seconds_l1: t.elapsed().as_secs_f64() }, rows))
-}
-
-/// Imputes `a` in `columns` with kNN on the matching attributes (class codes
-/// from `match_codes`), k = 1 copy by default; returns the imputed data and L1(D).
-/// Every null is unknown (see [`impute_columns_na`]).
-#[cfg_attr(feature = "bench-internals", visibility::make(pub))]
-#[cfg_attr(not(feature = "bench-internals"), allow(dead_code))] // benchmarks and tests
-pub(crate) fn impute_columns(
-    columns: HashMap<String, Vec<Option<f64>>>,
-    a: &[String],
-    match_codes: Vec<Vec<u32>>,
-    cfg: &KnnConfig,
-    enumerate_limit: u64,
-) -> Result<Imputed> {
-    impute_columns_na(columns, HashMap::new(), a, match_codes, cfg, enumerate_limit)
-}
-
-/// Imputes the unknown cells of `a` (nulls not marked in `not_applicable`)
-/// from each donee's donor; observed and not-applicable cells are kept.
-#[cfg_attr(feature = "bench-internals", visibility::make(pub))]
-pub(crate) fn impute_columns_na(
-    columns: HashMap<String, Vec<Option<f64>>>,
-    not_applicable: HashMap<String, Vec<bool>>,
-    a: &[String],
-    match_codes: Vec<Vec<u32>>,
-    cfg: &KnnConfig,
-    enumerate_limit: u64,
-) -> Result<Imputed> {
-    let n = match_codes.len();
-    let missing = unknown_cells(&columns, &not_applicable, a);
-    let (DonorSearch { rec, asg, l1, .. }, rows) =
-        donor_search_on(&columns, &missing, a, match_codes, cfg, enumerate_limit)?;
-    let observed = columns.clone();
-    let mut cols = columns;
-    let mut imputed = vec![false; n];
-    for (i, &r) in rows.iter().enumerate() {
-        if rec.complete[i] {
-            continue;
-        }
-        imputed[r] = true;
-        for x in a {
-            if !missing[x][r] {
-                continue;
-            }
-            // Mean of the donors' values (the value itself for k = 1); no donor stays null.
-            let src = &observed[x];
-            let (sum, k) =
-                asg.donors[i].iter().filter_map(|&d| src[rows[d]]).fold((0.0, 0usize), |(s, k), v| (s + v, k + 1));
-            cols.get_mut(x).expect("present")[r] = (k > 0).then(|| sum / k as f64);
-        }
-    }
-    let search = Some(Search { cfg: cfg.clone(), rec, asg, enumerate_limit, rows });
-    Ok(Imputed { columns: cols, observed, imputed, imputed_columns: a.to_vec(), missing, search, l1, n })
 }
 
 /// One released statistic.
@@ -332,28 +161,6 @@ pub enum Estimator {
 
 fn rows_where(d: &HashMap<String, Vec<Option<f64>>>, p: &[Predicate], n: usize) -> Vec<bool> {
     (0..n).map(|r| p.iter().all(|q| q.matches(d[&q.column][r]))).collect()
-}
-
-impl Imputed {
-    /// The rows a query's numbers are over: its subpopulation and, for a mean
-    /// or variance, the rows whose value is observed or unknown in an
-    /// imputed column *with or without a donor* — never "has a value after
-    /// imputation", which depends on other rows (docs/PRIVACY.md §2.6).
-    /// `ignore`: the ignore-missing baseline (complete rows, observed values).
-    fn population(&self, q: &QuerySpec, ignore: bool) -> Vec<bool> {
-        let cols = if ignore { &self.observed } else { &self.columns };
-        let mut sel = rows_where(cols, &q.predicate, self.n);
-        if ignore {
-            sel.iter_mut().zip(&self.imputed).for_each(|(s, &i)| *s &= !i);
-        }
-        if let QueryKind::Mean { value, .. } | QueryKind::Variance { value, .. } = &q.kind {
-            let unknown = self.missing.get(value).filter(|_| !ignore);
-            for (r, s) in sel.iter_mut().enumerate() {
-                *s &= cols[value][r].is_some() || unknown.is_some_and(|m| m[r]);
-            }
-        }
-        sel
-    }
 }
 
 /// The calibration of a smooth-sensitivity release of one number at ε
@@ -524,7 +331,7 @@ fn release(q: f64, bound: f64, noise: &SmoothNoise, grid: OutputGrid, rng: &mut 
 /// [`Estimator::Smooth`] is a release path.
 #[cfg_attr(feature = "bench-internals", visibility::make(pub))]
 pub(crate) fn answer(
-    data: &Imputed,
+    data: &Summary,
     queries: &[QuerySpec],
     estimator: Estimator,
     epsilon: f64,
@@ -534,24 +341,24 @@ pub(crate) fn answer(
     if !(epsilon.is_finite() && epsilon > 0.0) {
         return Err(ImputeError::Epsilon(epsilon));
     }
+    if data.queries.len() != queries.len() {
+        return Err(ImputeError::Internal("a summary answers the queries it was built for"));
+    }
     let laplace = SmoothNoise::Laplace { epsilon };
-    let any_smooth = estimator == Estimator::Smooth
-        && queries.iter().any(|q| part_noises(q, &data.imputed_columns).contains(&PartNoise::Smooth));
+    let any_smooth = estimator == Estimator::Smooth && data.queries.iter().any(|q| q.l1.iter().any(Option::is_some));
     // Calibrated (or refused) before anything is computed.
     let cauchy = if any_smooth { Some(smooth_calibration(epsilon, delta)?.noise()) } else { None };
-    let donees = data.imputed.iter().filter(|x| **x).count() as f64;
+    let donees = data.donees as f64;
     let mut out = Vec::new();
-    for q in queries {
+    for (q, summary) in queries.iter().zip(&data.queries) {
         let ignore = estimator == Estimator::IgnoreMissing;
-        let cols = if ignore { &data.observed } else { &data.columns };
-        let sel = data.population(q, ignore);
-        let parts = parts(q);
+        let agg = if ignore { &summary.ignore } else { &summary.imputed };
         let mut noises = Vec::new();
         let mut l1s = Vec::new();
-        for p in &parts {
-            let smooth = estimator == Estimator::Smooth && p.noise(&data.imputed_columns) == PartNoise::Smooth;
+        for l1 in &summary.l1 {
+            let smooth = estimator == Estimator::Smooth && l1.is_some();
             noises.push(if smooth { cauchy.expect("calibrated above") } else { laplace });
-            l1s.push(if smooth { data.l1_of(p)?.map_or(0.0, |l| l.value as f64) } else { 0.0 });
+            l1s.push(if smooth { l1.map_or(0.0, |l| l.value as f64) } else { 0.0 });
         }
         let mut mechs = Vec::new();
         // Every released number is pure ε-DP (the smooth estimator refuses any δ above).
@@ -583,28 +390,25 @@ pub(crate) fn answer(
             _ => 1.0,
         };
         // Count of the population (the denominator).
-        let count = sel.iter().filter(|x| **x).count() as f64;
+        let count = agg.count as f64;
         let noisy_count = release(count, count_bound(0), &noises[0], OutputGrid::Count, rng);
         record("count", noises[0], Some(count_bound(0)), OutputGrid::Count);
         let value = match &q.kind {
             QueryKind::Count => Some(noisy_count),
-            QueryKind::Proportion { numerator } => {
-                let num_sel: Vec<bool> =
-                    rows_where(cols, numerator, data.n).iter().zip(&sel).map(|(a, b)| *a && *b).collect();
-                let num = num_sel.iter().filter(|x| **x).count() as f64;
+            QueryKind::Proportion { .. } => {
+                let num = agg.numerator as f64;
                 let noisy_num = release(num, count_bound(1), &noises[1], OutputGrid::Count, rng);
                 record("numerator count", noises[1], Some(count_bound(1)), OutputGrid::Count);
                 (noisy_count >= 1.0).then(|| (noisy_num / noisy_count).clamp(0.0, 1.0))
             }
-            QueryKind::Mean { value, lo, hi } | QueryKind::Variance { value, lo, hi } => {
+            QueryKind::Mean { lo, hi, .. } | QueryKind::Variance { lo, hi, .. } => {
                 let (a, b) = (*lo, *hi);
-                let vals: Vec<f64> =
-                    (0..data.n).filter(|&r| sel[r]).filter_map(|r| cols[value][r]).map(|v| v.clamp(a, b)).collect();
+                let grid = summary::ValueGrid::new(a, b);
                 let s = noisy_count;
                 if s <= 1.0 {
                     None
                 } else {
-                    let mean = vals.iter().sum::<f64>() / s;
+                    let mean = agg.sum(&grid) / s;
                     let mean_sens = match (estimator, noises[1]) {
                         (Estimator::GlobalSensitivity, _) => (b.abs().max(a.abs()) + donees * (b - a)) / s,
                         // Smooth: L1_R; reads no imputed value (or ignores them): global, L = 0.
@@ -617,7 +421,7 @@ pub(crate) fn answer(
                     record("mean", noises[1], Some(mean_sens), mgrid);
                     if let QueryKind::Variance { .. } = q.kind {
                         let m = (a - noisy_mean).powi(2).max((b - noisy_mean).powi(2));
-                        let var = vals.iter().map(|v| (v - noisy_mean).powi(2)).sum::<f64>() / (s - 1.0);
+                        let var = agg.sum_sq_about(noisy_mean, &grid) / (s - 1.0);
                         let l = match (estimator, noises[2]) {
                             (Estimator::GlobalSensitivity, _) => donees,
                             (Estimator::Smooth, SmoothNoise::Cauchy { .. }) => l1s[2],
@@ -717,9 +521,6 @@ pub struct ImputeReport {
     /// Rows whose attributes were imputed (not released: reported as a note only in tests/benchmarks).
     #[serde(skip)]
     pub donees: usize,
-    /// L1(D) (data-dependent: never released; kept for benchmarks).
-    #[serde(skip)]
-    pub l1: Option<L1Report>,
 }
 
 // Debug shows only what is released (donees and L1(D) are exact, data-dependent).
@@ -729,38 +530,21 @@ impl std::fmt::Debug for ImputeReport {
     }
 }
 
-/// Loads and imputes the data of a spec (crate-private).
-pub(crate) async fn prepare(ctx: &SessionContext, spec: &spec::ImputeSpec) -> Result<Imputed> {
+/// The summary of a spec's queries, imputed in a streaming pass ([`stream`]).
+pub(crate) async fn summarize(ctx: &SessionContext, spec: &spec::ImputeSpec) -> Result<summary::Summary> {
     let ds = Dataset::open("impute", &spec.input, None, &spec.domain)?;
-    prepare_on(ctx, &ds, &spec.imputation, &spec.queries).await
+    summarize_on(ctx, &ds, &spec.imputation, &spec.queries).await
 }
 
-/// Loads the columns `queries` read from an opened dataset and imputes them.
-pub(crate) async fn prepare_on(
+/// The summary of `queries` on an opened dataset, imputed in a streaming
+/// pass: what every release path (`dpflow impute`, DP SQL, pipelines) reads.
+pub(crate) async fn summarize_on(
     ctx: &SessionContext,
     ds: &Dataset,
     imp: &spec::Imputation,
     queries: &[QuerySpec],
-) -> Result<Imputed> {
-    let mut needed: Vec<String> = imp.columns.clone();
-    for q in queries {
-        needed.extend(q.predicate.iter().map(|p| p.column.clone()));
-        match &q.kind {
-            QueryKind::Mean { value, .. } | QueryKind::Variance { value, .. } => needed.push(value.clone()),
-            QueryKind::Proportion { numerator } => needed.extend(numerator.iter().map(|p| p.column.clone())),
-            QueryKind::Count => {}
-        }
-    }
-    needed.sort();
-    needed.dedup();
-    let match_cols: Vec<String> = imp.grouping.iter().map(|(c, _)| c.clone()).collect();
-    let (mut cols, na) = load_columns_with_na(ctx, ds, &needed, &[]).await?;
-    let codes = load_columns(ctx, ds, &match_cols, &match_cols).await?;
-    let n = cols.values().next().map_or(0, |v| v.len());
-    let match_codes: Vec<Vec<u32>> =
-        (0..n).map(|r| imp.grouping.iter().map(|(c, g)| (codes[c][r].unwrap_or(0.0) as u32) / g).collect()).collect();
-    cols.retain(|k, _| needed.contains(k));
-    impute_columns_na(cols, na, &imp.columns, match_codes, &imp.knn, ENUMERATE_LIMIT)
+) -> Result<summary::Summary> {
+    stream::summarize(ctx, ds, imp, queries, ENUMERATE_LIMIT).await
 }
 
 /// Case (d) of L1(D) is enumerated exactly up to this many class keys (a
@@ -774,7 +558,6 @@ pub async fn run(
     estimator: Estimator,
     rng: &mut DpRng,
 ) -> Result<ImputeReport> {
-    let data = prepare(ctx, spec).await?;
     let (eps, delta) = match spec.budget {
         crate::privacy::Budget::Pure { epsilon } => (epsilon, None),
         crate::privacy::Budget::Approx { epsilon, delta } => (epsilon, Some(delta)),
@@ -784,8 +567,9 @@ pub async fn run(
             ));
         }
     };
+    let data = summarize(ctx, spec).await?;
     let results = answer(&data, &spec.queries, estimator, eps, delta, rng)?;
-    Ok(ImputeReport { estimator, results, donees: data.imputed.iter().filter(|x| **x).count(), l1: Some(data.l1) })
+    Ok(ImputeReport { estimator, results, donees: data.donees as usize })
 }
 
 /// The mechanisms a spec will charge (known before reading data): one per
@@ -866,7 +650,7 @@ pub struct PartDiagnosis {
 /// and the noise scale at the spec's ε. Its output is NOT differentially
 /// private: never publish it.
 pub async fn diagnose(ctx: &SessionContext, spec: &spec::ImputeSpec) -> Result<Vec<PartDiagnosis>> {
-    let data = prepare(ctx, spec).await?;
+    let data = summarize(ctx, spec).await?;
     let epsilon = match spec.budget {
         crate::privacy::Budget::Pure { epsilon } | crate::privacy::Budget::Approx { epsilon, .. } => epsilon,
         crate::privacy::Budget::Zcdp { .. } => {
@@ -875,11 +659,11 @@ pub async fn diagnose(ctx: &SessionContext, spec: &spec::ImputeSpec) -> Result<V
     };
     let alpha = smooth_calibration(epsilon, None).map(|c| c.alpha).ok();
     let mut out = Vec::new();
-    for q in &spec.queries {
-        let ex = exact_parts(&data, q);
+    for (q, summary) in spec.queries.iter().zip(&data.queries) {
+        let ex = exact_parts(q, summary);
         for (i, p) in parts(q).iter().enumerate() {
-            let noise = p.noise(&data.imputed_columns);
-            let l1 = data.l1_of(p)?.map(|l| l.value);
+            let noise = p.noise(&spec.imputation.columns);
+            let l1 = summary.l1[i].map(|l| l.value);
             let s = ex[0].unwrap_or(0.0);
             let (lo, hi) = match &q.kind {
                 QueryKind::Mean { lo, hi, .. } | QueryKind::Variance { lo, hi, .. } => (*lo, *hi),
@@ -905,7 +689,7 @@ pub async fn diagnose(ctx: &SessionContext, spec: &spec::ImputeSpec) -> Result<V
                     PartNoise::Smooth => "smooth",
                     PartNoise::Global => "global",
                 },
-                donees_inside: data.donees_in(p),
+                donees_inside: summary.donees_inside[i] as usize,
                 l1,
                 bound,
                 scale,
@@ -918,22 +702,16 @@ pub async fn diagnose(ctx: &SessionContext, spec: &spec::ImputeSpec) -> Result<V
 
 /// The exact value of each released number of `q` on the imputed data,
 /// with the populations of [`answer`] (curator diagnostics only).
-fn exact_parts(data: &Imputed, q: &QuerySpec) -> Vec<Option<f64>> {
-    let cols = &data.columns;
-    let sel = data.population(q, false);
-    let count = sel.iter().filter(|x| **x).count() as f64;
+fn exact_parts(q: &QuerySpec, s: &summary::QuerySummary) -> Vec<Option<f64>> {
+    let a = &s.imputed;
+    let count = a.count as f64;
     match &q.kind {
         QueryKind::Count => vec![Some(count)],
-        QueryKind::Proportion { numerator } => {
-            let num = rows_where(cols, numerator, data.n).iter().zip(&sel).filter(|(a, b)| **a && **b).count();
-            vec![Some(count), Some(num as f64)]
-        }
-        QueryKind::Mean { value, lo, hi } | QueryKind::Variance { value, lo, hi } => {
-            let v: Vec<f64> =
-                (0..data.n).filter(|&r| sel[r]).filter_map(|r| cols[value][r]).map(|x| x.clamp(*lo, *hi)).collect();
-            let mean = (count > 0.0).then(|| v.iter().sum::<f64>() / count);
-            let var =
-                mean.filter(|_| count > 1.0).map(|m| v.iter().map(|x| (x - m).powi(2)).sum::<f64>() / (count - 1.0));
+        QueryKind::Proportion { .. } => vec![Some(count), Some(a.numerator as f64)],
+        QueryKind::Mean { lo, hi, .. } | QueryKind::Variance { lo, hi, .. } => {
+            let grid = summary::ValueGrid::new(*lo, *hi);
+            let mean = (count > 0.0).then(|| a.sum(&grid) / count);
+            let var = mean.filter(|_| count > 1.0).map(|m| a.sum_sq_about(m, &grid) / (count - 1.0));
             vec![Some(count), mean, var]
         }
     }
@@ -1001,7 +779,7 @@ mod tests {
             }
         }
     }
-    use dpflow_udfs::knn::{AttrKind, MatchAttr, Metric};
+    use dpflow_udfs::knn::{AttrKind, KnnConfig, MatchAttr, Metric};
     use dpflow_udfs::noise::testing::ks_test;
 
     fn tiny() -> Imputed {
@@ -1036,6 +814,7 @@ mod tests {
         // A count that reads the imputed y (every value passes): every donee is in R, L1_R = L1.
         let all_y = Predicate { column: "y".into(), lo: Some(0.0), hi: Some(100.0), codes: None };
         let q = vec![QuerySpec { name: "n".into(), kind: QueryKind::Count, predicate: vec![all_y] }];
+        let sq = data.summarize(&q).unwrap();
         let l1 = data.l1_of(&parts(&q[0])[0]).unwrap().unwrap().value;
         assert_eq!(l1, data.l1.value);
         let eps = 6.0 * std::f64::consts::LN_2; // γ = 4
@@ -1043,7 +822,7 @@ mod tests {
         let mut rng = DpRng::unsafe_seeded(3);
         let mut z: Vec<f64> = (0..4000)
             .map(|_| {
-                let v = answer(&data, &q, Estimator::Smooth, eps, None, &mut rng).unwrap()[0].value.unwrap();
+                let v = answer(&sq, &q, Estimator::Smooth, eps, None, &mut rng).unwrap()[0].value.unwrap();
                 assert_eq!(v, v.round(), "counts are released on the integers");
                 // Undo the integer grid with a uniform jitter (changes the cdf by < 10⁻³ here).
                 let u = (rand::Rng::next_u64(&mut rng) >> 11) as f64 / (1u64 << 53) as f64 - 0.5;
@@ -1080,14 +859,15 @@ mod tests {
                 predicate: vec![],
             },
         ];
+        let sq = data.summarize(&q).unwrap();
         let ex = exact(&data.columns, data.n, &q);
         let mut rng = DpRng::unsafe_seeded(4);
-        let r = answer(&data, &q, Estimator::Smooth, 1e7, None, &mut rng).unwrap();
+        let r = answer(&sq, &q, Estimator::Smooth, 1e7, None, &mut rng).unwrap();
         assert!((r[0].value.unwrap() - ex[0].unwrap()).abs() < 0.1);
         assert!((r[1].value.unwrap() - ex[1].unwrap()).abs() < 0.01);
         // The Gaussian (ε, δ) variant is refused at every ε (NRS07 Lemma 2.10 needs β < ln 2).
         for eps in [1.0, 60.0] {
-            let e = answer(&data, &q, Estimator::Smooth, eps, Some(1e-6), &mut rng).unwrap_err();
+            let e = answer(&sq, &q, Estimator::Smooth, eps, Some(1e-6), &mut rng).unwrap_err();
             assert!(e.to_string().contains("pure ε"), "{e}");
         }
     }
@@ -1212,7 +992,7 @@ mod tests {
         assert_eq!((km, kv), (6 - 32, 13 - 32));
         for data in [&a, &b] {
             for _ in 0..300 {
-                let r = answer(data, &q, Estimator::Smooth, 3.0, None, &mut rng).unwrap();
+                let r = answer(&data.summarize(&q).unwrap(), &q, Estimator::Smooth, 3.0, None, &mut rng).unwrap();
                 assert!(on(r[0].value.unwrap(), 0), "count {:?}", r[0].value);
                 assert!(on(r[1].count.unwrap(), 0));
                 if let Some(v) = r[1].value {
@@ -1228,13 +1008,14 @@ mod tests {
     fn laplace_baseline_draws_discrete_noise_on_the_public_grid() {
         let data = tiny();
         let q = vec![QuerySpec { name: "n".into(), kind: QueryKind::Count, predicate: vec![] }];
+        let sq = data.summarize(&q).unwrap();
         let mut rng = DpRng::unsafe_seeded(21);
         // Ignore-missing count: 32 complete rows, sensitivity 1, ε = 1: integer noise with
         // P(z) ∝ e^{−|z|}: P(0) = (1 − p)/(1 + p), Var = 2p/(1 − p)², p = e^{−1}.
         let n = 20_000;
         let (mut zeros, mut sum2) = (0usize, 0.0);
         for _ in 0..n {
-            let v = answer(&data, &q, Estimator::IgnoreMissing, 1.0, None, &mut rng).unwrap()[0].value.unwrap();
+            let v = answer(&sq, &q, Estimator::IgnoreMissing, 1.0, None, &mut rng).unwrap()[0].value.unwrap();
             assert_eq!(v, v.round(), "on the integer grid: {v}");
             zeros += usize::from(v == 32.0);
             sum2 += (v - 32.0).powi(2);

@@ -15,9 +15,11 @@
 //!   tuple itself) pass its predicates. Whether a tuple is in R depends on
 //!   that tuple alone, which is what keeps 1 + L1_R ln 2-smooth.
 
+#[cfg(any(test, feature = "bench-internals"))]
 use dpflow_udfs::knn::L1Report;
 
 use super::spec::{Predicate, QueryKind, QuerySpec};
+#[cfg(any(test, feature = "bench-internals"))]
 use super::{Imputed, Result};
 
 /// How one released number is noised (a public decision: from the spec and
@@ -76,9 +78,13 @@ pub fn part_noises(q: &QuerySpec, imputed: &[String]) -> Vec<PartNoise> {
     parts(q).iter().map(|p| p.noise(imputed)).collect()
 }
 
+#[cfg(any(test, feature = "bench-internals"))]
+#[cfg_attr(not(test), allow(dead_code))]
 /// A predicate with its column's observed values and, for an imputed column, its unknown cells.
 type ResolvedPredicate<'a> = (&'a Predicate, &'a [Option<f64>], Option<&'a [bool]>);
 
+#[cfg(any(test, feature = "bench-internals"))]
+#[cfg_attr(not(test), allow(dead_code))]
 impl Imputed {
     /// R of one released number, per donor-search record (see module docs):
     /// a donee with an unknown cell among the imputed columns the number
@@ -294,7 +300,7 @@ mod tests {
             let nbs: Vec<(Vec<Tuple>, Tuple, Imputed)> =
                 neighbours(&t).into_iter().map(|(n, c)| (n.clone(), c, impute(&n))).collect();
             for q in &qs {
-                let ex = exact_parts(&d, q);
+                let ex = exact_parts(q, &d.summarize(std::slice::from_ref(q)).unwrap().queries[0]);
                 for (pi, part) in parts(q).iter().enumerate() {
                     let l1 = d.l1_of(part).unwrap();
                     let mut brute = u64::from(part.noise(&d.imputed_columns) == PartNoise::Smooth);
@@ -308,7 +314,7 @@ mod tests {
                         brute = brute.max(c);
                         // The released number moves by no more than its bound (count/numerator
                         // by 1 + L1_R, the mean's sum by max(|a|, |b|) + L1_R·w).
-                        let nex = exact_parts(nd, q);
+                        let nex = exact_parts(q, &nd.summarize(std::slice::from_ref(q)).unwrap().queries[0]);
                         let l = l1.map_or(0.0, |r| r.value as f64);
                         let moved = match (&q.kind, pi) {
                             (QueryKind::Mean { .. }, 1) => {

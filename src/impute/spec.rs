@@ -331,9 +331,9 @@ impl ImputeSpec {
                 QueryKind::Count
             };
             if let QueryKind::Mean { lo, hi, .. } | QueryKind::Variance { lo, hi, .. } = &kind
-                && lo >= hi
+                && !(lo.is_finite() && hi.is_finite() && lo < hi)
             {
-                return Err(spec_error(path, &format!("query {}", q.name), "lo must be below hi"));
+                return Err(spec_error(path, &format!("query {}", q.name), "lo must be below hi, both finite"));
             }
             queries.push(QuerySpec { name: q.name.clone(), kind, predicate: predicates(path, &domain, &q.filter)? });
         }

@@ -567,11 +567,11 @@ impl SqlEngine {
     async fn run_imputed(&mut self, ip: &super::imputed::ImputedPlan) -> Result<(SchemaRef, Vec<RecordBatch>)> {
         let imp = ip.table.impute.as_ref().expect("checked by plan_imputed");
         let queries: Vec<_> = ip.calls.iter().map(|(q, _)| q.clone()).collect();
-        let data = crate::impute::prepare_on(&self.ctx, &ip.table.dataset, imp, &queries).await?;
+        let data = crate::impute::summarize_on(&self.ctx, &ip.table.dataset, imp, &queries).await?;
         let mut values = Vec::new();
-        for (q, eps) in &ip.calls {
+        for (i, (q, eps)) in ip.calls.iter().enumerate() {
             let r = crate::impute::answer(
-                &data,
+                &data.one(i),
                 std::slice::from_ref(q),
                 crate::impute::Estimator::Smooth,
                 *eps,

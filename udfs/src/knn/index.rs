@@ -317,68 +317,148 @@ impl Assignment {
                 }
             }
         }
-        let donee_classes: Vec<usize> = (0..nclass).filter(|&c| !donees[c].is_empty()).collect();
+        let view = ClassView { classes: &self.classes, has_donor: &has_donor, dmin: &self.dmin };
         // (a) Removing a donor changes the donor of each of its donees.
         let remove_donor = relevant_donees.iter().copied().max().unwrap_or(0);
-        // Donees changed by a new donor in class key `k` with the best identifier.
-        let changed_by = |key: &[u32]| -> u64 {
-            let mut full = 0u64;
-            let mut intervals: Vec<(f64, f64)> = Vec::new();
-            for &c in &donee_classes {
-                let d = cfg.distance(key, &self.classes[c]);
-                let dm = self.dmin[c];
-                if d < dm {
-                    full += donees[c].len() as u64;
-                } else if d == dm {
-                    intervals.extend(donees[c].iter().copied());
-                }
-            }
-            full + max_cyclic_coverage(&intervals)
-        };
-        let mut add_to_donor_class = 0;
-        let mut add_to_donee_class = 0;
-        for (class, &donor) in self.classes.iter().zip(&has_donor).take(nclass) {
-            let v = changed_by(class);
-            if donor {
-                add_to_donor_class = add_to_donor_class.max(v);
-            } else {
-                add_to_donee_class = add_to_donee_class.max(v);
-            }
+        Ok(view.l1(cfg, &donees, remove_donor, enumerate_limit, possible))
+    }
+}
+
+/// The classes of a donor search as L1(D) needs them: the keys present, which
+/// hold a donor, and each class's nearest donor distance. Built by
+/// [`Assignment`] from rows held in memory, or by a streaming search that
+/// keeps only classes and donees.
+pub struct ClassView<'a> {
+    /// Class keys (every class holding a donor or a donee).
+    pub classes: &'a [Vec<u32>],
+    /// Whether each class holds a donor.
+    pub has_donor: &'a [bool],
+    /// Each class's nearest donor distance (∞ without a donor anywhere; read for donee classes only).
+    pub dmin: &'a [f64],
+}
+
+/// The donees of R of one released number, per class, as (identifier, donor
+/// identifier or NaN without a donor), with case (a): the most donees of R
+/// one donor serves.
+pub struct PartDonees<'a> {
+    /// Per class (indexed like [`ClassView::classes`]).
+    pub donees: &'a [Vec<(f64, f64)>],
+    /// Case (a) of L1_R(D).
+    pub remove_donor: u64,
+}
+
+impl ClassView<'_> {
+    /// L1_R(D) of one released number (see [`Self::l1_many`]).
+    pub fn l1(
+        &self,
+        cfg: &KnnConfig,
+        donees: &[Vec<(f64, f64)>],
+        remove_donor: u64,
+        enumerate_limit: u64,
+        possible: bool,
+    ) -> L1Report {
+        self.l1_many(cfg, &[PartDonees { donees, remove_donor }], enumerate_limit, possible).remove(0)
+    }
+
+    /// L1_R(D) of several released numbers over the same classes (see
+    /// [`Assignment::l1_restricted`] for the cases and their proofs; this is
+    /// their shared computation). Each candidate key's distances to the donee
+    /// classes are computed once for every number, and keys are scored on
+    /// all cores.
+    pub fn l1_many(
+        &self,
+        cfg: &KnnConfig,
+        parts: &[PartDonees<'_>],
+        enumerate_limit: u64,
+        possible: bool,
+    ) -> Vec<L1Report> {
+        use rayon::prelude::*;
+        let nclass = self.classes.len();
+        let np = parts.len();
+        if np == 0 {
+            return Vec::new();
         }
+        // Classes holding a donee of some number.
+        let donee_classes: Vec<usize> =
+            (0..nclass).filter(|&c| parts.iter().any(|p| !p.donees[c].is_empty())).collect();
+        // Per number, the donees a new donor at `key` (with the best identifier) changes.
+        let changed_by = |key: &[u32]| -> Vec<u64> {
+            // Only classes no farther than their nearest donor can change.
+            let near: Vec<(usize, bool)> = donee_classes
+                .iter()
+                .filter_map(|&c| {
+                    let d = cfg.distance(key, &self.classes[c]);
+                    (d <= self.dmin[c]).then_some((c, d < self.dmin[c]))
+                })
+                .collect();
+            let mut intervals: Vec<(f64, f64)> = Vec::new();
+            parts
+                .iter()
+                .map(|p| {
+                    let mut full = 0u64;
+                    intervals.clear();
+                    for &(c, closer) in &near {
+                        if closer {
+                            full += p.donees[c].len() as u64;
+                        } else {
+                            intervals.extend(p.donees[c].iter().copied());
+                        }
+                    }
+                    full + max_cyclic_coverage(&intervals)
+                })
+                .collect()
+        };
+        let max_into = |mut a: Vec<u64>, b: Vec<u64>| {
+            a.iter_mut().zip(b).for_each(|(x, y)| *x = (*x).max(y));
+            a
+        };
+        // (b) and (c): a donor added to a class present in the data.
+        let (add_to_donor_class, add_to_donee_class) = (0..nclass)
+            .into_par_iter()
+            .map(|c| {
+                let v = changed_by(&self.classes[c]);
+                if self.has_donor[c] { (v, vec![0; np]) } else { (vec![0; np], v) }
+            })
+            .reduce(|| (vec![0; np], vec![0; np]), |a, b| (max_into(a.0, b.0), max_into(a.1, b.1)));
         // (d) classes absent from the data: exact or bounded by the public space size.
         let space: f64 = cfg.attrs.iter().map(|a| a.size as f64).product();
         let (add_new_class, exact) = if space <= enumerate_limit as f64 {
             let present: std::collections::HashSet<&[u32]> = self.classes.iter().map(|k| k.as_slice()).collect();
-            let mut key = vec![0u32; cfg.attrs.len()];
-            let mut best = 0u64;
-            loop {
-                if !present.contains(key.as_slice()) {
-                    best = best.max(changed_by(&key));
-                }
-                let mut i = key.len();
-                loop {
-                    if i == 0 {
-                        return Ok(finish(possible, remove_donor, add_to_donor_class, add_to_donee_class, best, true));
+            let sizes: Vec<u64> = cfg.attrs.iter().map(|a| u64::from(a.size)).collect();
+            let best = (0..space as u64)
+                .into_par_iter()
+                .map(|mut i| {
+                    // The i-th key in mixed radix, the last attribute fastest.
+                    let mut key = vec![0u32; sizes.len()];
+                    for (k, &n) in key.iter_mut().zip(&sizes).rev() {
+                        *k = (i % n) as u32;
+                        i /= n;
                     }
-                    i -= 1;
-                    key[i] += 1;
-                    if key[i] < cfg.attrs[i].size {
-                        break;
-                    }
-                    key[i] = 0;
-                }
-            }
+                    if present.contains(key.as_slice()) { vec![0; np] } else { changed_by(&key) }
+                })
+                .reduce(|| vec![0; np], max_into);
+            (best, true)
         } else {
-            // N₀: donees of classes with no donor at distance 0 (see the doc comment).
+            // N₀: donees of classes with no donor at distance 0 (see `Assignment::l1`).
             let positive = cfg.attrs.iter().all(|a| a.weight > 0.0);
-            let bound: u64 = donee_classes
+            let bound = parts
                 .iter()
-                .filter(|&&c| !positive || self.dmin[c] > 0.0)
-                .map(|&c| donees[c].len() as u64)
-                .sum();
+                .map(|p| {
+                    (0..nclass)
+                        .filter(|&c| !positive || self.dmin[c] > 0.0)
+                        .map(|c| p.donees[c].len() as u64)
+                        .sum::<u64>()
+                })
+                .collect();
             (bound, false)
         };
-        Ok(finish(possible, remove_donor, add_to_donor_class, add_to_donee_class, add_new_class, exact))
+        parts
+            .iter()
+            .enumerate()
+            .map(|(i, p)| {
+                finish(possible, p.remove_donor, add_to_donor_class[i], add_to_donee_class[i], add_new_class[i], exact)
+            })
+            .collect()
     }
 }
 

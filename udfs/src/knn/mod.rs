@@ -9,5 +9,6 @@ mod tests;
 
 pub use exec::{ImputeScheme, KnnDonorExec, KnnSpec};
 pub use index::{
-    Assignment, AttrKind, KnnConfig, KnnError, KnnRecords, L1Report, MatchAttr, Metric, max_cyclic_coverage,
+    Assignment, AttrKind, ClassView, KnnConfig, KnnError, KnnRecords, L1Report, MatchAttr, Metric, PartDonees,
+    max_cyclic_coverage,
 };
