@@ -1,10 +1,15 @@
 //! Census-like benchmark data from a known Bayesian network.
 //!
-//! `dpflow bench-data --rows N --out FILE.parquet [--seed S] [--domain-out F]`
+//! `dpflow bench-data --rows N --out FILE.parquet [--seed S] [--domain-out F] [--columns W]`
 //! writes 16 columns with domain sizes 2–100 (age, sex, race, education,
 //! occupation, income bins, state, county, ...). Each column but the roots has
 //! one parent (a tree-shaped network), its conditional table drawn from the
-//! seed. Nulls: MCAR in `industry` (5%) and `disability` (2%); MAR in
+//! seed. `--columns W` (1–32) keeps the first W columns, or, above 16, adds a
+//! spouse: `spouse_age`, `spouse_sex`, ... with the same structure, whose
+//! roots depend on the person's (age on age, sex on sex, race on race, state
+//! on state), so 32 columns are one connected tree. From 16 columns on, the
+//! person's columns are the same, table and rows, whatever W (the spouse
+//! draws from a random stream of its own); below 16 the rows differ. Nulls: MCAR in `industry` (5%) and `disability` (2%); MAR in
 //! `occupation` (by its parent `education`) and `income` (by
 //! its parent `occupation`). Because the model is known, exact population
 //! marginals (1-way and parent–child) are available for tests.
@@ -58,7 +63,7 @@ pub enum BenchNulls {
 #[derive(Debug, Clone)]
 pub struct BenchColumn {
     /// Name.
-    pub name: &'static str,
+    pub name: String,
     /// Number of codes (excluding null).
     pub size: usize,
     /// Storage kind.
@@ -86,58 +91,130 @@ fn labels(prefix: &str, n: usize) -> Vec<String> {
     (1..=n).map(|i| format!("{prefix}{i:02}")).collect()
 }
 
-fn columns() -> Vec<BenchColumn> {
+/// The widest table [`BenchModel::with_columns`] builds: a person and a spouse.
+pub const MAX_COLUMNS: usize = 2 * PERSON;
+
+/// The person's columns (the default width).
+const PERSON: usize = 16;
+
+/// The person's 16 columns.
+fn person() -> Vec<BenchColumn> {
     use BenchKind::*;
     use BenchNulls::*;
     let cat = |v: &[&str]| Categorical(v.iter().map(|s| s.to_string()).collect());
     vec![
-        BenchColumn { name: "age", size: 100, kind: Integer { lo: 0, width: 1 }, parent: None, nulls: Never },
-        BenchColumn { name: "sex", size: 2, kind: cat(&["F", "M"]), parent: None, nulls: Never },
-        BenchColumn { name: "race", size: 9, kind: Categorical(labels("R", 9)), parent: None, nulls: Never },
-        BenchColumn { name: "hispanic", size: 5, kind: Categorical(labels("H", 5)), parent: Some(2), nulls: Never },
-        BenchColumn { name: "marital", size: 6, kind: Categorical(labels("M", 6)), parent: Some(0), nulls: Never },
-        BenchColumn { name: "education", size: 16, kind: Categorical(labels("E", 16)), parent: Some(0), nulls: Never },
+        BenchColumn { name: "age".into(), size: 100, kind: Integer { lo: 0, width: 1 }, parent: None, nulls: Never },
+        BenchColumn { name: "sex".into(), size: 2, kind: cat(&["F", "M"]), parent: None, nulls: Never },
+        BenchColumn { name: "race".into(), size: 9, kind: Categorical(labels("R", 9)), parent: None, nulls: Never },
         BenchColumn {
-            name: "employment",
+            name: "hispanic".into(),
+            size: 5,
+            kind: Categorical(labels("H", 5)),
+            parent: Some(2),
+            nulls: Never,
+        },
+        BenchColumn {
+            name: "marital".into(),
+            size: 6,
+            kind: Categorical(labels("M", 6)),
+            parent: Some(0),
+            nulls: Never,
+        },
+        BenchColumn {
+            name: "education".into(),
+            size: 16,
+            kind: Categorical(labels("E", 16)),
+            parent: Some(0),
+            nulls: Never,
+        },
+        BenchColumn {
+            name: "employment".into(),
             size: 4,
             kind: cat(&["employed", "unemployed", "not-in-labor-force", "armed-forces"]),
             parent: Some(5),
             nulls: Never,
         },
         BenchColumn {
-            name: "occupation",
+            name: "occupation".into(),
             size: 25,
             kind: Categorical(labels("O", 25)),
             parent: Some(5),
             nulls: MarOnParent { base: 0.02, slope: 0.10 },
         },
         BenchColumn {
-            name: "industry",
+            name: "industry".into(),
             size: 20,
             kind: Categorical(labels("I", 20)),
             parent: Some(7),
             nulls: Mcar(0.05),
         },
-        BenchColumn { name: "hours", size: 10, kind: Integer { lo: 0, width: 10 }, parent: Some(6), nulls: Never },
         BenchColumn {
-            name: "income",
+            name: "hours".into(),
+            size: 10,
+            kind: Integer { lo: 0, width: 10 },
+            parent: Some(6),
+            nulls: Never,
+        },
+        BenchColumn {
+            name: "income".into(),
             size: 50,
             kind: Integer { lo: 0, width: 4000 },
             parent: Some(7),
             nulls: MarOnParent { base: 0.05, slope: 0.15 },
         },
-        BenchColumn { name: "household", size: 10, kind: Integer { lo: 1, width: 1 }, parent: Some(4), nulls: Never },
-        BenchColumn { name: "tenure", size: 3, kind: cat(&["own", "rent", "other"]), parent: Some(10), nulls: Never },
-        BenchColumn { name: "state", size: 50, kind: Categorical(labels("S", 50)), parent: None, nulls: Never },
-        BenchColumn { name: "county", size: 100, kind: Integer { lo: 0, width: 1 }, parent: Some(13), nulls: Never },
-        BenchColumn { name: "disability", size: 2, kind: Boolean, parent: Some(0), nulls: Mcar(0.02) },
+        BenchColumn {
+            name: "household".into(),
+            size: 10,
+            kind: Integer { lo: 1, width: 1 },
+            parent: Some(4),
+            nulls: Never,
+        },
+        BenchColumn {
+            name: "tenure".into(),
+            size: 3,
+            kind: cat(&["own", "rent", "other"]),
+            parent: Some(10),
+            nulls: Never,
+        },
+        BenchColumn { name: "state".into(), size: 50, kind: Categorical(labels("S", 50)), parent: None, nulls: Never },
+        BenchColumn {
+            name: "county".into(),
+            size: 100,
+            kind: Integer { lo: 0, width: 1 },
+            parent: Some(13),
+            nulls: Never,
+        },
+        BenchColumn { name: "disability".into(), size: 2, kind: Boolean, parent: Some(0), nulls: Mcar(0.02) },
     ]
 }
 
+/// The first `width` columns of the person and, past 16, the spouse (see the module doc).
+fn columns(width: usize) -> Vec<BenchColumn> {
+    let person = person();
+    let n = person.len();
+    // The spouse's roots hang off the person's: age, sex, race, state.
+    let spouse: Vec<BenchColumn> = person
+        .iter()
+        .enumerate()
+        .map(|(i, c)| BenchColumn {
+            name: format!("spouse_{}", c.name),
+            parent: Some(c.parent.map_or(i, |p| p + n)),
+            ..c.clone()
+        })
+        .collect();
+    person.into_iter().chain(spouse).take(width).collect()
+}
+
 impl BenchModel {
-    /// The model for a seed (structure fixed, tables drawn from the seed).
+    /// The 16-column model for a seed (structure fixed, tables drawn from the seed).
     pub fn new(seed: u64) -> Self {
-        let columns = columns();
+        Self::with_columns(seed, 16)
+    }
+
+    /// The model with `width` columns (1 to [`MAX_COLUMNS`]; see the module
+    /// doc). The tables of the first columns do not depend on `width`.
+    pub fn with_columns(seed: u64, width: usize) -> Self {
+        let columns = columns(width.clamp(1, MAX_COLUMNS));
         let mut rng = SmallRng::seed_from_u64(seed ^ 0x005E_ED0F_BE7C_0DA7);
         let mut cpt = Vec::new();
         for c in &columns {
@@ -264,7 +341,7 @@ impl BenchModel {
                         BenchKind::Integer { .. } => DataType::Int64,
                         BenchKind::Boolean => DataType::Boolean,
                     };
-                    Field::new(c.name, t, c.nulls != BenchNulls::Never)
+                    Field::new(&c.name, t, c.nulls != BenchNulls::Never)
                 })
                 .collect::<Vec<_>>(),
         ))
@@ -279,11 +356,16 @@ impl BenchModel {
     /// Generates batch number `index` of `rows` rows (deterministic in seed and index).
     pub fn batch(&self, index: u64, rows: usize) -> RecordBatch {
         let mut rng = SmallRng::seed_from_u64(self.seed.wrapping_mul(0x9E37_79B9_7F4A_7C15).wrapping_add(index));
+        // The spouse's columns draw from a stream of their own, so the person's
+        // columns are the same whatever the width past 16.
+        let mut spouse_rng =
+            SmallRng::seed_from_u64(self.seed.wrapping_mul(0x9E37_79B9_7F4A_7C15).wrapping_add(index) ^ 0x5B0_05E5);
         let d = self.columns.len();
         let mut codes = vec![vec![0u32; rows]; d];
         let mut nulls = vec![vec![false; rows]; d];
         for r in 0..rows {
             for c in 0..d {
+                let rng = if c < PERSON { &mut rng } else { &mut spouse_rng };
                 let pc = self.columns[c].parent.map_or(0, |p| codes[p][r] as usize);
                 codes[c][r] = self.sample_code(c, pc, rng.random::<f64>()) as u32;
                 let m = self.null_rate(c, pc);
@@ -306,6 +388,7 @@ impl BenchModel {
                         Arc::new(b.finish())
                     }
                     BenchKind::Integer { lo, width } => {
+                        let rng = if c < PERSON { &mut rng } else { &mut spouse_rng };
                         let mut b = Int64Builder::with_capacity(rows);
                         for r in 0..rows {
                             if nulls[c][r] {
@@ -360,7 +443,8 @@ impl BenchModel {
     }
 }
 
-/// Writes `rows` rows to `out` (Parquet, zstd), streaming; optionally the domain file.
+/// Writes `rows` rows of the 16-column model to `out` (Parquet, zstd),
+/// streaming; optionally the domain file.
 pub async fn write_bench_data(
     rows: u64,
     out: &str,
@@ -368,7 +452,19 @@ pub async fn write_bench_data(
     domain_out: Option<&str>,
     batch_rows: usize,
 ) -> Result<u64> {
-    let model = Arc::new(BenchModel::new(seed));
+    write_model_data(BenchModel::new(seed), rows, out, domain_out, batch_rows).await
+}
+
+/// Writes `rows` rows of `model` to `out` (Parquet, zstd), streaming;
+/// optionally the domain file.
+pub async fn write_model_data(
+    model: BenchModel,
+    rows: u64,
+    out: &str,
+    domain_out: Option<&str>,
+    batch_rows: usize,
+) -> Result<u64> {
+    let model = Arc::new(model);
     if let Some(d) = domain_out {
         std::fs::write(d, model.domain_yaml()).with_context(|| format!("writing {d}"))?;
     }
@@ -405,15 +501,41 @@ mod tests {
 
     #[test]
     fn domain_file_parses_and_matches_schema() {
-        let m = BenchModel::new(3);
-        let spec = DomainSpec::parse(&m.domain_yaml(), "bench.yaml").unwrap();
-        assert_eq!(spec.domain.len(), m.columns.len());
-        for (c, d) in m.columns.iter().zip(spec.domain.columns()) {
-            assert_eq!(c.size, d.size(), "{}", c.name);
-            assert_eq!(c.nulls != BenchNulls::Never, d.nullable);
+        for width in [1, 8, 16, 17, 32] {
+            let m = BenchModel::with_columns(3, width);
+            let spec = DomainSpec::parse(&m.domain_yaml(), "bench.yaml").unwrap();
+            assert_eq!(spec.domain.len(), width);
+            assert_eq!(m.schema().fields().len(), width);
+            for (c, d) in m.columns.iter().zip(spec.domain.columns()) {
+                assert_eq!(c.size, d.size(), "{}", c.name);
+                assert_eq!(c.nulls != BenchNulls::Never, d.nullable);
+                assert_eq!(c.name, d.name);
+            }
+            assert!(m.columns.iter().all(|c| (2..=100).contains(&c.size)));
         }
-        assert!(m.columns.len() >= 15);
-        assert!(m.columns.iter().all(|c| (2..=100).contains(&c.size)));
+    }
+
+    #[test]
+    fn a_wider_model_keeps_the_narrower_ones_tables_and_adds_a_connected_spouse() {
+        let narrow = BenchModel::new(5);
+        let wide = BenchModel::with_columns(5, 32);
+        assert_eq!(narrow.columns.len(), 16);
+        assert_eq!(&wide.cpt[..16], &narrow.cpt[..]);
+        // One tree: every column but the person's four roots has a parent before it.
+        let roots: Vec<&str> = wide.columns.iter().filter(|c| c.parent.is_none()).map(|c| c.name.as_str()).collect();
+        assert_eq!(roots, ["age", "sex", "race", "state"]);
+        for (i, c) in wide.columns.iter().enumerate() {
+            assert!(c.parent.is_none_or(|p| p < i), "{}", c.name);
+        }
+        assert_eq!(wide.columns[16].name, "spouse_age");
+        assert_eq!(wide.columns[16].parent, Some(0));
+        assert_eq!(wide.columns[16 + 7].parent, Some(16 + 5), "spouse_occupation on spouse_education");
+        // The person's rows do not change when the spouse is added.
+        let (p, w) = (narrow.batch(3, 100), wide.batch(3, 100));
+        assert_eq!(w.num_columns(), 32);
+        for c in 0..16 {
+            assert_eq!(w.column(c), p.column(c), "{}", narrow.columns[c].name);
+        }
     }
 
     #[tokio::test]
@@ -422,10 +544,13 @@ mod tests {
         let data = dir.path().join("b.parquet");
         let dom = dir.path().join("b.yaml");
         let rows = 200_000u64;
-        let n = write_bench_data(rows, data.to_str().unwrap(), 11, Some(dom.to_str().unwrap()), 30_000).await.unwrap();
+        // The widest model: the spouse's roots hang off the person's columns.
+        let model = BenchModel::with_columns(11, MAX_COLUMNS);
+        let n = write_model_data(model.clone(), rows, data.to_str().unwrap(), Some(dom.to_str().unwrap()), 30_000)
+            .await
+            .unwrap();
         assert_eq!(n, rows);
         let ds = Dataset::open("bench", data.to_str().unwrap(), None, dom.to_str().unwrap()).unwrap();
-        let model = BenchModel::new(11);
         let ctx = dpflow::io::session_context();
         let names: Vec<String> = model.columns.iter().map(|c| c.name.to_string()).collect();
         let sets: Vec<(Vec<String>, NullMode)> = names.iter().map(|n| (vec![n.clone()], NullMode::Cells)).collect();

@@ -58,6 +58,10 @@ enum BenchCommand {
         /// Rows per generated batch.
         #[arg(long, default_value_t = 1 << 16, hide = true)]
         batch_rows: usize,
+        /// Number of columns: the first W of the person's 16, or, from 17 to 32, a spouse's
+        /// columns as well (for the width curves of issue 19).
+        #[arg(long, default_value_t = 16, value_parser = clap::value_parser!(u16).range(1..=bench_data::MAX_COLUMNS as i64))]
+        columns: u16,
     },
     /// Write noisy measurements for a PGM estimation benchmark: all 1-way
     /// marginals plus the 2-way marginals of the maximum spanning tree on
@@ -265,9 +269,10 @@ fn main() {
 
 async fn run(command: BenchCommand) -> Result<()> {
     match command {
-        BenchCommand::BenchData { rows, out, seed, domain_out, batch_rows } => {
+        BenchCommand::BenchData { rows, out, seed, domain_out, batch_rows, columns } => {
             let t = Instant::now();
-            let n = bench_data::write_bench_data(rows, &out, seed, domain_out.as_deref(), batch_rows).await?;
+            let model = bench_data::BenchModel::with_columns(seed, columns.into());
+            let n = bench_data::write_model_data(model, rows, &out, domain_out.as_deref(), batch_rows).await?;
             eprintln!("wrote {n} rows to {out} in {:.1}s", t.elapsed().as_secs_f64());
         }
         BenchCommand::PgmMeasurements { input, domain, out, sigma, seed } => {
