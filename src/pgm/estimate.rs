@@ -204,11 +204,20 @@ impl Problem<'_> {
         for (k, th) in theta.iter().enumerate() {
             psi[self.to_jt[k]].add_assign_sub(th);
         }
-        let beliefs = belief_propagation(&self.jt, &psi, self.total);
-        // Project onto the potential cliques.
+        let mut beliefs = belief_propagation(&self.jt, psi, self.total);
+        // Project onto the potential cliques. A potential clique that is its
+        // junction-tree clique takes the belief itself (no copy); `maximal`
+        // keeps each set once, so no other potential clique equals it.
         let ks: Vec<usize> = (0..self.cliques.len()).collect();
+        let same = |k: usize| self.cliques[k].len() == self.jt.cliques[self.to_jt[k]].len();
         let cost = beliefs.iter().map(Factor::len).sum();
-        par_map(&ks, cost, |&k| beliefs[self.to_jt[k]].sum_to(&self.cliques[k]))
+        let mut out = par_map(&ks, cost, |&k| (!same(k)).then(|| beliefs[self.to_jt[k]].sum_to(&self.cliques[k])));
+        for (k, o) in out.iter_mut().enumerate() {
+            if o.is_none() {
+                *o = Some(std::mem::take(&mut beliefs[self.to_jt[k]]));
+            }
+        }
+        out.into_iter().map(|o| o.expect("every clique projected")).collect()
     }
 
     /// Loss and gradient w.r.t. the potential-clique marginals.
@@ -346,21 +355,18 @@ pub fn estimate(
     let (mut loss, mut grad) = problem.loss_grad(&mu);
     let mut iterations = 0;
     let mut window_start_loss = loss;
+    // The trial point's buffer, kept across iterations (swapped with θ on an
+    // accepted step) instead of a fresh clone of θ per step.
+    let mut theta2: Vec<Factor> = theta.clone();
     for t in 0..options.iters {
         iterations = t + 1;
-        let theta2: Vec<Factor> = theta
-            .iter()
-            .zip(&grad)
-            .map(|(th, g)| {
-                let mut n = th.clone();
-                n.values.iter_mut().zip(&g.values).for_each(|(a, b)| *a -= alpha * b);
-                n
-            })
-            .collect();
+        for ((n, th), g) in theta2.iter_mut().zip(&theta).zip(&grad) {
+            n.values.iter_mut().zip(&th.values).zip(&g.values).for_each(|((n, a), b)| *n = a - alpha * b);
+        }
         let mu2 = problem.marginals(&theta2);
         let (loss2, grad2) = problem.loss_grad(&mu2);
         if loss - loss2 >= 0.5 * alpha * dot(&grad, &mu, &mu2) {
-            theta = theta2;
+            std::mem::swap(&mut theta, &mut theta2);
             mu = mu2;
             loss = loss2;
             grad = grad2;

@@ -1,8 +1,22 @@
 //! Dense factors over discrete attribute sets (flat row-major vectors with
 //! strides; attributes kept sorted so that sub-factor indexing is one pass).
+//!
+//! Large factors split their cell loops over rayon (issue 19: AIM at width
+//! spends its time in a few cliques of millions of cells, one at a time).
+//! The split is along one dimension of the table that is *written*, so every
+//! output cell is computed by one task, from the same inputs, in the same
+//! order as the sequential loop: results are bit-identical on any number of
+//! threads (tested against the sequential loops).
+
+use rayon::prelude::*;
+
+/// Cells from which a factor operation splits its loop over rayon (a split
+/// costs a few microseconds). Unit tests split every factor, so the
+/// brute-force checks of the PGM engine cover the split loops.
+const SPLIT_CELLS: usize = if cfg!(test) { 1 } else { 1 << 16 };
 
 /// A dense table over a sorted set of attributes.
-#[derive(Debug, Clone, PartialEq)]
+#[derive(Debug, Clone, Default, PartialEq)]
 pub struct Factor {
     /// Attribute ids, strictly increasing.
     pub attrs: Vec<usize>,
@@ -75,6 +89,39 @@ pub fn for_each_triple(
     }
 }
 
+/// The parallel form of [`for_each_pair`] for a loop that writes cells of a
+/// table whose leading dimension is dimension `p` of `shape`: `out` is split
+/// into `shape[p]` blocks of `block` cells, and `f(block, a, b)` gets the
+/// k-th block with the indices `a` (by `a_strides`, absolute) and `b` (by
+/// `b_strides`, relative to the block: `b_strides[p]` is the block length)
+/// of every cell whose coordinate p is k, in row-major order.
+fn split_pairs(
+    shape: &[usize],
+    p: usize,
+    a_strides: &[usize],
+    b_strides: &[usize],
+    out: &mut [f64],
+    f: impl Fn(&mut [f64], usize, usize) + Sync + Send,
+) {
+    let mut sub = shape.to_vec();
+    sub[p] = 1;
+    let zeros = vec![0usize; shape.len()];
+    let block = out.len() / shape[p].max(1);
+    out.par_chunks_mut(block.max(1)).enumerate().for_each(|(k, o)| {
+        let base = k * a_strides[p];
+        for_each_triple(&sub, a_strides, b_strides, &zeros, |a, b, _| f(o, base + a, b));
+    });
+}
+
+/// `m += ln(sum)` where the max `m` is finite (the last step of log-sum-exp).
+fn finish_logsumexp(max: &mut [f64], sum: &[f64]) {
+    for (m, s) in max.iter_mut().zip(sum) {
+        if *m > f64::NEG_INFINITY {
+            *m += s.ln();
+        }
+    }
+}
+
 /// Row-major strides of a shape.
 pub fn strides(shape: &[usize]) -> Vec<usize> {
     let mut s = vec![1usize; shape.len()];
@@ -139,9 +186,26 @@ impl Factor {
         }
         let ss = self.sub_strides(keep, &out.shape);
         let v = &self.values;
+        if let Some(p) = self.split_on(keep) {
+            // Each block of the output (one value of its first attribute)
+            // sums its own cells in row-major order, as the loop below does.
+            split_pairs(&self.shape, p, &strides(&self.shape), &ss, &mut out.values, |o, i, j| o[j] += v[i]);
+            return out;
+        }
         let o = &mut out.values;
         for_each_pair(&self.shape, &ss, |i, j| o[j] += v[i]);
         out
+    }
+
+    /// The dimension a reduction onto `keep` splits on: that of `keep`'s
+    /// first attribute (the output's leading dimension), when the factor is
+    /// large and `keep` is neither empty nor everything.
+    fn split_on(&self, keep: &[usize]) -> Option<usize> {
+        if self.values.len() < SPLIT_CELLS || keep.is_empty() || keep.len() == self.attrs.len() {
+            return None;
+        }
+        let p = self.attrs.iter().position(|a| *a == keep[0])?;
+        (self.shape[p] > 1).then_some(p)
     }
 
     /// Log-sum-exp over every attribute not in `keep` (values are logs).
@@ -154,6 +218,30 @@ impl Factor {
         }
         let ss = self.sub_strides(keep, &max.shape);
         let v = &self.values;
+        if let Some(p) = self.split_on(keep) {
+            // Per block of the output, the same two passes as below.
+            let st = strides(&self.shape);
+            let mut sub = self.shape.clone();
+            sub[p] = 1;
+            let zeros = vec![0usize; sub.len()];
+            let block = max.values.len() / self.shape[p];
+            max.values.par_chunks_mut(block).enumerate().for_each(|(k, m)| {
+                let base = k * st[p];
+                for_each_triple(&sub, &st, &ss, &zeros, |i, j, _| {
+                    if v[base + i] > m[j] {
+                        m[j] = v[base + i]
+                    }
+                });
+                let mut sum = vec![0.0; m.len()];
+                for_each_triple(&sub, &st, &ss, &zeros, |i, j, _| {
+                    if m[j] > f64::NEG_INFINITY {
+                        sum[j] += (v[base + i] - m[j]).exp();
+                    }
+                });
+                finish_logsumexp(m, &sum);
+            });
+            return max;
+        }
         {
             let m = &mut max.values;
             for_each_pair(&self.shape, &ss, |i, j| {
@@ -171,50 +259,59 @@ impl Factor {
                 }
             });
         }
-        for (m, s) in max.values.iter_mut().zip(sum) {
-            if *m > f64::NEG_INFINITY {
-                *m += s.ln();
-            }
-        }
+        finish_logsumexp(&mut max.values, &sum);
         max
     }
 
-    /// Adds `other` (over a subset of attributes) broadcast into this factor.
-    pub fn add_assign_sub(&mut self, other: &Factor) {
+    /// `self[i] = op(self[i], other[j])` for every cell, `other` broadcast
+    /// (over a subset of the attributes); split over the leading dimension
+    /// when large.
+    fn broadcast_assign(&mut self, other: &Factor, op: impl Fn(f64, f64) -> f64 + Sync + Send) {
+        let big = self.values.len() >= SPLIT_CELLS;
         if other.attrs == self.attrs {
-            for (a, b) in self.values.iter_mut().zip(&other.values) {
-                *a += b;
+            if big {
+                self.values.par_iter_mut().zip(other.values.par_iter()).for_each(|(a, &b)| *a = op(*a, b));
+            } else {
+                self.values.iter_mut().zip(&other.values).for_each(|(a, &b)| *a = op(*a, b));
             }
             return;
         }
         let ss = self.sub_strides(&other.attrs, &other.shape);
-        let v = &mut self.values;
         let o = &other.values;
-        for_each_pair(&self.shape, &ss, |i, j| v[i] += o[j]);
+        if big && self.shape.first().is_some_and(|&n| n > 1) {
+            // Split on this factor's leading dimension: block k holds its cells with coordinate 0 = k.
+            let st = strides(&self.shape);
+            let mut sub = self.shape.clone();
+            sub[0] = 1;
+            let zeros = vec![0usize; sub.len()];
+            self.values.par_chunks_mut(st[0]).enumerate().for_each(|(k, v)| {
+                let base = k * ss[0];
+                for_each_triple(&sub, &st, &ss, &zeros, |i, j, _| v[i] = op(v[i], o[base + j]));
+            });
+            return;
+        }
+        let v = &mut self.values;
+        for_each_pair(&self.shape, &ss, |i, j| v[i] = op(v[i], o[j]));
+    }
+
+    /// Adds `other` (over a subset of attributes) broadcast into this factor.
+    pub fn add_assign_sub(&mut self, other: &Factor) {
+        self.broadcast_assign(other, |a, b| a + b);
     }
 
     /// Subtracts `other` (over a subset of attributes) broadcast from this factor.
     pub fn sub_assign_sub(&mut self, other: &Factor) {
-        let ss = self.sub_strides(&other.attrs, &other.shape);
-        let v = &mut self.values;
-        let o = &other.values;
-        for_each_pair(&self.shape, &ss, |i, j| v[i] -= o[j]);
+        self.broadcast_assign(other, |a, b| a - b);
     }
 
     /// Multiplies by `other` (over a subset of attributes), broadcast.
     pub fn mul_assign_sub(&mut self, other: &Factor) {
-        let ss = self.sub_strides(&other.attrs, &other.shape);
-        let v = &mut self.values;
-        let o = &other.values;
-        for_each_pair(&self.shape, &ss, |i, j| v[i] *= o[j]);
+        self.broadcast_assign(other, |a, b| a * b);
     }
 
     /// Divides by `other` (over a subset of attributes), broadcast; 0/0 = 0.
     pub fn div_assign_sub(&mut self, other: &Factor) {
-        let ss = self.sub_strides(&other.attrs, &other.shape);
-        let v = &mut self.values;
-        let o = &other.values;
-        for_each_pair(&self.shape, &ss, |i, j| v[i] = if o[j] == 0.0 { 0.0 } else { v[i] / o[j] });
+        self.broadcast_assign(other, |a, b| if b == 0.0 { 0.0 } else { a / b });
     }
 
     /// This factor broadcast onto `attrs` ⊇ its attributes (sizes from `sizes`).
@@ -316,6 +413,76 @@ mod tests {
             assert_eq!(fused.attrs, direct.attrs);
             for (x, y) in fused.values.iter().zip(&direct.values) {
                 assert!((x - y).abs() < 1e-9, "keep {keep:?}: {x} vs {y}");
+            }
+        }
+    }
+
+    /// Values with no pattern (so that a change of summation order would
+    /// show in the last bits), some −∞ for the log-space loops.
+    fn scrambled(attrs: &[usize], shape: &[usize], neg_inf: bool) -> Factor {
+        let n: usize = shape.iter().product();
+        let values = (0..n)
+            .map(|i| {
+                let x = ((i as f64 + 0.5) * 0.618_033_988_749_895).fract() * 7.0 - 3.0;
+                if neg_inf && i % 11 == 3 { f64::NEG_INFINITY } else { x }
+            })
+            .collect();
+        Factor { attrs: attrs.to_vec(), shape: shape.to_vec(), values }
+    }
+
+    fn bits(f: &Factor) -> Vec<u64> {
+        f.values.iter().map(|x| x.to_bits()).collect()
+    }
+
+    #[test]
+    fn split_loops_give_the_bits_of_the_sequential_loops() {
+        // Unit tests split every factor (SPLIT_CELLS = 1): compare with the
+        // one-thread loops written out here.
+        let shape = [3, 1, 5, 4, 2];
+        let attrs = [0, 2, 3, 5, 7];
+        let x = scrambled(&attrs, &shape, false);
+        let lx = scrambled(&attrs, &shape, true);
+        let subsets: Vec<Vec<usize>> = (0u32..32)
+            .map(|m| attrs.iter().enumerate().filter(|(k, _)| m >> k & 1 == 1).map(|(_, &a)| a).collect())
+            .collect();
+        for keep in &subsets {
+            let sh: Vec<usize> = keep.iter().map(|a| shape[attrs.iter().position(|b| b == a).unwrap()]).collect();
+            let ss = x.sub_strides(keep, &sh);
+            let mut want = Factor::filled(keep.clone(), sh.clone(), 0.0);
+            for_each_pair(&shape, &ss, |i, j| want.values[j] += x.values[i]);
+            assert_eq!(bits(&x.sum_to(keep)), bits(&want), "sum_to {keep:?}");
+
+            let mut m = vec![f64::NEG_INFINITY; want.len()];
+            for_each_pair(&shape, &ss, |i, j| m[j] = m[j].max(lx.values[i]));
+            let mut s = vec![0.0; m.len()];
+            for_each_pair(&shape, &ss, |i, j| {
+                if m[j] > f64::NEG_INFINITY {
+                    s[j] += (lx.values[i] - m[j]).exp()
+                }
+            });
+            finish_logsumexp(&mut m, &s);
+            let got = lx.logsumexp_to(keep);
+            assert_eq!(
+                got.values.iter().map(|v| v.to_bits()).collect::<Vec<_>>(),
+                m.iter().map(|v| v.to_bits()).collect::<Vec<_>>(),
+                "logsumexp_to {keep:?}"
+            );
+
+            let small = scrambled(keep, &sh, false);
+            type Op = fn(&mut Factor, &Factor);
+            type Scalar = fn(f64, f64) -> f64;
+            let ops: [(Op, Scalar); 4] = [
+                (Factor::add_assign_sub, |a, b| a + b),
+                (Factor::sub_assign_sub, |a, b| a - b),
+                (Factor::mul_assign_sub, |a, b| a * b),
+                (Factor::div_assign_sub, |a, b| if b == 0.0 { 0.0 } else { a / b }),
+            ];
+            for (k, (op, scalar)) in ops.iter().enumerate() {
+                let mut got = x.clone();
+                op(&mut got, &small);
+                let mut want = x.clone();
+                for_each_pair(&shape, &ss, |i, j| want.values[i] = scalar(want.values[i], small.values[j]));
+                assert_eq!(bits(&got), bits(&want), "op {k} with {keep:?}");
             }
         }
     }

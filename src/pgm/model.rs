@@ -97,7 +97,10 @@ pub(crate) fn par_map<T: Sync, R: Send>(items: &[T], cost: usize, f: impl Fn(&T)
 /// when the level is big enough to pay for it, and then added into their
 /// targets in a fixed order. The result therefore does not depend on the
 /// number of threads.
-pub fn belief_propagation(jt: &JunctionTree, log_potentials: &[Factor], total: f64) -> Vec<Factor> {
+///
+/// `log_potentials` is consumed: each clique's table becomes its belief and
+/// then its counts in place (issue 19: no clique-sized copies per call).
+pub fn belief_propagation(jt: &JunctionTree, log_potentials: Vec<Factor>, total: f64) -> Vec<Factor> {
     let n = jt.cliques.len();
     let (order, parent) = tree_order(jt);
     let mut depth = vec![0usize; n];
@@ -112,7 +115,7 @@ pub fn belief_propagation(jt: &JunctionTree, log_potentials: &[Factor], total: f
     }
     let seps: Vec<Vec<usize>> =
         (0..n).map(|i| parent[i].map_or_else(Vec::new, |p| intersect(&jt.cliques[i], &jt.cliques[p]))).collect();
-    let mut beliefs: Vec<Factor> = log_potentials.to_vec();
+    let mut beliefs: Vec<Factor> = log_potentials;
     // up[i] = message (log) from i to its parent.
     let mut up: Vec<Option<Factor>> = vec![None; n];
     // Collect: leaves to root, a level at a time (a level's beliefs are final
@@ -145,8 +148,14 @@ pub fn belief_propagation(jt: &JunctionTree, log_potentials: &[Factor], total: f
                 beliefs[i].add_assign_sub(&m);
             }
         }
+        // A level's log-beliefs are not needed once they are counts: take them.
         let cost: usize = level.iter().map(|&i| beliefs[i].len()).sum();
-        let done = par_map(level, cost, |&i| to_counts(&beliefs[i], total));
+        let taken: Vec<Factor> = level.iter().map(|&i| std::mem::take(&mut beliefs[i])).collect();
+        let done: Vec<Factor> = if level.len() > 1 && cost >= PARALLEL_CELLS {
+            taken.into_par_iter().map(|f| to_counts(f, total)).collect()
+        } else {
+            taken.into_iter().map(|f| to_counts(f, total)).collect()
+        };
         for (&i, c) in level.iter().zip(done) {
             counts[i] = Some(c);
         }
@@ -154,17 +163,32 @@ pub fn belief_propagation(jt: &JunctionTree, log_potentials: &[Factor], total: f
     counts.into_iter().map(|c| c.expect("every clique is in a level")).collect()
 }
 
-/// exp(values), normalised to sum to `total` (one `exp` per cell).
-fn to_counts(log: &Factor, total: f64) -> Factor {
+/// exp(values), normalised to sum to `total` (one `exp` per cell), in
+/// place. The `exp` and the scaling of a large factor run on rayon; the max
+/// and the sum stay sequential, so the bits do not depend on the threads.
+fn to_counts(mut log: Factor, total: f64) -> Factor {
     let max = log.values.iter().copied().fold(f64::NEG_INFINITY, f64::max);
     if max == f64::NEG_INFINITY {
-        return Factor::filled(log.attrs.clone(), log.shape.clone(), 0.0);
+        log.values.iter_mut().for_each(|v| *v = 0.0);
+        return log;
     }
-    let mut values: Vec<f64> = log.values.iter().map(|v| (v - max).exp()).collect();
-    let scale = total / values.iter().sum::<f64>();
-    values.iter_mut().for_each(|v| *v *= scale);
-    Factor { attrs: log.attrs.clone(), shape: log.shape.clone(), values }
+    let split = log.values.len() >= EXP_SPLIT_CELLS;
+    if split {
+        log.values.par_iter_mut().for_each(|v| *v = (*v - max).exp());
+    } else {
+        log.values.iter_mut().for_each(|v| *v = (*v - max).exp());
+    }
+    let scale = total / log.values.iter().sum::<f64>();
+    if split {
+        log.values.par_iter_mut().for_each(|v| *v *= scale);
+    } else {
+        log.values.iter_mut().for_each(|v| *v *= scale);
+    }
+    log
 }
+
+/// Cells from which [`to_counts`] runs its `exp` on rayon (all in unit tests).
+const EXP_SPLIT_CELLS: usize = if cfg!(test) { 1 } else { 1 << 15 };
 
 impl GraphicalModel {
     /// A model with zero potentials on `cliques` (the uniform distribution).
@@ -186,7 +210,7 @@ impl GraphicalModel {
 
     /// Calibrated clique marginals.
     pub fn beliefs(&self) -> Beliefs {
-        let cliques = belief_propagation(&self.jtree, &self.clique_potentials(), self.total);
+        let cliques = belief_propagation(&self.jtree, self.clique_potentials(), self.total);
         Beliefs { cliques, jtree: self.jtree.clone(), total: self.total }
     }
 
