@@ -6,6 +6,7 @@
 #   BEFORE=/path/to/old/dpflow benches/knn_stream.sh /tmp/knn-bench
 # (BEFORE is optional: a build of an earlier commit to compare with, run in the same session.)
 set -euo pipefail
+. "$(dirname "$0")/knn_spec.sh"
 DIR=${1:-/tmp/knn-bench}
 DPFLOW=${DPFLOW:-target/release/dpflow}
 BENCH=${BENCH:-target/release/dpflow-bench}
@@ -13,24 +14,7 @@ mkdir -p "$DIR"
 for rows in 10000000 100000000; do
   f="$DIR/b$rows.parquet"
   [ -f "$f" ] || "$BENCH" bench-data --rows "$rows" --out "$f" --domain-out "$DIR/bench.yaml" >&2
-  cat > "$DIR/impute-$rows.yaml" <<YAML
-input: b$rows.parquet
-domain: bench.yaml
-impute: [income]
-match:
-  - {column: age, kind: ordinal, group: 10}
-  - {column: sex}
-  - {column: race}
-  - {column: education, kind: ordinal}
-  - {column: marital}
-metric: euclidean
-budget: {epsilon: 4.1588830833596715}
-queries:
-  - {name: people, count: {}}
-  - {name: mean_income_20_59, mean: {value: income, lo: 0, hi: 199999}, where: {age: [20, 59]}}
-  - {name: share_above_25750_40_49, proportion: {numerator: {income: [25750, null]}}, where: {age: [40, 49]}}
-  - {name: income_variance, variance: {value: income, lo: 0, hi: 199999}}
-YAML
+  knn_spec "b$rows.parquet" bench.yaml > "$DIR/impute-$rows.yaml"
   for bin in ${BEFORE:+before=$BEFORE} after="$DPFLOW"; do
     label=${bin%%=*}; path=${bin#*=}
     if [ "$label" = before ] && [ "$rows" -gt 10000000 ]; then continue; fi
