@@ -93,7 +93,7 @@ impl Roles<'_> {
     }
 
     /// Each row's role, from the imputed columns' values and unknown cells.
-    fn roles(&self, a_observed: &[Vec<Option<f64>>], a_unknown: &[Vec<bool>], rows: usize) -> Vec<Role> {
+    fn roles(&self, a_observed: &[&[Option<f64>]], a_unknown: &[&[bool]], rows: usize) -> Vec<Role> {
         (0..rows)
             .map(|r| {
                 if a_observed.iter().all(|c| c[r].is_some()) {
@@ -246,8 +246,8 @@ pub(crate) async fn summarize(
     };
     read_in_order(ctx, ds, |t, c| {
         let b = read_columns(ds, &cols.names, &imp.columns, &rules, t, c)?;
-        let a_obs: Vec<Vec<Option<f64>>> = a_pos.iter().map(|&p| b.observed[p].clone()).collect();
-        let a_unk: Vec<Vec<bool>> = a_pos.iter().map(|&p| b.unknown[p].clone()).collect();
+        let a_obs: Vec<&[Option<f64>]> = a_pos.iter().map(|&p| b.observed[p].as_slice()).collect();
+        let a_unk: Vec<&[bool]> = a_pos.iter().map(|&p| b.unknown[p].as_slice()).collect();
         for (r, role) in roles.roles(&a_obs, &a_unk, t.num_rows()).into_iter().enumerate() {
             let this = row + r as u64;
             if this >= rows {
@@ -283,17 +283,14 @@ pub(crate) async fn summarize(
                         donees.remove_donor.iter_mut().zip(&load).for_each(|(m, l)| *m = (*m).max(*l));
                     }
                 }
-                (Role::Donee, Some(k)) if index.wrap[k as usize].is_some() => {
-                    waiting[k as usize].push(Waiting {
-                        row: this,
-                        observed: observed.clone().into_boxed_slice(),
-                        unknown: unknown.clone().into_boxed_slice(),
-                    });
-                    continue;
-                }
                 (Role::Donee, Some(k)) => {
                     let w = Waiting { row: this, observed: observed.clone().into(), unknown: unknown.clone().into() };
-                    finish(&w, k, None, &mut load, &mut aggs, &mut donees);
+                    if index.wrap[k as usize].is_some() {
+                        waiting[k as usize].push(w);
+                    } else {
+                        // No donor anywhere: its unknown cells stay null.
+                        finish(&w, k, None, &mut load, &mut aggs, &mut donees);
+                    }
                     continue;
                 }
                 _ => {}
@@ -370,7 +367,9 @@ async fn class_index(
     let mut key = vec![0u32; imp.grouping.len()];
     read_in_order(ctx, ds, |t, c| {
         let b = read_columns(ds, &imp.columns, &imp.columns, rules, t, c)?;
-        for (r, role) in roles.roles(&b.observed, &b.unknown, t.num_rows()).into_iter().enumerate() {
+        let obs: Vec<&[Option<f64>]> = b.observed.iter().map(Vec::as_slice).collect();
+        let unk: Vec<&[bool]> = b.unknown.iter().map(Vec::as_slice).collect();
+        for (r, role) in roles.roles(&obs, &unk, t.num_rows()).into_iter().enumerate() {
             if role != Role::None {
                 roles.key(c, r, &mut key);
                 let k = match id.get(key.as_slice()) {
