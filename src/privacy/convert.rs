@@ -75,41 +75,19 @@ pub fn cdp_rho(eps: f64, delta: f64) -> f64 {
     lo
 }
 
-/// RDP curve → (ε, δ): ε = min_α ε(α) + ln(1/δ)/(α−1) (Mironov 2017 Prop 3;
-/// 000 Lemma 4.6). Returns (ε, the minimising α).
+/// RDP curve → (ε, δ): the smallest ε over the orders by the conversion of
+/// Canonne, Kamath & Steinke 2020 Prop 12 ([`super::rdp::epsilon`]), which is
+/// never above Mironov 2017 Prop 3's ε(α) + ln(1/δ)/(α−1) (000 Lemma 4.6).
+/// Returns (ε, the minimising α).
 pub fn rdp_to_approx(curve: &[(f64, f64)], delta: f64) -> (f64, f64) {
-    assert!(delta > 0.0 && delta < 1.0);
-    curve.iter().filter(|(a, _)| *a > 1.0).map(|&(a, e)| (e + (1.0 / delta).ln() / (a - 1.0), a)).fold(
-        (f64::INFINITY, f64::NAN),
-        |best, x| {
-            if x.0 < best.0 { x } else { best }
-        },
-    )
+    super::rdp::epsilon(curve, delta)
 }
 
-/// RDP of the sampled Gaussian mechanism at integer order α ≥ 2 (NOTES §1):
-/// ε(α) = 1/(α−1)·ln Σ_{k=0..α} C(α,k)(1−q)^{α−k} q^k exp((k²−k)/(2σ²)).
+/// RDP of the sampled Gaussian mechanism at integer order α ≥ 2 (NOTES §1;
+/// [`super::rdp::sampled_gaussian`]).
 pub fn sampled_gaussian_rdp(q: f64, noise_multiplier: f64, alpha: u32) -> f64 {
     assert!(alpha >= 2);
-    let s2 = noise_multiplier * noise_multiplier;
-    // Log-sum-exp for stability.
-    let terms: Vec<f64> = (0..=alpha)
-        .map(|k| {
-            let k_f = k as f64;
-            ln_binom(alpha, k)
-                + (alpha - k) as f64 * (1.0 - q).ln()
-                + if k > 0 { k_f * q.ln() } else { 0.0 }
-                + (k_f * k_f - k_f) / (2.0 * s2)
-        })
-        .collect();
-    let m = terms.iter().copied().fold(f64::NEG_INFINITY, f64::max);
-    let lse = m + terms.iter().map(|t| (t - m).exp()).sum::<f64>().ln();
-    lse / (alpha as f64 - 1.0)
-}
-
-fn ln_binom(n: u32, k: u32) -> f64 {
-    let lf = |x: u32| (1..=x).map(|i| (i as f64).ln()).sum::<f64>();
-    lf(n) - lf(k) - lf(n - k)
+    super::rdp::sampled_gaussian(q, noise_multiplier, alpha as f64).expect("q in [0, 1] and σ > 0")
 }
 
 #[cfg(test)]
@@ -147,6 +125,8 @@ mod tests {
             assert!(rel(e, a as f64 / 8.0) < 1e-6, "{a}: {e}");
         }
         let (eps, _) = rdp_to_approx(&[(2.0, 0.25), (10.0, 1.25)], 1e-5);
-        assert!(rel(eps, 1.25 + (1e5f64).ln() / 9.0) < 1e-12);
+        let improved = 1.25 + (-0.1f64).ln_1p() - (1e-5f64 * 10.0).ln() / 9.0;
+        assert!(rel(eps, improved) < 1e-12);
+        assert!(eps < 1.25 + (1e5f64).ln() / 9.0);
     }
 }

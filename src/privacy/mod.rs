@@ -10,6 +10,7 @@ pub mod budget;
 pub mod convert;
 pub mod failure;
 pub mod ledger;
+pub mod rdp;
 pub mod share;
 pub mod yaml;
 
