@@ -16,6 +16,7 @@ pub mod impute;
 pub mod io;
 pub mod measure;
 pub mod missing;
+pub mod neural;
 pub mod pgm;
 pub mod pipeline;
 pub mod privacy;

@@ -23,6 +23,7 @@ const FLOORS: &[(&str, u8)] = &[
     ("io", 1),
     ("dataset", 1),
     ("pgm", 2),
+    ("neural", 2),
     ("measure", 2),
     ("missing", 3),
     ("synth", 3),

@@ -1,0 +1,361 @@
+//! Multi-layer perceptrons on `ndarray` with explicit per-example gradients.
+//!
+//! DP-SGD needs each example's gradient separately, to clip it before the
+//! sum (Abadi et al. 2016, Alg 1). For a dense layer y = a·W + b the gradient
+//! of example i is the outer product a_iᵀ δ_i for W and δ_i for b, where
+//! δ_i = ∂ℓ_i/∂y_i comes from one ordinary batched backward pass
+//! (Goodfellow 2015, *Efficient per-example gradient computations*). So a
+//! backward pass keeps, per layer, the layer inputs a and the deltas δ
+//! (batch × width each), and per-example gradients are formed from them in
+//! chunks, never as batch-many copies of the model.
+//!
+//! Layout of a flat parameter vector: layer by layer, W row-major
+//! (inputs × outputs) then b. Hidden layers use one activation; the last
+//! layer is linear (its outputs are logits or raw values for the caller's
+//! loss).
+
+use ndarray::{Array1, Array2, ArrayView1, ArrayView2, Axis, s};
+use rand::Rng;
+use serde::{Deserialize, Serialize};
+
+/// A hidden-layer activation.
+#[derive(Debug, Clone, Copy, PartialEq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Activation {
+    /// max(0, x).
+    Relu,
+    /// max(0.2x, x) (GAN discriminators).
+    LeakyRelu,
+    /// tanh(x).
+    Tanh,
+}
+
+impl Activation {
+    fn apply(self, x: f64) -> f64 {
+        match self {
+            Activation::Relu => x.max(0.0),
+            Activation::LeakyRelu => {
+                if x > 0.0 {
+                    x
+                } else {
+                    0.2 * x
+                }
+            }
+            Activation::Tanh => x.tanh(),
+        }
+    }
+
+    /// The derivative at pre-activation x.
+    fn derivative(self, x: f64) -> f64 {
+        match self {
+            Activation::Relu => {
+                if x > 0.0 {
+                    1.0
+                } else {
+                    0.0
+                }
+            }
+            Activation::LeakyRelu => {
+                if x > 0.0 {
+                    1.0
+                } else {
+                    0.2
+                }
+            }
+            Activation::Tanh => 1.0 - x.tanh().powi(2),
+        }
+    }
+}
+
+/// One dense layer: y = a·W + b.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct Dense {
+    /// Weights, inputs × outputs.
+    pub w: Array2<f64>,
+    /// Biases, one per output.
+    pub b: Array1<f64>,
+}
+
+/// A perceptron: dense layers, one activation between them, a linear output.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct Mlp {
+    /// The layers, input first.
+    pub layers: Vec<Dense>,
+    /// The activation after every layer but the last.
+    pub hidden: Activation,
+}
+
+/// What a forward pass keeps for the backward pass.
+#[derive(Debug, Clone)]
+pub struct Trace {
+    /// The input of each layer (batch × layer inputs).
+    pub inputs: Vec<Array2<f64>>,
+    /// The pre-activation output of each layer (batch × layer outputs).
+    pub pre: Vec<Array2<f64>>,
+}
+
+impl Trace {
+    /// The network's output (the last layer is linear).
+    pub fn output(&self) -> &Array2<f64> {
+        self.pre.last().expect("a network has a layer")
+    }
+}
+
+/// What a backward pass gives: per-layer deltas and the input gradient.
+#[derive(Debug, Clone)]
+pub struct Backward {
+    /// ∂ℓ_i/∂(pre-activation) per layer (batch × layer outputs).
+    pub deltas: Vec<Array2<f64>>,
+    /// ∂ℓ_i/∂(input) (batch × network inputs), for chaining networks
+    /// (a generator trained through a discriminator).
+    pub d_input: Array2<f64>,
+}
+
+impl Mlp {
+    /// A network with the given layer widths (input, hidden…, output) and
+    /// Glorot-uniform weights, zero biases. The initial weights are drawn from
+    /// `rng` and depend on no data.
+    pub fn new<R: Rng + ?Sized>(widths: &[usize], hidden: Activation, rng: &mut R) -> Self {
+        assert!(widths.len() >= 2 && widths.iter().all(|&w| w > 0), "an MLP needs ≥ 2 positive widths");
+        let layers = widths
+            .windows(2)
+            .map(|io| {
+                let limit = (6.0 / (io[0] + io[1]) as f64).sqrt();
+                let w = Array2::from_shape_fn((io[0], io[1]), |_| (2.0 * unit(rng) - 1.0) * limit);
+                Dense { w, b: Array1::zeros(io[1]) }
+            })
+            .collect();
+        Self { layers, hidden }
+    }
+
+    /// Number of inputs.
+    pub fn input_dim(&self) -> usize {
+        self.layers[0].w.nrows()
+    }
+
+    /// Number of outputs.
+    pub fn output_dim(&self) -> usize {
+        self.layers.last().expect("a network has a layer").w.ncols()
+    }
+
+    /// Number of parameters.
+    pub fn n_params(&self) -> usize {
+        self.layers.iter().map(|l| l.w.len() + l.b.len()).sum()
+    }
+
+    /// Forward pass over a batch (rows × inputs).
+    pub fn forward(&self, x: ArrayView2<f64>) -> Trace {
+        assert_eq!(x.ncols(), self.input_dim(), "input width");
+        let mut inputs = Vec::with_capacity(self.layers.len());
+        let mut pre = Vec::with_capacity(self.layers.len());
+        let mut a = x.to_owned();
+        for (l, layer) in self.layers.iter().enumerate() {
+            let z = a.dot(&layer.w) + &layer.b;
+            let next = if l + 1 < self.layers.len() { z.mapv(|v| self.hidden.apply(v)) } else { z.clone() };
+            inputs.push(a);
+            pre.push(z);
+            a = next;
+        }
+        Trace { inputs, pre }
+    }
+
+    /// The outputs for a batch.
+    pub fn predict(&self, x: ArrayView2<f64>) -> Array2<f64> {
+        self.forward(x).pre.pop().expect("a network has a layer")
+    }
+
+    /// Backward pass from ∂ℓ_i/∂(output) (batch × outputs), one row per
+    /// example: each row is that example's own loss gradient (not averaged).
+    pub fn backward(&self, trace: &Trace, d_out: ArrayView2<f64>) -> Backward {
+        let n = self.layers.len();
+        let mut deltas = vec![Array2::zeros((0, 0)); n];
+        let mut delta = d_out.to_owned();
+        for l in (0..n).rev() {
+            let d_in = delta.dot(&self.layers[l].w.t());
+            deltas[l] = delta;
+            if l == 0 {
+                return Backward { deltas, d_input: d_in };
+            }
+            // Through the activation of layer l − 1.
+            let pre = &trace.pre[l - 1];
+            delta = d_in;
+            delta.zip_mut_with(pre, |d, &z| *d *= self.hidden.derivative(z));
+        }
+        unreachable!("the loop returns at layer 0")
+    }
+
+    /// Per-example gradients of rows `rows` of the batch, as a matrix
+    /// (examples × parameters) in the flat layout (module docs).
+    pub fn per_example_gradients(&self, trace: &Trace, back: &Backward, rows: std::ops::Range<usize>) -> Array2<f64> {
+        let m = rows.len();
+        let mut g = Array2::zeros((m, self.n_params()));
+        let mut off = 0;
+        for (l, layer) in self.layers.iter().enumerate() {
+            let (fan_in, fan_out) = layer.w.dim();
+            let a = trace.inputs[l].slice(s![rows.clone(), ..]);
+            let d = back.deltas[l].slice(s![rows.clone(), ..]);
+            for i in 0..m {
+                let mut row = g.row_mut(i);
+                let (ai, di) = (a.row(i), d.row(i));
+                for p in 0..fan_in {
+                    let ap = ai[p];
+                    let base = off + p * fan_out;
+                    for q in 0..fan_out {
+                        row[base + q] = ap * di[q];
+                    }
+                }
+                row.slice_mut(s![off + fan_in * fan_out..off + fan_in * fan_out + fan_out]).assign(&di);
+            }
+            off += fan_in * fan_out + fan_out;
+        }
+        g
+    }
+
+    /// The parameters as one flat vector (module docs).
+    pub fn params(&self) -> Array1<f64> {
+        let mut v = Vec::with_capacity(self.n_params());
+        for l in &self.layers {
+            v.extend(l.w.iter());
+            v.extend(l.b.iter());
+        }
+        Array1::from(v)
+    }
+
+    /// Adds `scale · dir` to the parameters (dir in the flat layout).
+    pub fn add_scaled(&mut self, dir: ArrayView1<f64>, scale: f64) {
+        assert_eq!(dir.len(), self.n_params(), "direction length");
+        let mut off = 0;
+        for l in &mut self.layers {
+            let nw = l.w.len();
+            for (w, d) in l.w.iter_mut().zip(dir.slice(s![off..off + nw])) {
+                *w += scale * d;
+            }
+            off += nw;
+            let nb = l.b.len();
+            l.b.scaled_add(scale, &dir.slice(s![off..off + nb]));
+            off += nb;
+        }
+    }
+}
+
+/// Softmax of each row of logits.
+pub fn softmax(logits: ArrayView2<f64>) -> Array2<f64> {
+    let mut p = logits.to_owned();
+    for mut row in p.axis_iter_mut(Axis(0)) {
+        let m = row.fold(f64::NEG_INFINITY, |a, &b| a.max(b));
+        row.mapv_inplace(|v| (v - m).exp());
+        let z = row.sum();
+        row.mapv_inplace(|v| v / z);
+    }
+    p
+}
+
+/// Softmax cross-entropy per example, and its gradient with respect to the
+/// logits (softmax − one-hot), one row per example.
+pub fn softmax_cross_entropy(logits: ArrayView2<f64>, labels: &[usize]) -> (Array1<f64>, Array2<f64>) {
+    assert_eq!(logits.nrows(), labels.len(), "one label per row");
+    let mut p = softmax(logits);
+    let loss = Array1::from_iter(labels.iter().enumerate().map(|(i, &y)| -p[[i, y]].max(f64::MIN_POSITIVE).ln()));
+    for (i, &y) in labels.iter().enumerate() {
+        p[[i, y]] -= 1.0;
+    }
+    (loss, p)
+}
+
+/// A uniform draw in [0, 1) with 53 random bits.
+pub(crate) fn unit<R: Rng + ?Sized>(rng: &mut R) -> f64 {
+    (rng.next_u64() >> 11) as f64 / (1u64 << 53) as f64
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use dpflow_udfs::noise::DpRng;
+    use ndarray::array;
+
+    fn loss_of(m: &Mlp, x: ArrayView2<f64>, y: &[usize]) -> Array1<f64> {
+        softmax_cross_entropy(m.predict(x).view(), y).0
+    }
+
+    #[test]
+    fn per_example_gradients_equal_finite_differences() {
+        let mut rng = DpRng::unsafe_seeded(3);
+        for act in [Activation::Tanh, Activation::LeakyRelu] {
+            let m = Mlp::new(&[4, 5, 3, 3], act, &mut rng);
+            let x = Array2::from_shape_fn((6, 4), |_| 2.0 * unit(&mut rng) - 1.0);
+            let y = [0usize, 2, 1, 1, 0, 2];
+            let trace = m.forward(x.view());
+            let (_, d) = softmax_cross_entropy(trace.output().view(), &y);
+            let back = m.backward(&trace, d.view());
+            let g = m.per_example_gradients(&trace, &back, 0..6);
+            let base = m.params();
+            let h = 1e-6;
+            for p in 0..m.n_params() {
+                let mut e = Array1::zeros(m.n_params());
+                e[p] = 1.0;
+                let (mut plus, mut minus) = (m.clone(), m.clone());
+                plus.add_scaled(e.view(), h);
+                minus.add_scaled(e.view(), -h);
+                let fd = (loss_of(&plus, x.view(), &y) - loss_of(&minus, x.view(), &y)) / (2.0 * h);
+                for i in 0..6 {
+                    assert!(
+                        (g[[i, p]] - fd[i]).abs() < 1e-6,
+                        "{act:?} param {p} example {i}: {} vs {}",
+                        g[[i, p]],
+                        fd[i]
+                    );
+                }
+            }
+            assert_eq!(m.params(), base);
+        }
+    }
+
+    #[test]
+    fn the_input_gradient_equals_finite_differences() {
+        // Needed to train a generator through a discriminator.
+        let mut rng = DpRng::unsafe_seeded(4);
+        let m = Mlp::new(&[3, 4, 1], Activation::LeakyRelu, &mut rng);
+        let x = array![[0.3, -0.2, 0.9], [-0.5, 0.1, 0.4]];
+        let trace = m.forward(x.view());
+        let back = m.backward(&trace, Array2::ones((2, 1)).view());
+        for i in 0..2 {
+            for j in 0..3 {
+                let h = 1e-6;
+                let (mut xp, mut xm) = (x.clone(), x.clone());
+                xp[[i, j]] += h;
+                xm[[i, j]] -= h;
+                let fd = (m.predict(xp.view())[[i, 0]] - m.predict(xm.view())[[i, 0]]) / (2.0 * h);
+                assert!((back.d_input[[i, j]] - fd).abs() < 1e-7);
+            }
+        }
+    }
+
+    #[test]
+    fn batch_gradient_is_the_sum_of_per_example_gradients_and_rows_are_independent() {
+        let mut rng = DpRng::unsafe_seeded(5);
+        let m = Mlp::new(&[3, 8, 2], Activation::Relu, &mut rng);
+        let x = Array2::from_shape_fn((5, 3), |_| unit(&mut rng));
+        let y = [1usize, 0, 1, 1, 0];
+        let trace = m.forward(x.view());
+        let back = m.backward(&trace, softmax_cross_entropy(trace.output().view(), &y).1.view());
+        let all = m.per_example_gradients(&trace, &back, 0..5);
+        // Rows computed alone give the same per-example gradient.
+        let one = m.forward(x.slice(s![2..3, ..]));
+        let b1 = m.backward(&one, softmax_cross_entropy(one.output().view(), &y[2..3]).1.view());
+        let g1 = m.per_example_gradients(&one, &b1, 0..1);
+        for p in 0..m.n_params() {
+            assert!((all[[2, p]] - g1[[0, p]]).abs() < 1e-12);
+        }
+        assert_eq!(m.per_example_gradients(&trace, &back, 1..4).row(1), all.row(2));
+    }
+
+    #[test]
+    fn parameter_round_trip() {
+        let mut rng = DpRng::unsafe_seeded(6);
+        let mut m = Mlp::new(&[2, 3, 2], Activation::Tanh, &mut rng);
+        let p = m.params();
+        assert_eq!(p.len(), 2 * 3 + 3 + 3 * 2 + 2);
+        m.add_scaled(p.view(), -1.0);
+        assert!(m.params().iter().all(|&v| v == 0.0));
+    }
+}
