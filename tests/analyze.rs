@@ -249,7 +249,7 @@ async fn napsu_mq_writes_m_noise_aware_sets_that_analyze_combines_and_from_recor
     let spent = dpflow::privacy::Ledger::open(&ledger_path).unwrap().status("toy").unwrap().spent;
     assert!((spent - 0.5).abs() < 1e-9, "{spent}");
     assert_eq!(record.mechanisms.len(), 3);
-    assert!((record.rho_spent - 0.5).abs() < 1e-9);
+    assert!((record.rho_spent.unwrap() - 0.5).abs() < 1e-9);
     let napsu = record.napsu.as_ref().unwrap();
     assert_eq!(napsu.statistics.queries, vec![vec!["x1", "y"], vec!["x2", "y"], vec!["x1", "x2"]]);
     assert_eq!(napsu.statistics.statistics.len(), 12);

@@ -1068,3 +1068,33 @@ fn declared_missingness_reaches_the_manifest_and_synth_settings_are_checked_at_l
     assert!(cr["amplification_scope"].as_str().unwrap().contains("do not add up"), "{cr}");
     assert!(step("pb")["amplification_note"].as_str().unwrap().contains("null"), "{}", step("pb"));
 }
+
+/// A KaminoI step (issue 18) runs end to end in a pipeline and is charged its
+/// (ε, δ); a ρ budget, a model file and a contradicting missing-data strategy
+/// are refused at load, before anything is charged.
+#[test]
+fn a_kaminoi_step_runs_and_is_checked_at_load() {
+    let dir = tempfile::tempdir().unwrap();
+    let d = dir.path();
+    let p = world(
+        d,
+        5.0,
+        None,
+        "  - synthesize: {name: kam, mechanism: kaminoi, rows: 120, \
+         budget: {epsilon: 1.0, delta: 1.0e-7}, output: kam.parquet}",
+    );
+    let text = std::fs::read_to_string(&p).unwrap().replace("budget: {epsilon: 0.3,", "budget: {epsilon: 1.5,");
+    std::fs::write(&p, &text).unwrap();
+    refused_at_load(
+        d,
+        &text,
+        &[
+            ("budget: {epsilon: 1.0, delta: 1.0e-7}, output: kam", "budget: {rho: 0.1}, output: kam", "(ε, δ) budget"),
+            ("output: kam.parquet}", "output: kam.parquet, model_output: m.json}", "model"),
+            ("rows: 120,", "rows: 120, missing: complete-row,", "fixes its own missing-data strategy"),
+        ],
+    );
+    let out = dpflow().args(["run", p.to_str().unwrap(), "--release-id", "r1"]).output().unwrap();
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    assert!(d.join("out/r1/kam.parquet").exists());
+}

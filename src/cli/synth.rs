@@ -140,6 +140,25 @@ pub struct SynthArgs {
     /// [default: bins].
     #[arg(long, value_enum, conflicts_with = "from_record")]
     pub dips_numeric: Option<dpflow::synth::dips::sequential::NumericModel>,
+    /// kamino/kaminoi: the attribute order, by the noisy missing share (most complete first,
+    /// or most missing first as 000 §4.2 words it) or the domain's order [default: complete-first].
+    #[arg(long, value_enum, conflicts_with = "from_record")]
+    pub kamino_order: Option<dpflow::synth::kamino::KaminoOrder>,
+    /// kamino/kaminoi: hidden units of each column's classifier [default: 64].
+    #[arg(long, conflicts_with = "from_record")]
+    pub kamino_hidden: Option<usize>,
+    /// kamino/kaminoi: DP-SGD passes over each column's (noisy) training rows [default: 2].
+    #[arg(long, conflicts_with = "from_record")]
+    pub kamino_epochs: Option<f64>,
+    /// kamino/kaminoi: DP-SGD's expected batch size [default: 512].
+    #[arg(long, conflicts_with = "from_record")]
+    pub kamino_batch: Option<f64>,
+    /// kamino/kaminoi: DP-SGD's per-example clipping norm [default: 1].
+    #[arg(long, conflicts_with = "from_record")]
+    pub kamino_clip: Option<f64>,
+    /// kamino/kaminoi: Adam's learning rate [default: 0.01].
+    #[arg(long, conflicts_with = "from_record")]
+    pub kamino_lr: Option<f64>,
     /// Declared missingness mechanism of the input; with --missing-rates, the release
     /// record reports the ground-truth ε̄ under MCAR (000 §5.2); refused for mar/mnar.
     #[arg(long, value_enum)]
@@ -154,6 +173,30 @@ pub struct SynthArgs {
 
 fn spinner() -> ProgressBar {
     super::progress::spinner("")
+}
+
+/// Kamino's settings from the flags (`impute` is set by the mechanism);
+/// refused for other mechanisms, so a flag is never silently ignored.
+fn kamino_options(a: &SynthArgs, mechanism: Mechanism) -> Result<dpflow::synth::kamino::KaminoOptions> {
+    let d = dpflow::synth::kamino::KaminoOptions::default();
+    let given = a.kamino_order.is_some()
+        || a.kamino_hidden.is_some()
+        || a.kamino_epochs.is_some()
+        || a.kamino_batch.is_some()
+        || a.kamino_clip.is_some()
+        || a.kamino_lr.is_some();
+    if given && !matches!(mechanism, Mechanism::Kamino | Mechanism::Kaminoi) {
+        anyhow::bail!("--kamino-* settings are for --mechanism kamino or kaminoi: drop them");
+    }
+    Ok(dpflow::synth::kamino::KaminoOptions {
+        impute: mechanism == Mechanism::Kaminoi,
+        order: a.kamino_order.unwrap_or(d.order),
+        hidden: a.kamino_hidden.unwrap_or(d.hidden),
+        epochs: a.kamino_epochs.unwrap_or(d.epochs),
+        batch: a.kamino_batch.unwrap_or(d.batch),
+        clip: a.kamino_clip.unwrap_or(d.clip),
+        learning_rate: a.kamino_lr.unwrap_or(d.learning_rate),
+    })
 }
 
 fn napsu_options(a: &SynthArgs) -> NapsuOptions {
@@ -258,6 +301,7 @@ pub(super) async fn run(a: SynthArgs) -> Result<i32> {
             multiple: a.multiple,
             napsu: napsu_options(&a),
             dips,
+            kamino: kamino_options(&a, mechanism)?,
         },
         decode: if a.midpoints { DecodeMode::Midpoint } else { DecodeMode::Uniform },
         missing: a.missing,
@@ -286,7 +330,7 @@ pub(super) async fn run(a: SynthArgs) -> Result<i32> {
     let record = record?;
     let spent = match (record.epsilon, record.epsilon_spent) {
         (Some(e), Some(s)) => format!("ε spent {s:.6} of {e:.6}"),
-        _ => format!("ρ spent {:.6} of {:.6}", record.rho_spent, record.rho),
+        _ => format!("ρ spent {:.6} of {:.6}", record.rho_spent.unwrap_or(f64::NAN), record.rho.unwrap_or(f64::NAN)),
     };
     let sets = match record.multiple {
         Some(m) => format!("{m} sets of {} rows", record.rows),

@@ -198,9 +198,10 @@ pub fn sub_mechanisms(records: &[MechanismRecord], names: &[&str]) -> Vec<SubMec
                 PrivacyLoss::Pure { epsilon } => SubCost::Approx { epsilon, delta: 0.0 },
                 PrivacyLoss::Approx { epsilon, delta } => SubCost::Approx { epsilon, delta },
                 PrivacyLoss::Zcdp { rho } => SubCost::Zcdp { rho },
-                // Converted at a small fixed δ (no synthesizer produces RDP charges today).
+                // Converted at a small fixed δ (the function returns ε and its order).
                 PrivacyLoss::Rdp { ref curve } => {
-                    let (epsilon, delta) = crate::privacy::convert::rdp_to_approx(curve, 1e-10);
+                    let delta = 1e-10;
+                    let (epsilon, _order) = crate::privacy::convert::rdp_to_approx(curve, delta);
                     SubCost::Approx { epsilon, delta }
                 }
             },

@@ -85,8 +85,8 @@ impl DpSgdConfig {
     /// Checks every setting (public inputs, before anything is read).
     pub fn validate(&self) -> Result<(), DpSgdError> {
         let bad = |name, value, hint| Err(DpSgdError::Setting { name, value, hint });
-        if !(self.clip > 0.0 && self.clip.is_finite()) {
-            return bad("clip", self.clip, "give a positive clipping norm (1 is usual)");
+        if !(1e-6..=1e6).contains(&self.clip) {
+            return bad("clip", self.clip, "give a clipping norm between 1e-6 and 1e6 (1 is usual)");
         }
         if !(self.noise_multiplier > 0.0 && self.noise_multiplier.is_finite()) {
             return bad("noise_multiplier", self.noise_multiplier, "give σ > 0 or let the budget calibrate it");

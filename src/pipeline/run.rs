@@ -305,7 +305,13 @@ impl Pipeline {
                     let pure = mechanism.pure_dp();
                     // PrivBayes and the 002 synthesizers are pure ε-DP (the ε of their budget); the
                     // others account in zCDP.
+                    let kamino = matches!(
+                        mechanism,
+                        crate::synth::run::Mechanism::Kamino | crate::synth::run::Mechanism::Kaminoi
+                    );
                     let loss = match (pure, *budget) {
+                        // Kamino's RDP curve converts to at most the budget's (ε, δ) (docs/PRIVACY.md §8).
+                        (_, Budget::Approx { epsilon, delta }) if kamino => PrivacyLoss::Approx { epsilon, delta },
                         (true, Budget::Pure { epsilon } | Budget::Approx { epsilon, .. }) => {
                             PrivacyLoss::Pure { epsilon }
                         }

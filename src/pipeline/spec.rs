@@ -822,6 +822,32 @@ impl Pipeline {
                             err(l, &key(field), e.to_string())
                         })?;
                     }
+                    if matches!(
+                        x.mechanism,
+                        crate::synth::run::Mechanism::Kamino | crate::synth::run::Mechanism::Kaminoi
+                    ) {
+                        // Kamino's public inputs (default settings), checked before the release is charged.
+                        let options = crate::synth::kamino::KaminoOptions {
+                            impute: x.mechanism == crate::synth::run::Mechanism::Kaminoi,
+                            ..Default::default()
+                        };
+                        crate::synth::kamino::release::check_public(
+                            &spec.domain,
+                            &b,
+                            &options,
+                            missing,
+                            x.model_output.is_some(),
+                        )
+                        .map_err(|e| {
+                            let field = match e {
+                                crate::synth::SynthError::KaminoBudget(..) => "synthesize.budget",
+                                crate::synth::SynthError::KaminoModelOut(_) => "synthesize.model_output",
+                                crate::synth::SynthError::KaminoMissing { .. } => "synthesize.missing",
+                                _ => "dataset.domain",
+                            };
+                            err(l, &key(field), e.to_string())
+                        })?;
+                    }
                     if let Some(cells) = x.mechanism.cells() {
                         // The 002 synthesizers' public inputs, checked before the release is charged.
                         use crate::synth::dips::DipsError as E;

@@ -36,7 +36,9 @@
 //!       + 3·Σ_{ℓ=3..α} C(α,ℓ)(1−q)^{α−ℓ} q^ℓ e^{(ℓ−1)ε(ℓ)}.
 //! With ε(ℓ) = ℓ/(2σ²) the ℓ-th term is Mironov's integer term, so the
 //! discrete bound is the continuous one with its ℓ ≥ 3 terms tripled
-//! ([`sampled_discrete_gaussian`]); only integer orders are used. Those terms
+//! ([`sampled_discrete_gaussian`]), capped at the unsampled α/(2σ²)
+//! (subsampling never raises a Rényi divergence, by joint convexity of
+//! e^{(α−1)D_α}); only integer orders are used. Those terms
 //! are O(q³) but grow like e^{ℓ²/(2σ²)}: at q = 0.004, σ = 1 and 10⁴ steps
 //! the converted ε is about 10% above the continuous mechanism's (test
 //! `the_discrete_bound_is_a_little_above_the_continuous_one`) — the price of
@@ -112,7 +114,7 @@ pub fn sampled_gaussian(q: f64, sigma: f64, alpha: f64) -> Result<f64, RdpError>
     if !(sigma > 0.0 && sigma.is_finite()) {
         return Err(RdpError::NoiseMultiplier(sigma));
     }
-    if !(alpha > 1.0) {
+    if alpha.is_nan() || alpha <= 1.0 {
         return Err(RdpError::Curve(format!("order {alpha}")));
     }
     if q == 0.0 {
@@ -161,7 +163,10 @@ pub fn sampled_discrete_gaussian(q: f64, sigma: f64, alpha: u32) -> Result<f64, 
         let factor = if l >= 3.0 { 3f64.ln() } else { 0.0 };
         log_a = log_add(log_a, factor + ln_binom(a, l) + l * lq + (a - l) * l1q + (l * l - l) / (2.0 * s2));
     }
-    Ok(log_a / (a - 1.0))
+    // Subsampling never raises Rényi divergence (joint convexity of
+    // e^{(α−1)D_α}), so the unsampled curve also bounds it; without this the
+    // factor 3 leaves a floor as σ → ∞.
+    Ok((log_a / (a - 1.0)).min(a / (2.0 * s2)))
 }
 
 /// The integer orders among [`default_orders`] (2–63, 128, 256, 512, 1024):
@@ -215,6 +220,27 @@ pub fn compose(curves: &[Vec<(f64, f64)>]) -> Result<Vec<(f64, f64)>, RdpError> 
     Ok(out)
 }
 
+/// The largest RDP value τ at order α whose conversion (module docs) is at
+/// most ε at δ: τ = ε − ln(1 − 1/α) + (ln δ + ln α)/(α − 1). For a Rényi
+/// filter at a fixed order (Feldman & Zrnic 2021): mechanisms chosen
+/// adaptively whose RDP at α sums to at most τ are together (ε, δ)-DP.
+pub fn tau_at(epsilon_target: f64, delta: f64, alpha: f64) -> f64 {
+    epsilon_target - (-1.0 / alpha).ln_1p() + ((delta).ln() + alpha.ln()) / (alpha - 1.0)
+}
+
+/// An order fixed from public inputs alone: the integer order at which a
+/// ρ(ε, δ)-zCDP curve converts best. Mechanisms whose noise is chosen
+/// after some DP output (adaptively) are charged at this one order.
+pub fn public_order(epsilon_target: f64, delta: f64) -> f64 {
+    let rho = super::convert::cdp_rho(epsilon_target, delta);
+    integer_orders()
+        .into_iter()
+        .filter(|&a| a > 1.01)
+        .map(|a| (rho * a + (-1.0 / a).ln_1p() - (delta * a).ln() / (a - 1.0), a))
+        .fold((f64::INFINITY, 2.0), |b, x| if x.0 < b.0 { x } else { b })
+        .1
+}
+
 /// The smallest ε (module docs, Conversion) over the curve's orders with
 /// the given δ, and the order that attains it (NaN if none is usable, in
 /// which case ε is +∞).
@@ -224,9 +250,8 @@ pub fn epsilon(curve: &[(f64, f64)], delta: f64) -> (f64, f64) {
     for &(a, r) in curve {
         let e = if r.is_nan() || a <= 1.0 {
             f64::INFINITY
-        } else if r <= 0.0 {
-            0.0
-        } else if delta * delta + (-r).exp_m1() > 0.0 {
+        } else if r <= 0.0 || delta * delta + (-r).exp_m1() > 0.0 {
+            // No loss, or total variation √(1 − e^{−τ}) below δ.
             0.0
         } else if a > 1.01 {
             r + (-1.0 / a).ln_1p() - (delta * a).ln() / (a - 1.0)
@@ -490,6 +515,20 @@ mod tests {
         assert!(d >= c && d < 1.15 * c, "{d} vs {c}");
         let s = calibrate_sampled_discrete_gaussian(0.004, 10_000, 2.0, 1e-6, &orders).unwrap();
         assert!(epsilon(&sampled_discrete_gaussian_curve(0.004, s, 10_000, &orders).unwrap(), 1e-6).0 <= 2.0);
+    }
+
+    #[test]
+    fn tau_inverts_the_conversion_and_the_discrete_bound_has_no_floor() {
+        for &(eps, delta) in &[(1.0, 1e-9), (4.0, 1e-6), (0.3, 1e-5)] {
+            let a = public_order(eps, delta);
+            assert!(a >= 2.0 && a.fract() == 0.0);
+            let (back, order) = epsilon(&[(a, tau_at(eps, delta, a))], delta);
+            assert!(rel(back, eps) < 1e-12 && order == a, "{back} vs {eps}");
+        }
+        // Large σ: the cap at α/(2σ²) takes over from the tripled terms (which
+        // alone stay above ln(1 + 2·P(Bin(α, q) ≥ 3))/(α − 1) whatever σ is).
+        let tiny = sampled_discrete_gaussian(0.2, 1e4, 32).unwrap();
+        assert!(tiny <= 32.0 / 2e8, "{tiny}");
     }
 
     #[test]

@@ -301,6 +301,35 @@ pub enum SynthError {
     /// NAPSU-MQ's model, measurement or post-processing.
     #[error(transparent)]
     Napsu(#[from] super::napsu::NapsuError),
+    /// Kamino/KaminoI refused a public input.
+    #[error(transparent)]
+    Kamino(#[from] super::kamino::KaminoError),
+    /// Kamino/KaminoI with a budget that is not (ε, δ).
+    #[error(
+        "{0} accounts its DP-SGD runs as an RDP curve converted to (ε, δ), so it needs an (ε, δ) budget, not {1}: \
+         give --epsilon and --delta"
+    )]
+    KaminoBudget(&'static str, String),
+    /// Kamino/KaminoI with `--model-out`.
+    #[error("{0} has no model file format yet (its classifiers are not a graphical model); drop --model-out")]
+    KaminoModelOut(&'static str),
+    /// A missing-data strategy that contradicts the mechanism.
+    #[error(
+        "{mechanism} fixes its own missing-data strategy (kaminoi: adaptive, imputing as it learns; kamino: \
+         complete-row); drop --missing {given} or choose the other mechanism"
+    )]
+    KaminoMissing {
+        /// kamino or kaminoi.
+        mechanism: &'static str,
+        /// The strategy given.
+        given: String,
+    },
+    /// Kamino through the marginal interface (SQL's `synthesize()`).
+    #[error("{0} trains on rows, not marginals: run it with `dpflow synth --mechanism {0}` or a pipeline step")]
+    KaminoRows(&'static str),
+    /// A Kamino fit that failed after the data was read.
+    #[error("the kamino fit failed after the data was read (the cause is not reported: it could depend on the data)")]
+    KaminoFailed,
     /// A DIPS synthesizer (002) refused its inputs.
     #[error(transparent)]
     Dips(#[from] super::dips::DipsError),

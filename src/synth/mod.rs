@@ -14,6 +14,7 @@ pub mod compress;
 pub mod dips;
 mod error;
 pub mod independent;
+pub mod kamino;
 pub mod mst;
 pub mod mwem;
 pub mod napsu;
@@ -86,6 +87,8 @@ pub struct SynthOptions {
     pub napsu: napsu::release::NapsuOptions,
     /// The 002 cell synthesizers' settings.
     pub dips: DipsOptions,
+    /// Kamino/KaminoI's settings (`impute` is set by the mechanism).
+    pub kamino: kamino::KaminoOptions,
 }
 
 /// Settings of the 002 cell synthesizers (`dips::cells`) that are not
@@ -159,6 +162,7 @@ impl Default for SynthOptions {
             multiple: 1,
             napsu: Default::default(),
             dips: Default::default(),
+            kamino: Default::default(),
         }
     }
 }

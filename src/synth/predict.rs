@@ -122,6 +122,13 @@ pub fn predict(input: &SynthForecastInput<'_>) -> Vec<Prediction> {
             let k = w.len().max(1) as f64;
             vec![(format!("{} workload marginals", w.len()), (k / (2.0 * rho)).sqrt(), w)]
         }
+        Mechanism::Kamino | Mechanism::Kaminoi => {
+            return none(
+                "no forecast for kamino/kaminoi yet: its noise is a DP-SGD noise multiplier on classifier \
+                 gradients, calibrated when the run has its noisy row counts; the release record lists it"
+                    .into(),
+            );
+        }
         other => {
             return none(format!(
                 "no forecast for {} yet: it is pure ε-DP with data-dependent structure (PrivBayes's network, the \

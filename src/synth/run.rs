@@ -74,6 +74,12 @@ pub enum Mechanism {
     /// columns bivariate normal within the cells of the others (needs --rows).
     #[serde(rename = "modips-glom")]
     ModipsGlom,
+    /// Kamino (Ge et al. 2021) on complete rows: one DP-SGD classifier per
+    /// column on the columns before it (000's complete-row baseline).
+    Kamino,
+    /// KaminoI (000 Alg 3): Kamino that imputes each column's nulls with its
+    /// own classifier before the next one learns.
+    Kaminoi,
 }
 
 impl Mechanism {
@@ -99,6 +105,9 @@ impl Mechanism {
             }
             Mechanism::ModipsNormal | Mechanism::ModipsGlom => {
                 Box::new(super::dips::release::RawSynth(self.raw().expect("a raw mechanism")))
+            }
+            Mechanism::Kamino | Mechanism::Kaminoi => {
+                Box::new(super::kamino::release::KaminoSynth(*self == Mechanism::Kaminoi))
             }
         }
     }
@@ -346,11 +355,14 @@ pub struct SynthRecord {
     pub dataset: String,
     /// Budget given.
     pub budget: Budget,
-    /// zCDP ρ the mechanism ran with.
-    pub rho: f64,
+    /// zCDP ρ the mechanism ran with (none for a mechanism that is not
+    /// zCDP, such as Kamino's DP-SGD: see `epsilon`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub rho: Option<f64>,
     /// ρ actually charged (sum of every mechanism; ≤ ρ). For a pure-ε
     /// synthesizer, the ρ = ε²/2 its ε-DP implies.
-    pub rho_spent: f64,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub rho_spent: Option<f64>,
     /// Pure ε of a pure-DP synthesizer (PrivBayes).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub epsilon: Option<f64>,
@@ -726,6 +738,9 @@ pub async fn run_synth(ctx: &SessionContext, req: &SynthRequest, progress: &dyn 
     if req.mechanism == Mechanism::NapsuMq {
         return super::napsu::synthesize::run(ctx, req, progress).await;
     }
+    if matches!(req.mechanism, Mechanism::Kamino | Mechanism::Kaminoi) {
+        return super::kamino::release::run(ctx, req, req.mechanism == Mechanism::Kaminoi, progress).await;
+    }
     if let Some(raw) = super::dips::raw::raw_mechanism(req.mechanism, &req.options.dips) {
         return super::dips::raw::run(ctx, req, raw, progress).await;
     }
@@ -885,8 +900,8 @@ pub async fn run_synth(ctx: &SessionContext, req: &SynthRequest, progress: &dyn 
         mechanism: synth.name().into(),
         dataset: req.dataset.name.clone(),
         budget: req.budget,
-        rho,
-        rho_spent,
+        rho: Some(rho),
+        rho_spent: Some(rho_spent),
         epsilon,
         epsilon_spent,
         missing: req.missing.to_string(),
@@ -995,12 +1010,42 @@ pub(crate) fn begin_release(
     Ok((rng, reserve(req, name, budget, progress)?))
 }
 
+/// [`begin_release`] for a release charged a general loss (e.g. (ε, δ));
+/// `amount` is its size in the budget's unit, for the progress line.
+pub(crate) fn begin_release_loss(
+    req: &SynthRequest,
+    name: &str,
+    loss: PrivacyLoss,
+    amount: f64,
+    progress: &dyn Fn(&str),
+) -> Result<(DpRng, Option<(Ledger, i64)>)> {
+    if req.unsafe_seed.is_some() && req.ledger.is_some() {
+        return Err(SynthError::UnsafeSeed);
+    }
+    if let Some(why) = req.dataset.domain().dp_read_refusal() {
+        return Err(SynthError::DpReadRefused { dataset: req.dataset.name.clone(), why });
+    }
+    let rng = DpRng::new(req.unsafe_seed)?;
+    Ok((rng, reserve_loss(req, name, loss, amount, progress)?))
+}
+
 /// Reserves the release's whole budget in the ledger, if there is one,
 /// before any data is read.
 pub(crate) fn reserve(
     req: &SynthRequest,
     name: &str,
     budget: Share,
+    progress: &dyn Fn(&str),
+) -> Result<Option<(Ledger, i64)>> {
+    reserve_loss(req, name, budget.loss(), budget.amount(), progress)
+}
+
+/// [`reserve`] for a general loss of size `amount` in the budget's unit.
+fn reserve_loss(
+    req: &SynthRequest,
+    name: &str,
+    loss: PrivacyLoss,
+    amount: f64,
     progress: &dyn Fn(&str),
 ) -> Result<Option<(Ledger, i64)>> {
     let Some((file, ds)) = &req.ledger else {
@@ -1016,7 +1061,7 @@ pub(crate) fn reserve(
     }
     let release_id =
         req.release_id.clone().unwrap_or_else(|| format!("synth-{}", chrono::Utc::now().format("%Y%m%dT%H%M%S%.3fZ")));
-    let record = synthesis_record(name, &req.dataset.name, budget, &req.workload, req.missing);
+    let record = synthesis_record(name, &req.dataset.name, loss, &req.workload, req.missing);
     let r = ledger.reserve(ds, &release_id, &[record], None)?;
     // A run that reads the data again under an earlier run's reservation
     // would release twice for one charge: the earlier run may have
@@ -1024,19 +1069,25 @@ pub(crate) fn reserve(
     if r.resumed {
         return Err(SynthError::ResumedRelease { release_id, charge: r.charge_id });
     }
-    progress(&format!("ledger: reserved {:.6} as charge #{} ({:.6} left)", budget.amount(), r.charge_id, r.remaining));
+    progress(&format!("ledger: reserved {amount:.6} as charge #{} ({:.6} left)", r.charge_id, r.remaining));
     Ok(Some((ledger, r.charge_id)))
 }
 
 /// The one ledger record of a synthesis release: its whole budget share,
 /// in the synthesizer's unit.
-fn synthesis_record(name: &str, dataset: &str, share: Share, workload: &str, missing: Strategy) -> MechanismRecord {
+fn synthesis_record(
+    name: &str,
+    dataset: &str,
+    loss: PrivacyLoss,
+    workload: &str,
+    missing: Strategy,
+) -> MechanismRecord {
     MechanismRecord {
         mechanism: name.to_string(),
         target: format!("synthetic data of {dataset}"),
         sensitivity: None,
         noise: None,
-        loss: share.loss(),
+        loss,
         params: serde_json::json!({ "workload": workload, "missing": missing.to_string() }),
     }
 }
@@ -1066,7 +1117,7 @@ pub fn release_record(
     budget_check(budget)?;
     let synth = mechanism.synthesizer(&SynthOptions::default());
     let share = fit_share(budget, synth.pure_dp())?;
-    Ok(synthesis_record(synth.name(), dataset, share, workload, missing))
+    Ok(synthesis_record(synth.name(), dataset, share.loss(), workload, missing))
 }
 
 /// The smallest ρ (and ε) a synthesis runs with: far below any useful

@@ -174,8 +174,8 @@ pub(crate) async fn run(ctx: &SessionContext, req: &SynthRequest, progress: &dyn
             mechanism: "napsu-mq".into(),
             dataset: req.dataset.name.clone(),
             budget: req.budget,
-            rho,
-            rho_spent: accountant.filter().spent_amount(),
+            rho: Some(rho),
+            rho_spent: Some(accountant.filter().spent_amount()),
             epsilon: None,
             epsilon_spent: None,
             missing: req.missing.to_string(),
@@ -322,7 +322,7 @@ pub async fn from_record(
     // This run charged nothing: the accounting fields would double-count if
     // records were summed. What the statistics cost stays in `statistics.rho`.
     record.mechanisms.clear();
-    record.rho_spent = 0.0;
+    record.rho_spent = Some(0.0);
     record.ledger_charge = None;
     record.fit.notes.push(format!(
         "post-processing of the noisy statistics in {path} (ρ = {:.6} charged there): this run spends nothing{}",
