@@ -840,7 +840,10 @@ impl Pipeline {
                         )
                         .map_err(|e| {
                             let field = match e {
-                                crate::synth::SynthError::KaminoBudget(..) => "synthesize.budget",
+                                crate::synth::SynthError::KaminoBudget(..)
+                                | crate::synth::SynthError::Kamino(
+                                    crate::synth::kamino::KaminoError::BudgetTooSmall { .. },
+                                ) => "synthesize.budget",
                                 crate::synth::SynthError::KaminoModelOut(_) => "synthesize.model_output",
                                 crate::synth::SynthError::KaminoMissing { .. } => "synthesize.missing",
                                 _ => "dataset.domain",

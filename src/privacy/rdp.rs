@@ -166,7 +166,8 @@ pub fn sampled_discrete_gaussian(q: f64, sigma: f64, alpha: u32) -> Result<f64, 
     // Subsampling never raises Rényi divergence (joint convexity of
     // e^{(α−1)D_α}), so the unsampled curve also bounds it; without this the
     // factor 3 leaves a floor as σ → ∞.
-    Ok((log_a / (a - 1.0)).min(a / (2.0 * s2)))
+    // (Clamped at 0: cancellation can leave a −1e−25 where the bound is 0.)
+    Ok((log_a / (a - 1.0)).min(a / (2.0 * s2)).max(0.0))
 }
 
 /// The integer orders among [`default_orders`] (2–63, 128, 256, 512, 1024):
@@ -228,17 +229,31 @@ pub fn tau_at(epsilon_target: f64, delta: f64, alpha: f64) -> f64 {
     epsilon_target - (-1.0 / alpha).ln_1p() + ((delta).ln() + alpha.ln()) / (alpha - 1.0)
 }
 
-/// An order fixed from public inputs alone: the integer order at which a
-/// ρ(ε, δ)-zCDP curve converts best. Mechanisms whose noise is chosen
-/// after some DP output (adaptively) are charged at this one order.
+/// The largest order [`public_order`] considers.
+pub const MAX_PUBLIC_ORDER: u32 = 1 << 20;
+
+/// An order fixed from public inputs alone: the integer order (2 to
+/// [`MAX_PUBLIC_ORDER`]) at which a ρ(ε, δ)-zCDP curve converts best.
+/// Mechanisms whose noise is chosen after some DP output (adaptively) are
+/// charged at this one order. (Any integer order, not only the default
+/// grid: at small ε·δ the best one is in the thousands.)
 pub fn public_order(epsilon_target: f64, delta: f64) -> f64 {
     let rho = super::convert::cdp_rho(epsilon_target, delta);
-    integer_orders()
-        .into_iter()
-        .filter(|&a| a > 1.01)
-        .map(|a| (rho * a + (-1.0 / a).ln_1p() - (delta * a).ln() / (a - 1.0), a))
-        .fold((f64::INFINITY, 2.0), |b, x| if x.0 < b.0 { x } else { b })
-        .1
+    let eps_at = |a: f64| rho * a + (-1.0 / a).ln_1p() - (delta * a).ln() / (a - 1.0);
+    // The conversion of ρα is convex in α past its minimum's neighbourhood:
+    // scan integers near the continuous optimum 1 + √(ln(1/δ)/ρ), and 2.
+    let centre = (1.0 + ((1.0 / delta).ln() / rho).sqrt()).clamp(2.0, MAX_PUBLIC_ORDER as f64);
+    let (lo, hi) = ((centre / 4.0).floor().max(2.0), (centre * 4.0).ceil().min(MAX_PUBLIC_ORDER as f64));
+    let mut best = (eps_at(2.0), 2.0);
+    let mut a = lo;
+    while a <= hi {
+        let e = eps_at(a);
+        if e < best.0 {
+            best = (e, a);
+        }
+        a += 1.0;
+    }
+    best.1
 }
 
 /// The smallest ε (module docs, Conversion) over the curve's orders with
@@ -529,6 +544,10 @@ mod tests {
         // alone stay above ln(1 + 2·P(Bin(α, q) ≥ 3))/(α − 1) whatever σ is).
         let tiny = sampled_discrete_gaussian(0.2, 1e4, 32).unwrap();
         assert!(tiny <= 32.0 / 2e8, "{tiny}");
+        assert!(sampled_discrete_gaussian(1e-9, 1e4, 2).unwrap() >= 0.0);
+        // Small ε·δ: the best order is far above the default grid's 1024, and τ there is positive.
+        let a = public_order(0.01, 1e-10);
+        assert!(a > 2000.0 && tau_at(0.01, 1e-10, a) > 0.0, "{a}");
     }
 
     #[test]

@@ -146,6 +146,17 @@ pub enum KaminoError {
         /// The cap.
         max: usize,
     },
+    /// A budget too small for the counts, the histogram and the classifiers.
+    #[error(
+        "a budget of ε = {epsilon}, δ = {delta} is too small for kamino: the row counts and the first histogram \
+         would leave the classifiers almost nothing; give a larger ε (or δ)"
+    )]
+    BudgetTooSmall {
+        /// ε.
+        epsilon: f64,
+        /// δ.
+        delta: f64,
+    },
     /// The accountant refused.
     #[error(transparent)]
     Accounting(#[from] RdpError),
@@ -221,6 +232,21 @@ pub struct Schedule {
     pub batch: f64,
 }
 
+/// Refuses a budget whose counts and first histogram alone would use more
+/// than 90% of τ(α*) (module docs, Privacy; τ ≤ 0 when ε·δ is so small that
+/// the best order passes 2²⁰): the classifiers could not be calibrated, and
+/// the run would fail after the read (public inputs only).
+pub fn check_budget(epsilon_budget: f64, delta: f64, columns: usize) -> Result<(), KaminoError> {
+    let rho = cdp_rho(epsilon_budget, delta);
+    let alpha = public_order(epsilon_budget, delta);
+    let fixed = alpha * rho * (COUNTS_SHARE + 1.0 / columns as f64);
+    let tau = tau_at(epsilon_budget, delta, alpha);
+    if !(fixed <= 0.9 * tau) {
+        return Err(KaminoError::BudgetTooSmall { epsilon: epsilon_budget, delta });
+    }
+    Ok(())
+}
+
 impl KaminoOptions {
     /// Checks the settings and the classifiers' sizes (public).
     pub fn check(&self, names: &[String], sizes: &[usize]) -> Result<(), KaminoError> {
@@ -271,6 +297,7 @@ pub fn fit(
     progress: &dyn Fn(&str),
 ) -> Result<KaminoFit, KaminoError> {
     options.check(&table.names, &table.sizes)?;
+    check_budget(epsilon_budget, delta, table.sizes.len())?;
     let p = table.sizes.len();
     let n = table.rows();
     let rho = cdp_rho(epsilon_budget, delta);
@@ -298,7 +325,9 @@ pub fn fit(
         }
         exact[1] += i128::from(complete);
     }
-    let counts_noise = DiscreteGaussian::from_sigma(counts_sigma * ((p + 1) as f64).sqrt()).expect("positive σ");
+    // (Rounded up past the product's float error: never less noise.)
+    let counts_noise =
+        DiscreteGaussian::from_sigma(counts_sigma * ((p + 1) as f64).sqrt() * (1.0 + 1e-12)).expect("positive σ");
     let noisy: Vec<f64> = exact.iter().map(|&v| (v + counts_noise.sample(rng)) as f64).collect();
     drop(exact);
     let rows_hat = noisy[0].max(1.0);
@@ -575,6 +604,9 @@ mod tests {
         assert!(fit.epsilon <= 2.0);
         let e = KaminoOptions { hidden: 0, ..opts }.check(&["a".into(), "b".into()], &[2, 2]).unwrap_err();
         assert!(e.to_string().contains("hidden units"), "{e}");
+        assert!(matches!(check_budget(1e-6, 1e-12, 3), Err(KaminoError::BudgetTooSmall { .. })));
+        assert!(check_budget(0.01, 1e-10, 2).is_ok());
+        assert!(check_budget(1.0, 1e-9, 3).is_ok());
         let e = opts.check(&["a".into()], &[2]).unwrap_err();
         assert!(matches!(e, KaminoError::Columns(1)));
         let e = KaminoOptions { hidden: 4096, ..opts }.check(&["a".into(), "b".into()], &[500, 500]).unwrap_err();

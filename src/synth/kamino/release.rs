@@ -62,6 +62,7 @@ pub fn check_public(
     let names: Vec<String> = domain.names().iter().map(|n| n.to_string()).collect();
     let sizes: Vec<usize> = domain.columns().iter().map(|c| c.size()).collect();
     options.check(&names, &sizes)?;
+    super::check_budget(epsilon, delta, sizes.len())?;
     Ok((epsilon, delta))
 }
 
