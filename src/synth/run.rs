@@ -1000,14 +1000,7 @@ pub(crate) fn begin_release(
     budget: Share,
     progress: &dyn Fn(&str),
 ) -> Result<(DpRng, Option<(Ledger, i64)>)> {
-    if req.unsafe_seed.is_some() && req.ledger.is_some() {
-        return Err(SynthError::UnsafeSeed);
-    }
-    if let Some(why) = req.dataset.domain().dp_read_refusal() {
-        return Err(SynthError::DpReadRefused { dataset: req.dataset.name.clone(), why });
-    }
-    let rng = DpRng::new(req.unsafe_seed)?;
-    Ok((rng, reserve(req, name, budget, progress)?))
+    begin_release_loss(req, name, budget.loss(), budget.amount(), progress)
 }
 
 /// [`begin_release`] for a release charged a general loss (e.g. (ε, δ));

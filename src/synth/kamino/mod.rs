@@ -241,7 +241,7 @@ pub fn check_budget(epsilon_budget: f64, delta: f64, columns: usize) -> Result<(
     let alpha = public_order(epsilon_budget, delta);
     let fixed = alpha * rho * (COUNTS_SHARE + 1.0 / columns as f64);
     let tau = tau_at(epsilon_budget, delta, alpha);
-    if !(fixed <= 0.9 * tau) {
+    if fixed.is_nan() || tau.is_nan() || fixed > 0.9 * tau {
         return Err(KaminoError::BudgetTooSmall { epsilon: epsilon_budget, delta });
     }
     Ok(())
