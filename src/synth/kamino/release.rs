@@ -299,7 +299,7 @@ fn set_stream(
 
 /// Kamino behind the [`crate::synth::Synthesizer`] interface, which hands a
 /// fit marginals only: the fit refuses, before any charge. `dpflow synth`
-/// and pipelines run it through [`run`].
+/// and pipelines run it through this module's `run`.
 #[derive(Debug, Clone, Copy)]
 pub struct KaminoSynth(pub bool);
 
