@@ -90,6 +90,33 @@ pub fn sampled_gaussian_rdp(q: f64, noise_multiplier: f64, alpha: u32) -> f64 {
     super::rdp::sampled_gaussian(q, noise_multiplier, alpha as f64).expect("q in [0, 1] and σ > 0")
 }
 
+/// The largest order [`public_order`] considers.
+pub const MAX_PUBLIC_ORDER: u32 = 1 << 20;
+
+/// An order fixed from public inputs alone: the integer order (2 to
+/// [`MAX_PUBLIC_ORDER`]) at which a ρ(ε, δ)-zCDP curve converts best.
+/// Mechanisms whose noise is chosen after some DP output (adaptively) are
+/// charged at this one order. (Any integer order, not only the default
+/// grid: at small ε·δ the best one is in the thousands.)
+pub fn public_order(epsilon_target: f64, delta: f64) -> f64 {
+    let rho = cdp_rho(epsilon_target, delta);
+    let eps_at = |a: f64| rho * a + (-1.0 / a).ln_1p() - (delta * a).ln() / (a - 1.0);
+    // The conversion of ρα is convex in α past its minimum's neighbourhood:
+    // scan integers near the continuous optimum 1 + √(ln(1/δ)/ρ), and 2.
+    let centre = (1.0 + ((1.0 / delta).ln() / rho).sqrt()).clamp(2.0, MAX_PUBLIC_ORDER as f64);
+    let (lo, hi) = ((centre / 4.0).floor().max(2.0), (centre * 4.0).ceil().min(MAX_PUBLIC_ORDER as f64));
+    let mut best = (eps_at(2.0), 2.0);
+    let mut a = lo;
+    while a <= hi {
+        let e = eps_at(a);
+        if e < best.0 {
+            best = (e, a);
+        }
+        a += 1.0;
+    }
+    best.1
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -225,35 +225,9 @@ pub fn compose(curves: &[Vec<(f64, f64)>]) -> Result<Vec<(f64, f64)>, RdpError> 
 /// most ε at δ: τ = ε − ln(1 − 1/α) + (ln δ + ln α)/(α − 1). For a Rényi
 /// filter at a fixed order (Feldman & Zrnic 2021): mechanisms chosen
 /// adaptively whose RDP at α sums to at most τ are together (ε, δ)-DP.
+/// (The order itself: [`super::convert::public_order`].)
 pub fn tau_at(epsilon_target: f64, delta: f64, alpha: f64) -> f64 {
     epsilon_target - (-1.0 / alpha).ln_1p() + ((delta).ln() + alpha.ln()) / (alpha - 1.0)
-}
-
-/// The largest order [`public_order`] considers.
-pub const MAX_PUBLIC_ORDER: u32 = 1 << 20;
-
-/// An order fixed from public inputs alone: the integer order (2 to
-/// [`MAX_PUBLIC_ORDER`]) at which a ρ(ε, δ)-zCDP curve converts best.
-/// Mechanisms whose noise is chosen after some DP output (adaptively) are
-/// charged at this one order. (Any integer order, not only the default
-/// grid: at small ε·δ the best one is in the thousands.)
-pub fn public_order(epsilon_target: f64, delta: f64) -> f64 {
-    let rho = super::convert::cdp_rho(epsilon_target, delta);
-    let eps_at = |a: f64| rho * a + (-1.0 / a).ln_1p() - (delta * a).ln() / (a - 1.0);
-    // The conversion of ρα is convex in α past its minimum's neighbourhood:
-    // scan integers near the continuous optimum 1 + √(ln(1/δ)/ρ), and 2.
-    let centre = (1.0 + ((1.0 / delta).ln() / rho).sqrt()).clamp(2.0, MAX_PUBLIC_ORDER as f64);
-    let (lo, hi) = ((centre / 4.0).floor().max(2.0), (centre * 4.0).ceil().min(MAX_PUBLIC_ORDER as f64));
-    let mut best = (eps_at(2.0), 2.0);
-    let mut a = lo;
-    while a <= hi {
-        let e = eps_at(a);
-        if e < best.0 {
-            best = (e, a);
-        }
-        a += 1.0;
-    }
-    best.1
 }
 
 /// The smallest ε (module docs, Conversion) over the curve's orders with
@@ -534,6 +508,7 @@ mod tests {
 
     #[test]
     fn tau_inverts_the_conversion_and_the_discrete_bound_has_no_floor() {
+        use crate::privacy::convert::public_order;
         for &(eps, delta) in &[(1.0, 1e-9), (4.0, 1e-6), (0.3, 1e-5)] {
             let a = public_order(eps, delta);
             assert!(a >= 2.0 && a.fract() == 0.0);

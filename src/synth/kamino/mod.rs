@@ -33,7 +33,7 @@
 //! are Gaussian mechanisms, the last ones Poisson-subsampled. The DP-SGD
 //! schedules (q, T) and the classifiers' σ depend on the noisy counts, so
 //! the composition is a Rényi filter at one order α* fixed from (ε, δ)
-//! alone before anything is read ([`crate::privacy::rdp::public_order`];
+//! alone before anything is read ([`crate::privacy::convert::public_order`];
 //! Feldman & Zrnic 2021: mechanisms chosen adaptively whose RDP at α* always
 //! sums to at most τ(α*) are together (α*, τ)-RDP), and τ(α*) is the RDP
 //! that converts to exactly (ε, δ) at α* ([`crate::privacy::rdp::tau_at`]).
@@ -55,10 +55,9 @@ use serde::{Deserialize, Serialize};
 
 use crate::neural::dpsgd::{DpSgdConfig, DpSgdError, train_classifier};
 use crate::neural::mlp::{Activation, Mlp, softmax, unit};
-use crate::privacy::convert::cdp_rho;
+use crate::privacy::convert::{cdp_rho, public_order};
 use crate::privacy::rdp::{
-    RdpError, calibrate_noise_multiplier, compose, epsilon, gaussian_curve, public_order,
-    sampled_discrete_gaussian_curve, tau_at,
+    RdpError, calibrate_noise_multiplier, compose, epsilon, gaussian_curve, sampled_discrete_gaussian_curve, tau_at,
 };
 use dpflow_udfs::noise::DpRng;
 use dpflow_udfs::noise::discrete::DiscreteGaussian;
