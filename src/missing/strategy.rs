@@ -279,6 +279,21 @@ mod tests {
         assert!(matches!(e, MissingError::AmbiguousName(ref n) if n == "a,b"), "{e}");
     }
 
+    /// An RDP record (Kamino's) enters amplification as the (ε, δ) its curve
+    /// converts to at δ = 1e-10: δ is that δ, never the order the conversion
+    /// picked (which once took its place).
+    #[test]
+    fn an_rdp_record_becomes_epsilon_delta_at_the_fixed_delta() {
+        let curve = vec![(8.0, 0.05), (32.0, 0.2)];
+        let mut rec = MechanismRecord::laplace("observed-only marginal(a,b)", 1.0, 2.0);
+        rec.loss = PrivacyLoss::Rdp { curve: curve.clone() };
+        let m = sub_mechanisms(&[rec], &["a", "b"]);
+        let (epsilon, order) = crate::privacy::convert::rdp_to_approx(&curve, 1e-10);
+        assert!(order >= 8.0, "the conversion returns its order second");
+        assert_eq!(m[0].cost, SubCost::Approx { epsilon, delta: 1e-10 });
+        assert_eq!(m[0].attrs, vec![0, 1]);
+    }
+
     #[test]
     fn mode_stability_counts_a_changed_row_as_two_add_remove_steps() {
         // c = 1 + 2M, not 000's 1 + M (substitution distance).

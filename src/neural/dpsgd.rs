@@ -274,11 +274,13 @@ pub fn noisy_classifier_gradient(
     cfg: &DpSgdConfig,
     rng: &mut DpRng,
 ) -> Array1<f64> {
-    // Chunks on all cores; their integer sums add exactly, in any order.
-    let parts: Vec<NoisySum> = batch
+    // Chunks on all cores, one partial sum per worker (not per chunk, so
+    // memory does not grow with the batch); integer sums add exactly, in
+    // any order.
+    let empty = || NoisySum::new(model.n_params(), cfg.clip, cfg.noise_multiplier);
+    let sum = batch
         .par_chunks(CHUNK)
-        .map(|rows| {
-            let mut part = NoisySum::new(model.n_params(), cfg.clip, cfg.noise_multiplier);
+        .fold(empty, |mut part, rows| {
             let (xb, yb) = batch_of(rows);
             let trace = model.forward(xb.view());
             let (_, d) = softmax_cross_entropy(trace.output().view(), &yb);
@@ -286,9 +288,10 @@ pub fn noisy_classifier_gradient(
             part.add(model.per_example_gradients(&trace, &back, 0..rows.len()).view());
             part
         })
-        .collect();
-    let mut sum = NoisySum::new(model.n_params(), cfg.clip, cfg.noise_multiplier);
-    parts.iter().for_each(|p| sum.absorb(p));
+        .reduce(empty, |mut a, b| {
+            a.absorb(&b);
+            a
+        });
     sum.release(rng) / cfg.expected_batch
 }
 
