@@ -37,6 +37,8 @@ METHODS = [
     ("AIM (impute-first:model)", "aim", "impute-first:model"),
     ("Kamino (complete-row)", "kamino", "complete-row"),
     ("KaminoI (adaptive)", "kaminoi", "adaptive"),
+    ("DP-GAN (complete-row)", "dp-gan", "complete-row"),
+    ("DP-MisGAN (adaptive)", "dp-misgan", "adaptive"),
 ]
 SETTINGS = [("MCAR", "mcar", 0.1), ("MCAR", "mcar", 0.2), ("MCAR", "mcar", 0.3), ("MAR", "mar", 0.2), ("MNAR", "mnar", 0.2)]
 
@@ -60,6 +62,8 @@ def one(args, work, setting, seed, method, eps):
            "--unsafe-seed", str(1000 * seed + int(eps * 10)), "--iters", str(args.iters)]
     if mech.startswith("kamino"):
         cmd += args.kamino_args.split()
+    if mech.startswith("dp-"):
+        cmd += args.gan_args.split()
     if mname == "mcar":
         cmd += ["--missingness", "mcar", "--missing-rates", str(rate)]
     t = time.time()
@@ -94,6 +98,7 @@ def main():
     ap.add_argument("--methods", default="", help="comma-separated mechanisms to run (default: all), e.g. kamino,kaminoi")
     ap.add_argument("--settings", default="", help="comma-separated settings to run (default: all), e.g. mcar20,mar20,mnar20")
     ap.add_argument("--kamino-args", default="", help="extra flags for kamino/kaminoi, e.g. '--kamino-epochs 3'")
+    ap.add_argument("--gan-args", default="", help="extra flags for dp-gan/dp-misgan, e.g. '--gan-epochs 3'")
     ap.add_argument("--no-table2", action="store_true", help="skip 000 Table 2 (PrivBayesE amplification)")
     args = ap.parse_args()
     os.makedirs(args.out, exist_ok=True)

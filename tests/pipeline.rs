@@ -1069,6 +1069,40 @@ fn declared_missingness_reaches_the_manifest_and_synth_settings_are_checked_at_l
     assert!(step("pb")["amplification_note"].as_str().unwrap().contains("null"), "{}", step("pb"));
 }
 
+/// A DP-MisGAN step (issue 18) runs in a pipeline, is charged its (ε, δ)
+/// as such, and a ρ budget or a contradicting strategy is refused at load.
+#[test]
+fn a_dp_misgan_step_runs_and_is_charged_its_epsilon_delta() {
+    let dir = tempfile::tempdir().unwrap();
+    let d = dir.path();
+    let p = world(
+        d,
+        5.0,
+        None,
+        "  - synthesize: {name: gan, mechanism: dp-misgan, rows: 50, \
+         budget: {epsilon: 1.0, delta: 1.0e-7}, output: gan.parquet}",
+    );
+    let text = std::fs::read_to_string(&p).unwrap().replace("budget: {epsilon: 0.3,", "budget: {epsilon: 1.5,");
+    std::fs::write(&p, &text).unwrap();
+    refused_at_load(
+        d,
+        &text,
+        &[
+            ("budget: {epsilon: 1.0, delta: 1.0e-7}, output: gan", "budget: {rho: 0.1}, output: gan", "(ε, δ) budget"),
+            ("rows: 50,", "rows: 50, missing: complete-row,", "fixes its own missing-data strategy"),
+        ],
+    );
+    let out = dpflow().args(["run", p.to_str().unwrap(), "--release-id", "r1"]).output().unwrap();
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    assert!(d.join("out/r1/gan.parquet").exists());
+    let ledger = Ledger::open(d.join("ledger.sqlite")).unwrap();
+    let charge = ledger.charge_for_release("small", "r1").unwrap().expect("the release is charged");
+    let gan: Vec<_> = charge.mechanisms.iter().filter(|m| m.target.contains("(gan)")).collect();
+    assert_eq!(gan.len(), 1, "{:?}", charge.mechanisms);
+    assert_eq!(gan[0].mechanism, "dp-misgan");
+    assert_eq!(gan[0].loss, dpflow::privacy::PrivacyLoss::Approx { epsilon: 1.0, delta: 1.0e-7 });
+}
+
 /// A KaminoI step (issue 18) runs end to end in a pipeline and is charged its
 /// (ε, δ); a ρ budget, a model file and a contradicting missing-data strategy
 /// are refused at load, before anything is charged.
@@ -1097,4 +1131,16 @@ fn a_kaminoi_step_runs_and_is_checked_at_load() {
     let out = dpflow().args(["run", p.to_str().unwrap(), "--release-id", "r1"]).output().unwrap();
     assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
     assert!(d.join("out/r1/kam.parquet").exists());
+    // The ledger holds the step as the (ε, δ) its RDP curve converts to, not as a
+    // zCDP ρ read off the budget (a ρ would be spent again by the ε-unit ledger's
+    // own conversion, and a wrong δ composes wrongly across releases).
+    let ledger = Ledger::open(d.join("ledger.sqlite")).unwrap();
+    let charge = ledger.charge_for_release("small", "r1").unwrap().expect("the release is charged");
+    assert_eq!(charge.status, ChargeStatus::Committed);
+    let kam: Vec<_> =
+        charge.mechanisms.iter().filter(|m| m.target.contains("kam") || m.mechanism.contains("kamino")).collect();
+    assert!(!kam.is_empty(), "{:?}", charge.mechanisms);
+    for m in kam {
+        assert_eq!(m.loss, dpflow::privacy::PrivacyLoss::Approx { epsilon: 1.0, delta: 1.0e-7 }, "{m:?}");
+    }
 }

@@ -159,6 +159,27 @@ pub struct SynthArgs {
     /// kamino/kaminoi: Adam's learning rate [default: 0.01].
     #[arg(long, conflicts_with = "from_record")]
     pub kamino_lr: Option<f64>,
+    /// dp-misgan/dp-gan: the critics' DP-SGD passes over the (noisy) training rows [default: 5].
+    #[arg(long, conflicts_with = "from_record")]
+    pub gan_epochs: Option<f64>,
+    /// dp-misgan/dp-gan: the critics' expected batch size [default: 256].
+    #[arg(long, conflicts_with = "from_record")]
+    pub gan_batch: Option<f64>,
+    /// dp-misgan/dp-gan: hidden units per layer (two hidden layers; the mask networks use half) [default: 128].
+    #[arg(long, conflicts_with = "from_record")]
+    pub gan_hidden: Option<usize>,
+    /// dp-misgan/dp-gan: the generators' latent dimension [default: 32].
+    #[arg(long, conflicts_with = "from_record")]
+    pub gan_latent: Option<usize>,
+    /// dp-misgan/dp-gan: critic steps per generator step [default: 2].
+    #[arg(long, conflicts_with = "from_record")]
+    pub gan_critic_steps: Option<usize>,
+    /// dp-misgan/dp-gan: clipping norm of one row's critic gradient [default: 1].
+    #[arg(long, conflicts_with = "from_record")]
+    pub gan_clip: Option<f64>,
+    /// dp-misgan/dp-gan: Adam's learning rate [default: 0.001].
+    #[arg(long, conflicts_with = "from_record")]
+    pub gan_lr: Option<f64>,
     /// Declared missingness mechanism of the input; with --missing-rates, the release
     /// record reports the ground-truth ε̄ under MCAR (000 §5.2); refused for mar/mnar.
     #[arg(long, value_enum)]
@@ -173,6 +194,33 @@ pub struct SynthArgs {
 
 fn spinner() -> ProgressBar {
     super::progress::spinner("")
+}
+
+/// The GANs' settings from the flags (`missing_aware` is set by the
+/// mechanism); refused for other mechanisms.
+fn gan_options(a: &SynthArgs, mechanism: Mechanism) -> Result<dpflow::synth::gan::GanOptions> {
+    let d = dpflow::synth::gan::GanOptions::default();
+    let given = a.gan_epochs.is_some()
+        || a.gan_batch.is_some()
+        || a.gan_hidden.is_some()
+        || a.gan_latent.is_some()
+        || a.gan_critic_steps.is_some()
+        || a.gan_clip.is_some()
+        || a.gan_lr.is_some();
+    if given && !matches!(mechanism, Mechanism::DpMisgan | Mechanism::DpGan) {
+        anyhow::bail!("--gan-* settings are for --mechanism dp-misgan or dp-gan: drop them");
+    }
+    Ok(dpflow::synth::gan::GanOptions {
+        missing_aware: mechanism == Mechanism::DpMisgan,
+        epochs: a.gan_epochs.unwrap_or(d.epochs),
+        batch: a.gan_batch.unwrap_or(d.batch),
+        hidden: a.gan_hidden.unwrap_or(d.hidden),
+        latent: a.gan_latent.unwrap_or(d.latent),
+        critic_steps: a.gan_critic_steps.unwrap_or(d.critic_steps),
+        clip: a.gan_clip.unwrap_or(d.clip),
+        learning_rate: a.gan_lr.unwrap_or(d.learning_rate),
+        ..d
+    })
 }
 
 /// Kamino's settings from the flags (`impute` is set by the mechanism);
@@ -302,6 +350,7 @@ pub(super) async fn run(a: SynthArgs) -> Result<i32> {
             napsu: napsu_options(&a),
             dips,
             kamino: kamino_options(&a, mechanism)?,
+            gan: gan_options(&a, mechanism)?,
         },
         decode: if a.midpoints { DecodeMode::Midpoint } else { DecodeMode::Uniform },
         missing: a.missing,

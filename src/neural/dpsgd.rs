@@ -244,17 +244,23 @@ pub struct Adam {
     v: Array1<f64>,
     t: i32,
     lr: f64,
+    betas: (f64, f64),
 }
 
 impl Adam {
-    /// Adam state for `d` parameters.
+    /// Adam state for `d` parameters, β = (0.9, 0.999).
     pub fn new(d: usize, lr: f64) -> Self {
-        Self { m: Array1::zeros(d), v: Array1::zeros(d), t: 0, lr }
+        Self::with_betas(d, lr, (0.9, 0.999))
+    }
+
+    /// Adam with moment decays `betas` (WGAN-GP uses (0.5, 0.9)).
+    pub fn with_betas(d: usize, lr: f64, betas: (f64, f64)) -> Self {
+        Self { m: Array1::zeros(d), v: Array1::zeros(d), t: 0, lr, betas }
     }
 
     /// The update direction for gradient `g` (to be added to the parameters).
     pub fn step(&mut self, g: &Array1<f64>) -> Array1<f64> {
-        let (b1, b2, eps) = (0.9, 0.999, 1e-8);
+        let ((b1, b2), eps) = (self.betas, 1e-8);
         self.t += 1;
         self.m = &self.m * b1 + g * (1.0 - b1);
         self.v = &self.v * b2 + &(g * g) * (1.0 - b2);

@@ -307,10 +307,14 @@ impl Pipeline {
                     // others account in zCDP.
                     let kamino = matches!(
                         mechanism,
-                        crate::synth::run::Mechanism::Kamino | crate::synth::run::Mechanism::Kaminoi
+                        crate::synth::run::Mechanism::Kamino
+                            | crate::synth::run::Mechanism::Kaminoi
+                            | crate::synth::run::Mechanism::DpMisgan
+                            | crate::synth::run::Mechanism::DpGan
                     );
                     let loss = match (pure, *budget) {
-                        // Kamino's RDP curve converts to at most the budget's (ε, δ) (docs/PRIVACY.md §8).
+                        // Kamino's and the GANs' RDP curves convert to at most the budget's (ε, δ)
+                        // (docs/PRIVACY.md §8, §9).
                         (_, Budget::Approx { epsilon, delta }) if kamino => PrivacyLoss::Approx { epsilon, delta },
                         (true, Budget::Pure { epsilon } | Budget::Approx { epsilon, .. }) => {
                             PrivacyLoss::Pure { epsilon }

@@ -851,6 +851,27 @@ impl Pipeline {
                             err(l, &key(field), e.to_string())
                         })?;
                     }
+                    if matches!(
+                        x.mechanism,
+                        crate::synth::run::Mechanism::DpMisgan | crate::synth::run::Mechanism::DpGan
+                    ) {
+                        // The GANs' public inputs (default settings), checked before the release is charged.
+                        let options = crate::synth::gan::GanOptions {
+                            missing_aware: x.mechanism == crate::synth::run::Mechanism::DpMisgan,
+                            ..Default::default()
+                        };
+                        crate::synth::gan::release::check_public(&spec.domain, &b, &options, missing).map_err(|e| {
+                            let field = match e {
+                                crate::synth::SynthError::KaminoBudget(..)
+                                | crate::synth::SynthError::Gan(crate::synth::gan::GanError::BudgetTooSmall {
+                                    ..
+                                }) => "synthesize.budget",
+                                crate::synth::SynthError::KaminoMissing { .. } => "synthesize.missing",
+                                _ => "dataset.domain",
+                            };
+                            err(l, &key(field), e.to_string())
+                        })?;
+                    }
                     if let Some(cells) = x.mechanism.cells() {
                         // The 002 synthesizers' public inputs, checked before the release is charged.
                         use crate::synth::dips::DipsError as E;

@@ -315,12 +315,14 @@ pub enum SynthError {
     KaminoModelOut(&'static str),
     /// A missing-data strategy that contradicts the mechanism.
     #[error(
-        "{mechanism} fixes its own missing-data strategy (kaminoi: adaptive, imputing as it learns; kamino: \
-         complete-row); drop --missing {given} or choose the other mechanism"
+        "{mechanism} fixes its own missing-data strategy ({implied}: kaminoi and dp-misgan learn from incomplete \
+         rows, kamino and dp-gan from complete rows); drop --missing {given} or choose the other mechanism"
     )]
     KaminoMissing {
-        /// kamino or kaminoi.
+        /// The mechanism.
         mechanism: &'static str,
+        /// The strategy it implies.
+        implied: String,
         /// The strategy given.
         given: String,
     },
@@ -330,6 +332,12 @@ pub enum SynthError {
     /// A Kamino fit that failed after the data was read.
     #[error("the kamino fit failed after the data was read (the cause is not reported: it could depend on the data)")]
     KaminoFailed,
+    /// DP-MisGAN/DP-GAN refused a public input.
+    #[error(transparent)]
+    Gan(#[from] super::gan::GanError),
+    /// A GAN fit that failed after the data was read.
+    #[error("the {0} fit failed after the data was read (the cause is not reported: it could depend on the data)")]
+    GanFailed(&'static str),
     /// A DIPS synthesizer (002) refused its inputs.
     #[error(transparent)]
     Dips(#[from] super::dips::DipsError),

@@ -13,6 +13,7 @@ pub mod bounds;
 pub mod compress;
 pub mod dips;
 mod error;
+pub mod gan;
 pub mod independent;
 pub mod kamino;
 pub mod mst;
@@ -89,6 +90,8 @@ pub struct SynthOptions {
     pub dips: DipsOptions,
     /// Kamino/KaminoI's settings (`impute` is set by the mechanism).
     pub kamino: kamino::KaminoOptions,
+    /// DP-MisGAN/DP-GAN's settings (`missing_aware` is set by the mechanism).
+    pub gan: gan::GanOptions,
 }
 
 /// Settings of the 002 cell synthesizers (`dips::cells`) that are not
@@ -163,6 +166,7 @@ impl Default for SynthOptions {
             napsu: Default::default(),
             dips: Default::default(),
             kamino: Default::default(),
+            gan: Default::default(),
         }
     }
 }

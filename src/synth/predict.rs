@@ -122,10 +122,10 @@ pub fn predict(input: &SynthForecastInput<'_>) -> Vec<Prediction> {
             let k = w.len().max(1) as f64;
             vec![(format!("{} workload marginals", w.len()), (k / (2.0 * rho)).sqrt(), w)]
         }
-        Mechanism::Kamino | Mechanism::Kaminoi => {
+        Mechanism::Kamino | Mechanism::Kaminoi | Mechanism::DpMisgan | Mechanism::DpGan => {
             return none(
-                "no forecast for kamino/kaminoi yet: its noise is a DP-SGD noise multiplier on classifier \
-                 gradients, calibrated when the run has its noisy row counts; the release record lists it"
+                "no forecast for kamino/kaminoi/dp-misgan/dp-gan yet: their noise is a DP-SGD noise multiplier on \
+                 network gradients, calibrated when the run has its noisy row counts; the release record lists it"
                     .into(),
             );
         }

@@ -80,6 +80,13 @@ pub enum Mechanism {
     /// KaminoI (000 Alg 3): Kamino that imputes each column's nulls with its
     /// own classifier before the next one learns.
     Kaminoi,
+    /// DP-MisGAN (000 Alg 1, MisGAN): data and mask GANs that learn from
+    /// incomplete rows, critics trained with DP-SGD.
+    #[serde(rename = "dp-misgan")]
+    DpMisgan,
+    /// DP-GAN: the data GAN on complete rows (000's complete-row baseline).
+    #[serde(rename = "dp-gan")]
+    DpGan,
 }
 
 impl Mechanism {
@@ -108,6 +115,9 @@ impl Mechanism {
             }
             Mechanism::Kamino | Mechanism::Kaminoi => {
                 Box::new(super::kamino::release::KaminoSynth(*self == Mechanism::Kaminoi))
+            }
+            Mechanism::DpMisgan | Mechanism::DpGan => {
+                Box::new(super::gan::release::GanSynth(*self == Mechanism::DpMisgan))
             }
         }
     }
@@ -740,6 +750,9 @@ pub async fn run_synth(ctx: &SessionContext, req: &SynthRequest, progress: &dyn 
     }
     if matches!(req.mechanism, Mechanism::Kamino | Mechanism::Kaminoi) {
         return super::kamino::release::run(ctx, req, req.mechanism == Mechanism::Kaminoi, progress).await;
+    }
+    if matches!(req.mechanism, Mechanism::DpMisgan | Mechanism::DpGan) {
+        return super::gan::release::run(ctx, req, req.mechanism == Mechanism::DpMisgan, progress).await;
     }
     if let Some(raw) = super::dips::raw::raw_mechanism(req.mechanism, &req.options.dips) {
         return super::dips::raw::run(ctx, req, raw, progress).await;

@@ -177,11 +177,13 @@ pub struct CodedTable {
 }
 
 impl CodedTable {
-    fn rows(&self) -> usize {
+    /// Number of rows.
+    pub(crate) fn rows(&self) -> usize {
         self.columns.first().map_or(0, Vec::len)
     }
 
-    fn is_null(&self, c: usize, r: usize) -> bool {
+    /// Whether cell (column c, row r) is null.
+    pub(crate) fn is_null(&self, c: usize, r: usize) -> bool {
         self.columns[c][r] as usize >= self.sizes[c]
     }
 }
@@ -564,6 +566,38 @@ mod tests {
         let (ab, bc) = agreement(&syn);
         assert!(ab > 0.85 && bc > 0.8, "ab {ab}, bc {bc}");
         assert!(syn.iter().zip(&fit.model.sizes).all(|(c, &k)| c.iter().all(|&v| (v as usize) < k)));
+    }
+
+    /// The schedules depend on the noisy counts, so the run is a Rényi filter
+    /// at the one order α* fixed from (ε, δ) (module docs, Privacy): the
+    /// charged curve is that single point, and recomputing it from the
+    /// recorded σs and schedules gives at most τ(α*), for tables whose counts
+    /// (hence schedules) differ.
+    #[test]
+    fn the_run_is_a_renyi_filter_at_the_public_order() {
+        let (eps, delta) = (2.0, 1e-6);
+        let alpha = public_order(eps, delta);
+        let tau = tau_at(eps, delta, alpha);
+        for (n, nulls) in [(1500, 0.05), (4000, 0.4)] {
+            let mut rng = DpRng::unsafe_seeded(n as u64);
+            let table = chain(&mut rng, n, nulls);
+            let p = table.sizes.len();
+            let opts = KaminoOptions { epochs: 1.0, batch: 128.0, hidden: 8, ..Default::default() };
+            let fit = fit(table, &opts, eps, delta, &mut rng, &|_| {}).unwrap();
+            assert_eq!(fit.curve.len(), 1, "{:?}", fit.curve);
+            assert_eq!(fit.curve[0].0, alpha);
+            let at = [alpha];
+            let mut parts =
+                vec![gaussian_curve(fit.counts_sigma, &at).unwrap(), gaussian_curve(fit.first_sigma, &at).unwrap()];
+            assert_eq!(fit.schedule.len(), p - 1);
+            for s in &fit.schedule {
+                parts.push(sampled_discrete_gaussian_curve(s.rate, fit.sgd_sigma, s.steps, &at).unwrap());
+            }
+            let total = compose(&parts).unwrap()[0].1;
+            assert!(total <= tau * (1.0 + 1e-9), "n {n}: {total} > τ {tau}");
+            assert!((total - fit.curve[0].1).abs() <= 1e-9 * tau, "{total} vs {:?}", fit.curve);
+            assert!(fit.epsilon <= eps);
+        }
     }
 
     #[test]
