@@ -197,13 +197,7 @@ impl Mlp {
             for i in 0..m {
                 let mut row = g.row_mut(i);
                 let (ai, di) = (a.row(i), d.row(i));
-                for p in 0..fan_in {
-                    let ap = ai[p];
-                    let base = off + p * fan_out;
-                    for q in 0..fan_out {
-                        row[base + q] = ap * di[q];
-                    }
-                }
+                write_outer(row.slice_mut(s![off..off + fan_in * fan_out]), ai, di);
                 row.slice_mut(s![off + fan_in * fan_out..off + fan_in * fan_out + fan_out]).assign(&di);
             }
             off += fan_in * fan_out + fan_out;
@@ -267,14 +261,8 @@ impl Mlp {
         for (l, layer) in self.layers.iter().enumerate() {
             let (fan_in, fan_out) = layer.w.dim();
             for i in 0..b {
-                let mut row = grads.row_mut(i);
-                let (vi, ri) = (v.row(i), r[l].row(i));
-                for p in 0..fan_in {
-                    let base = off + p * fan_out;
-                    for q in 0..fan_out {
-                        row[base + q] = vi[p] * ri[q];
-                    }
-                }
+                let span = s![off..off + fan_in * fan_out];
+                write_outer(grads.row_mut(i).slice_move(span), v.row(i), r[l].row(i));
             }
             off += fan_in * fan_out + fan_out;
             if l + 1 < n {
@@ -307,6 +295,17 @@ impl Mlp {
             let nb = l.b.len();
             l.b.scaled_add(scale, &dir.slice(s![off..off + nb]));
             off += nb;
+        }
+    }
+}
+
+/// Writes the outer product aᵀb into `out` row-major (a weight matrix's
+/// slice of a flat gradient: inputs × outputs).
+fn write_outer(mut out: ndarray::ArrayViewMut1<f64>, a: ArrayView1<f64>, b: ArrayView1<f64>) {
+    let k = b.len();
+    for (p, &ap) in a.iter().enumerate() {
+        for (q, &bq) in b.iter().enumerate() {
+            out[p * k + q] = ap * bq;
         }
     }
 }

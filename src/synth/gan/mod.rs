@@ -57,20 +57,16 @@ use rayon::prelude::*;
 use serde::{Deserialize, Serialize};
 
 use crate::neural::dpsgd::{Adam, CHUNK, NoisySum, poisson_sample};
-use crate::neural::mlp::{Activation, Mlp, unit};
+use crate::neural::mlp::{Activation, Mlp, Trace, unit};
 use crate::privacy::convert::{cdp_rho, public_order};
 use crate::privacy::rdp::{
-    RdpError, calibrate_noise_multiplier, compose, epsilon, gaussian_curve, sampled_discrete_gaussian_curve, tau_at,
+    RdpError, calibrate_noise_multiplier, compose, epsilon, gaussian_curve, sampled_discrete_gaussian_curve,
 };
 use crate::synth::kamino::CodedTable;
 use dpflow_udfs::noise::DpRng;
 use dpflow_udfs::noise::discrete::DiscreteGaussian;
 
-/// Share of ρ(ε, δ) for the counts.
-pub const COUNTS_SHARE: f64 = 0.02;
-
-/// The largest network (parameters) a run accepts.
-pub const MAX_PARAMETERS: usize = 1 << 20;
+use crate::synth::kamino::{COUNTS_SHARE, MAX_PARAMETERS, draw, normalise, sigma_for_rho};
 
 /// Public settings of a run.
 #[derive(Debug, Clone, Copy, PartialEq, Serialize, Deserialize)]
@@ -162,8 +158,8 @@ impl GanOptions {
     /// Checks the settings and the networks' sizes (public: the domain's sizes).
     pub fn check(&self, sizes: &[usize]) -> Result<(), GanError> {
         let bad = |name, value, hint| Err(GanError::Setting { name, value, hint });
-        if sizes.is_empty() {
-            return bad("columns", 0.0, "give a domain with at least one column");
+        if sizes.is_empty() || sizes.contains(&0) {
+            return bad("columns", sizes.len() as f64, "give a domain with at least one column, each with a level");
         }
         if self.hidden < 2 || self.hidden > 4096 {
             return bad("hidden", self.hidden as f64, "give 2–4096 hidden units (128 is usual)");
@@ -217,11 +213,7 @@ fn generator_widths(latent: usize, hidden: usize, outputs: usize) -> [usize; 4] 
 /// Refuses a budget whose counts alone would use more than 90% of τ(α*)
 /// (public inputs only; the rule of [`crate::synth::kamino::check_budget`]).
 pub fn check_budget(epsilon_budget: f64, delta: f64) -> Result<(), GanError> {
-    let rho = cdp_rho(epsilon_budget, delta);
-    let alpha = public_order(epsilon_budget, delta);
-    let fixed = alpha * rho * COUNTS_SHARE;
-    let tau = tau_at(epsilon_budget, delta, alpha);
-    if fixed.is_nan() || tau.is_nan() || fixed > 0.9 * tau {
+    if !crate::synth::kamino::leaves_room(epsilon_budget, delta, COUNTS_SHARE) {
         return Err(GanError::BudgetTooSmall { epsilon: epsilon_budget, delta });
     }
     Ok(())
@@ -255,7 +247,9 @@ impl GanModel {
                 for (c, &k) in self.sizes.iter().enumerate() {
                     let block = row.slice(s![off..off + k]);
                     let m = block.fold(f64::NEG_INFINITY, |a, &b| a.max(b));
-                    let w: Vec<f64> = block.iter().map(|&v| (v - m).exp()).collect();
+                    let mut w: Vec<f64> = block.iter().map(|&v| (v - m).exp()).collect();
+                    // Uniform if the weights are not finite (a data-independent rule).
+                    normalise(&mut w);
                     cols[c].push(draw(rng, &w) as u32);
                     off += k;
                 }
@@ -263,23 +257,6 @@ impl GanModel {
         }
         cols
     }
-}
-
-/// An index drawn with probability proportional to `w` (uniform if the
-/// weights are not finite and positive: a data-independent rule).
-fn draw<R: Rng + ?Sized>(rng: &mut R, w: &[f64]) -> usize {
-    let total: f64 = w.iter().sum();
-    if !(total.is_finite() && total > 0.0) {
-        return ((unit(rng) * w.len() as f64) as usize).min(w.len() - 1);
-    }
-    let mut u = unit(rng) * total;
-    for (i, &x) in w.iter().enumerate() {
-        if u < x {
-            return i;
-        }
-        u -= x;
-    }
-    w.len() - 1
 }
 
 /// A uniform draw in the open interval (0, 1): (k + ½)/2⁵² for a 52-bit k,
@@ -337,9 +314,9 @@ struct Fake {
     m: Option<Array2<f64>>,
     /// The row the data critic sees: y masked by m (or y).
     shown: Array2<f64>,
-    /// The generators' inputs, for back-propagation.
-    zx: Array2<f64>,
-    zm: Option<Array2<f64>>,
+    /// The generators' forward passes, for back-propagation.
+    trace_x: Trace,
+    trace_m: Option<Trace>,
 }
 
 struct Layout {
@@ -404,8 +381,8 @@ impl Layout {
 
 impl Nets {
     fn generate<R: Rng + ?Sized>(&self, lay: &Layout, n: usize, tau: f64, rng: &mut R) -> Fake {
-        let zx = gaussian_matrix(rng, n, self.gx.input_dim());
-        let mut y = self.gx.predict(zx.view());
+        let trace_x = self.gx.forward(gaussian_matrix(rng, n, self.gx.input_dim()).view());
+        let mut y = trace_x.output().clone();
         // Gumbel-softmax per column block.
         for mut row in y.axis_iter_mut(Axis(0)) {
             for c in 0..lay.p() {
@@ -418,16 +395,16 @@ impl Nets {
                 block.mapv_inplace(|v| v / sum);
             }
         }
-        let (m, zm, shown) = match &self.mask {
+        let (m, trace_m, shown) = match &self.mask {
             Some((gm, _)) => {
-                let zm = gaussian_matrix(rng, n, gm.input_dim());
-                let m = gm.predict(zm.view()).mapv(|o| 1.0 / (1.0 + (-o).exp()));
+                let trace_m = gm.forward(gaussian_matrix(rng, n, gm.input_dim()).view());
+                let m = trace_m.output().mapv(|o| 1.0 / (1.0 + (-o).exp()));
                 let shown = &y * &lay.expand(m.view());
-                (Some(m), Some(zm), shown)
+                (Some(m), Some(trace_m), shown)
             }
             None => (None, None, y.clone()),
         };
-        Fake { y, m, shown, zx, zm }
+        Fake { y, m, shown, trace_x, trace_m }
     }
 }
 
@@ -545,17 +522,18 @@ fn generator_step(
             ndarray::Zip::from(&mut out).and(&y).and(&u).for_each(|o_, &yv, &uv| *o_ = yv * (uv - dot) / o.temperature);
         }
     }
-    let trace_x = nets.gx.forward(fake.zx.view());
-    let gx = nets.gx.gradient(&trace_x, &nets.gx.backward(&trace_x, d_logits.view()));
+    let trace_x = &fake.trace_x;
+    let gx = nets.gx.gradient(trace_x, &nets.gx.backward(trace_x, d_logits.view()));
     let dir = adam_x.step(&gx);
-    if let (Some((gm, dm)), Some(m), Some(zm), Some(adam)) = (&mut nets.mask, &fake.m, &fake.zm, adam_m.as_mut()) {
+    if let (Some((gm, dm)), Some(m), Some(trace_m), Some(adam)) =
+        (&mut nets.mask, &fake.m, &fake.trace_m, adam_m.as_mut())
+    {
         let trm = dm.forward(m.view());
         let mut d_m = dm.backward(&trm, scale.view()).d_input;
         // The data critic's pull on the mask, weighted α (MisGAN eq. 5).
         d_m.scaled_add(o.mask_weight, &lay.collapse((&d_shown * &fake.y).view()));
         let d_o = &d_m * &m.mapv(|v| v * (1.0 - v));
-        let trace_m = gm.forward(zm.view());
-        let g = gm.gradient(&trace_m, &gm.backward(&trace_m, d_o.view()));
+        let g = gm.gradient(trace_m, &gm.backward(trace_m, d_o.view()));
         let dir_m = adam.step(&g);
         gm.add_scaled(dir_m.view(), 1.0);
     }
@@ -566,11 +544,6 @@ fn generator_step(
 /// rows (DP-GAN).
 pub fn counts_sensitivity(o: &GanOptions) -> f64 {
     if o.missing_aware { 1.0 } else { 2f64.sqrt() }
-}
-
-/// Noise multiplier of a standalone Gaussian mechanism with zCDP ρ.
-fn sigma_for_rho(rho: f64) -> f64 {
-    (1.0 / (2.0 * rho)).sqrt()
 }
 
 /// Fits DP-MisGAN or DP-GAN on `table` within (ε, δ) (module docs).
@@ -597,7 +570,12 @@ pub fn fit(
     // 1. Counts: the rows and, for DP-GAN, the complete rows; a row adds 1
     // to the first and at most 1 to the second: L2 sensitivity √2 (1 for
     // DP-MisGAN, which counts only the rows).
-    let complete: Vec<usize> = (0..n).filter(|&r| (0..lay.p()).all(|c| !table.is_null(c, r))).collect();
+    // Rows without a null (DP-GAN's training rows; DP-MisGAN trains on all).
+    let complete: Vec<usize> = if o.missing_aware {
+        Vec::new()
+    } else {
+        (0..n).filter(|&r| (0..lay.p()).all(|c| !table.is_null(c, r))).collect()
+    };
     let noise = DiscreteGaussian::from_sigma(counts_sigma * counts_sensitivity(o) * (1.0 + 1e-12)).expect("positive σ");
     let rows_hat = (n as i128 + noise.sample(rng)).max(1) as f64;
     let complete_hat = if o.missing_aware {
@@ -695,6 +673,7 @@ pub fn fit(
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::privacy::rdp::tau_at;
 
     /// Two columns: a ∈ {0,1,2} with P = (0.6, 0.3, 0.1); b = a mod 2 with
     /// probability 0.9. `null_rate` of b's cells are masked, MCAR or (if
@@ -766,6 +745,7 @@ mod tests {
         assert!(e.to_string().contains("temperature"), "{e}");
         assert!(GanOptions { batch: f64::NAN, ..ok }.check(&sizes).is_err());
         assert!(GanOptions { critic_steps: 0, ..ok }.check(&sizes).is_err());
+        assert!(ok.check(&[3, 0]).is_err() && ok.check(&[]).is_err());
         assert!(matches!(GanOptions { hidden: 4096, ..ok }.check(&[5000]), Err(GanError::TooLarge { .. })));
         assert!(matches!(check_budget(1e-6, 1e-12), Err(GanError::BudgetTooSmall { .. })));
         assert!(check_budget(1.0, 1e-6).is_ok());

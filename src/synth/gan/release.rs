@@ -8,18 +8,15 @@
 
 use std::time::Instant;
 
-use dpflow_udfs::noise::DpRng;
 use serde::{Deserialize, Serialize};
 
 use super::{GanError, GanFit, GanModel, GanOptions, fit};
 use crate::domain::Domain;
 use crate::missing::Strategy;
 use crate::privacy::{Budget, MechanismRecord, PrivacyLoss};
-use crate::synth::kamino::release::{read_codes, set_stream};
-use crate::synth::run::{
-    SET_COLUMN, SynthRecord, SynthRequest, TimingRecord, begin_release_loss, budget_check, save_record, write_streams,
-};
-use crate::synth::{FitMetadata, Result, SynthError};
+use crate::synth::kamino::release::{Spent, read_codes, row_record, write_sets};
+use crate::synth::run::{SynthRecord, SynthRequest, TimingRecord, begin_release_loss, budget_check, save_record};
+use crate::synth::{Result, SynthError};
 
 /// The mechanism's name in records.
 pub fn name(missing_aware: bool) -> &'static str {
@@ -106,14 +103,8 @@ pub(crate) async fn run(
                 .map_err(|e| SynthError::WriteModel { path: path.clone(), source: Box::new(e) })?;
         }
         let rows = req.rows.unwrap_or(fitted.model.rows.round().max(0.0) as u64);
-        let m = req.options.multiple;
-        let mut streams = Vec::with_capacity(m);
-        for _ in 0..m {
-            let set_rng = DpRng::new(req.unsafe_seed.map(|_| rand::Rng::next_u64(&mut rng)))?;
-            let model = fitted.model.clone();
-            streams.push(set_stream(domain.clone(), move |n, r| model.sample(n, r), rows, req.decode, set_rng));
-        }
-        let written = write_streams(ctx, streams, &req.out).await? / m as u64;
+        let model = fitted.model.clone();
+        let written = write_sets(ctx, req, &domain, rows, move |n, r| model.sample(n, r), &mut rng).await?;
         let seconds = TimingRecord { answers: t_read, fit: t_fit, generate: t2.elapsed().as_secs_f64() };
         Ok::<_, SynthError>((fitted, written, seconds))
     }
@@ -144,7 +135,6 @@ fn record(
     outputs: Vec<String>,
 ) -> SynthRecord {
     let name = name(o.missing_aware);
-    let m = req.options.multiple;
     let orders = [fitted.curve[0].0];
     let curve = |c: Vec<(f64, f64)>| PrivacyLoss::Rdp { curve: c };
     let sum = crate::neural::dpsgd::NoisySum::new(fitted.critic_parameters, o.clip, 1.0);
@@ -211,37 +201,9 @@ fn record(
     } else {
         format!("{name}: rows with a null in any column were left out (the complete-row baseline)")
     });
-    if m > 1 {
-        notes.push(format!("{name}: the {m} sets are drawn from one generator; they are not noise-aware"));
-    }
-    SynthRecord {
-        dpflow_version: env!("CARGO_PKG_VERSION").into(),
-        mechanism: name.into(),
-        dataset: req.dataset.name.clone(),
-        budget: req.budget,
-        rho: None,
-        rho_spent: None,
-        epsilon: Some(epsilon),
-        epsilon_spent: Some(fitted.epsilon),
-        missing: if o.missing_aware { Strategy::Adaptive } else { Strategy::CompleteRow }.to_string(),
-        amplification: None,
-        amplification_note: req
-            .amplification
-            .as_ref()
-            .map(|_| format!("{name}: MCAR amplification is not computed for GANs")),
-        workload: req.workload.clone(),
-        rows: written,
-        mechanisms,
-        fit: FitMetadata { notes, ..Default::default() },
-        outputs,
-        seconds,
-        unsafe_seed: req.unsafe_seed,
-        ledger_charge,
-        multiple: (m > 1).then_some(m),
-        noise_aware: (m > 1).then_some(false),
-        set_column: (m > 1).then(|| SET_COLUMN.to_string()),
-        napsu: None,
-    }
+    let amplification_note = format!("{name}: MCAR amplification is not computed for GANs");
+    let spent = Spent { epsilon, epsilon_spent: fitted.epsilon, written, seconds, ledger_charge };
+    row_record(req, name, o.missing_aware, spent, mechanisms, notes, outputs, amplification_note)
 }
 
 /// The GANs behind the [`crate::synth::Synthesizer`] interface, which hands

@@ -238,14 +238,21 @@ pub struct Schedule {
 /// the best order passes 2²⁰): the classifiers could not be calibrated, and
 /// the run would fail after the read (public inputs only).
 pub fn check_budget(epsilon_budget: f64, delta: f64, columns: usize) -> Result<(), KaminoError> {
-    let rho = cdp_rho(epsilon_budget, delta);
-    let alpha = public_order(epsilon_budget, delta);
-    let fixed = alpha * rho * (COUNTS_SHARE + 1.0 / columns as f64);
-    let tau = tau_at(epsilon_budget, delta, alpha);
-    if fixed.is_nan() || tau.is_nan() || fixed > 0.9 * tau {
+    if !leaves_room(epsilon_budget, delta, COUNTS_SHARE + 1.0 / columns as f64) {
         return Err(KaminoError::BudgetTooSmall { epsilon: epsilon_budget, delta });
     }
     Ok(())
+}
+
+/// Whether Gaussian mechanisms taking `share` of ρ(ε, δ) before the DP-SGD
+/// runs leave them room: at most 90% of τ(α*) (public inputs only; also the
+/// GANs' rule, [`crate::synth::gan::check_budget`]).
+pub(crate) fn leaves_room(epsilon_budget: f64, delta: f64, share: f64) -> bool {
+    let rho = cdp_rho(epsilon_budget, delta);
+    let alpha = public_order(epsilon_budget, delta);
+    let fixed = alpha * rho * share;
+    let tau = tau_at(epsilon_budget, delta, alpha);
+    !(fixed.is_nan() || tau.is_nan() || fixed > 0.9 * tau)
 }
 
 impl KaminoOptions {
@@ -283,7 +290,7 @@ impl KaminoOptions {
 }
 
 /// Noise multiplier of a standalone Gaussian mechanism with zCDP ρ.
-fn sigma_for_rho(rho: f64) -> f64 {
+pub(crate) fn sigma_for_rho(rho: f64) -> f64 {
     (1.0 / (2.0 * rho)).sqrt()
 }
 
@@ -407,10 +414,11 @@ pub fn fit(
         let steps = sch.steps;
         let target = order[j + 1];
         let prev = &order[..=j];
-        let eligible: Vec<u32> = if options.impute {
-            (0..n).filter(|&r| !table.is_null(target, r)).map(|r| r as u32).collect()
+        // Complete rows are the same for every classifier: borrowed, not copied.
+        let eligible: std::borrow::Cow<[u32]> = if options.impute {
+            (0..n).filter(|&r| !table.is_null(target, r)).map(|r| r as u32).collect::<Vec<u32>>().into()
         } else {
-            complete_rows.clone()
+            complete_rows.as_slice().into()
         };
         let width: usize = prev.iter().map(|&c| table.sizes[c]).sum();
         let mut model = Mlp::new(&[width, options.hidden, table.sizes[target]], Activation::Relu, rng);
@@ -481,7 +489,8 @@ fn features(table: &CodedTable, prev: &[usize], rows: &[usize]) -> Array2<f64> {
     x
 }
 
-fn normalise(p: &mut [f64]) {
+/// Scales `p` to sum to 1 (uniform if its sum is not positive or not finite).
+pub(crate) fn normalise(p: &mut [f64]) {
     let z: f64 = p.iter().sum();
     if z > 0.0 {
         p.iter_mut().for_each(|v| *v /= z);
@@ -492,7 +501,7 @@ fn normalise(p: &mut [f64]) {
 }
 
 /// A draw from a probability vector (post-processing: a float uniform).
-fn draw<R: Rng + ?Sized>(rng: &mut R, p: &[f64]) -> usize {
+pub(crate) fn draw<R: Rng + ?Sized>(rng: &mut R, p: &[f64]) -> usize {
     let mut u = unit(rng) * p.iter().sum::<f64>();
     for (i, &v) in p.iter().enumerate() {
         if u < v {

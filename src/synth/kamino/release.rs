@@ -101,14 +101,8 @@ pub(crate) async fn run(
         // Post-processing from here on.
         let t2 = Instant::now();
         let rows = req.rows.unwrap_or(fitted.model.rows.round().max(0.0) as u64);
-        let m = req.options.multiple;
-        let mut streams = Vec::with_capacity(m);
-        for _ in 0..m {
-            let set_rng = DpRng::new(req.unsafe_seed.map(|_| rand::Rng::next_u64(&mut rng)))?;
-            let model: KaminoModel = fitted.model.clone();
-            streams.push(set_stream(domain.clone(), move |n, r| model.sample(n, r), rows, req.decode, set_rng));
-        }
-        let written = write_streams(ctx, streams, &req.out).await? / m as u64;
+        let model: KaminoModel = fitted.model.clone();
+        let written = write_sets(ctx, req, &domain, rows, move |n, r| model.sample(n, r), &mut rng).await?;
         let seconds = TimingRecord { answers: t_read, fit: t_fit, generate: t2.elapsed().as_secs_f64() };
         Ok::<_, SynthError>((fitted, written, seconds))
     }
@@ -139,7 +133,6 @@ fn record(
     let name = name(o.impute);
     let names = domain.names();
     let order: Vec<&str> = fitted.model.order.iter().map(|&c| names[c]).collect();
-    let m = req.options.multiple;
     // Every component at the one order α* the run is charged at (Rényi filter, docs/PRIVACY.md §8).
     let orders = [fitted.curve[0].0];
     let curve = |c: Vec<(f64, f64)>| PrivacyLoss::Rdp { curve: c };
@@ -206,6 +199,41 @@ fn record(
     } else {
         format!("{name}: rows with a null in any column were left out (the complete-row baseline)")
     });
+    let amplification_note = format!("{name}: MCAR amplification (000 §5.2 use case 3) is not computed yet");
+    let spent = Spent { epsilon, epsilon_spent: fitted.epsilon, written, seconds, ledger_charge };
+    row_record(req, name, o.impute, spent, mechanisms, notes, vec![req.out.clone()], amplification_note)
+}
+
+/// What a row synthesizer's run spent and wrote (for [`row_record`]).
+pub(crate) struct Spent {
+    /// The budget's ε.
+    pub epsilon: f64,
+    /// ε of the charged RDP point at the budget's δ.
+    pub epsilon_spent: f64,
+    /// Rows per set written.
+    pub written: u64,
+    /// Timings.
+    pub seconds: TimingRecord,
+    /// The ledger charge, if any.
+    pub ledger_charge: Option<i64>,
+}
+
+/// The release record of a row synthesizer charged (ε, δ) through an RDP
+/// curve (Kamino/KaminoI here, the GANs in [`crate::synth::gan::release`]):
+/// no ρ, the strategy its mechanism implies, and m sets drawn from one
+/// model (not noise-aware).
+#[allow(clippy::too_many_arguments)]
+pub(crate) fn row_record(
+    req: &SynthRequest,
+    name: &str,
+    adaptive: bool,
+    spent: Spent,
+    mechanisms: Vec<MechanismRecord>,
+    mut notes: Vec<String>,
+    outputs: Vec<String>,
+    amplification_note: String,
+) -> SynthRecord {
+    let m = req.options.multiple;
     if m > 1 {
         notes.push(format!("{name}: the {m} sets are drawn from one model; they are not noise-aware"));
     }
@@ -217,22 +245,19 @@ fn record(
         // Not a zCDP mechanism: no ρ to report.
         rho: None,
         rho_spent: None,
-        epsilon: Some(epsilon),
-        epsilon_spent: Some(fitted.epsilon),
-        missing: if o.impute { Strategy::Adaptive } else { Strategy::CompleteRow }.to_string(),
+        epsilon: Some(spent.epsilon),
+        epsilon_spent: Some(spent.epsilon_spent),
+        missing: if adaptive { Strategy::Adaptive } else { Strategy::CompleteRow }.to_string(),
         amplification: None,
-        amplification_note: req
-            .amplification
-            .as_ref()
-            .map(|_| format!("{name}: MCAR amplification (000 §5.2 use case 3) is not computed yet")),
+        amplification_note: req.amplification.as_ref().map(|_| amplification_note),
         workload: req.workload.clone(),
-        rows: written,
+        rows: spent.written,
         mechanisms,
         fit: FitMetadata { notes, ..Default::default() },
-        outputs: vec![req.out.clone()],
-        seconds,
+        outputs,
+        seconds: spent.seconds,
         unsafe_seed: req.unsafe_seed,
-        ledger_charge,
+        ledger_charge: spent.ledger_charge,
         multiple: (m > 1).then_some(m),
         noise_aware: (m > 1).then_some(false),
         set_column: (m > 1).then(|| SET_COLUMN.to_string()),
@@ -270,9 +295,30 @@ pub(crate) async fn read_codes(ctx: &SessionContext, req: &SynthRequest, domain:
     })
 }
 
+/// Writes `--multiple` synthetic sets of `rows` rows each, drawn by `sample`
+/// (rows, rng → codes per column) with one generator per set (seeded from
+/// `rng` under `--unsafe-seed`); returns the rows per set. Shared with the
+/// GANs.
+pub(crate) async fn write_sets(
+    ctx: &SessionContext,
+    req: &SynthRequest,
+    domain: &Domain,
+    rows: u64,
+    sample: impl Fn(usize, &mut DpRng) -> Vec<Vec<u32>> + Clone + Send + 'static,
+    rng: &mut DpRng,
+) -> Result<u64> {
+    let m = req.options.multiple;
+    let mut streams = Vec::with_capacity(m);
+    for _ in 0..m {
+        let set_rng = DpRng::new(req.unsafe_seed.map(|_| rand::Rng::next_u64(rng)))?;
+        streams.push(set_stream(domain.clone(), sample.clone(), rows, req.decode, set_rng));
+    }
+    Ok(write_streams(ctx, streams, &req.out).await? / m as u64)
+}
+
 /// One synthetic set of `rows` rows, generated by `sample` (rows, rng →
-/// codes per column) and decoded in batches. Shared with the GANs.
-pub(crate) fn set_stream(
+/// codes per column) and decoded in batches.
+fn set_stream(
     domain: Domain,
     sample: impl Fn(usize, &mut DpRng) -> Vec<Vec<u32>> + Send + 'static,
     rows: u64,
