@@ -188,10 +188,7 @@ impl<'a> ColumnEncoder<'a> {
                 if v > hi {
                     return Class::Oob(Some(k));
                 }
-                Class::Code(match self.uniform_width {
-                    Some(w) => (((v - lo) as f64 / w) as u32).min(k),
-                    None => (edges.partition_point(|&e| e <= v) - 1) as u32,
-                })
+                Class::Code(int_code(v, edges, self.uniform_width))
             }
             ColumnKind::Float { .. } => self.classify_f64(v as f64),
             ColumnKind::Boolean => match v {
@@ -222,10 +219,7 @@ impl<'a> ColumnEncoder<'a> {
                 if v > hi {
                     return Class::Oob(Some(k));
                 }
-                Class::Code(match self.uniform_width {
-                    Some(w) => (((v - lo) / w).floor() as u32).min(k),
-                    None => ((edges.partition_point(|&e| e <= v) - 1) as u32).min(k),
-                })
+                Class::Code(float_code(v, edges, self.uniform_width))
             }
             ColumnKind::Integer { .. } => {
                 if v.is_finite() && v.fract() == 0.0 && v.abs() < 9.0e15 {
@@ -255,6 +249,165 @@ impl<'a> ColumnEncoder<'a> {
             },
         }
     }
+}
+
+/// The bin of an integer `v` inside `[edges[0], edges[last] - 1]` (`w`: the
+/// width when the bins are uniform). Any `v` gives some code without
+/// panicking, so the vectorised path may compute it under a null slot.
+#[inline]
+fn int_code(v: i64, edges: &[i64], w: Option<f64>) -> u32 {
+    let k = (edges.len() - 2) as u32;
+    match w {
+        Some(w) => ((v.wrapping_sub(edges[0]) as f64 / w) as u32).min(k),
+        None => (edges.partition_point(|&e| e <= v).max(1) - 1) as u32,
+    }
+}
+
+/// The bin of a real `v` inside `[edges[0], edges[last]]` (as [`int_code`]).
+#[inline]
+fn float_code(v: f64, edges: &[f64], w: Option<f64>) -> u32 {
+    let k = (edges.len() - 2) as u32;
+    match w {
+        Some(w) => (((v - edges[0]) / w).floor() as u32).min(k),
+        None => ((edges.partition_point(|&e| e <= v).max(1) - 1) as u32).min(k),
+    }
+}
+
+/// The codes of `array` when every value is one the row path codes without
+/// a policy — a label or alias of a categorical column, an integer or real
+/// inside the bounds, a boolean — and nulls appear only where the column has
+/// a null code. Whole-array passes without a class per row; `None` sends the
+/// column to the row path, which gives the same codes (the label table holds
+/// only strings `classify_str` codes, and the numeric bins share
+/// [`int_code`]/[`float_code`]). Never reads a value as `&str`, so it may run
+/// before the UTF-8 check: a string equal to a label is valid text.
+fn fast_codes(enc: &ColumnEncoder<'_>, table: Option<&super::fast::LabelSet>, array: &ArrayRef) -> Option<Vec<u32>> {
+    let col = enc.col;
+    let dt = array.data_type();
+    let nc = match (array.null_count(), col.null_code()) {
+        (0, c) => c.unwrap_or(0),
+        (_, Some(c)) => c,
+        (_, None) => return None,
+    };
+    let valid = array.logical_nulls();
+    let valid = valid.as_ref().map(|n| n.inner());
+    // A null row's slot holds anything: its code becomes the null code.
+    let nulls_to = |mut codes: Vec<u32>| {
+        if let Some(v) = valid {
+            codes.iter_mut().zip(v.iter()).for_each(|(c, ok)| *c = if ok { *c } else { nc });
+        }
+        codes
+    };
+    match (&col.kind, dt) {
+        (ColumnKind::Integer { edges }, dt) if dt.is_integer() => {
+            let a = cast(array, &DataType::Int64).ok()?;
+            // A lossy cast (u64 above i64::MAX) shows up as a new null.
+            if a.null_count() != array.null_count() {
+                return None;
+            }
+            let a = a.as_primitive::<Int64Type>();
+            if !super::fast::within(a, edges[0], edges[edges.len() - 1] - 1) {
+                return None;
+            }
+            Some(nulls_to(a.values().iter().map(|&v| int_code(v, edges, enc.uniform_width)).collect()))
+        }
+        (ColumnKind::Float { edges }, dt) if dt.is_floating() => {
+            let a = cast(array, &DataType::Float64).ok()?;
+            let a = a.as_primitive::<Float64Type>();
+            // NaN fails both comparisons, so it goes to the row path.
+            if !super::fast::within(a, edges[0], edges[edges.len() - 1]) {
+                return None;
+            }
+            Some(nulls_to(a.values().iter().map(|&v| float_code(v, edges, enc.uniform_width)).collect()))
+        }
+        (ColumnKind::Boolean, DataType::Boolean) => {
+            Some(nulls_to(array.as_boolean().values().iter().map(u32::from).collect()))
+        }
+        (ColumnKind::Categorical { .. }, DataType::Utf8View) => {
+            let table = table?;
+            let a = array.as_string_view();
+            let Some(p) = table.perfect() else {
+                // A label longer than a view holds inline: look each row up by its bytes.
+                let buffers = a.data_buffers();
+                let mut last: Option<(u128, u32)> = None;
+                let mut codes = Vec::with_capacity(a.len());
+                for (i, &v) in a.views().iter().enumerate() {
+                    if valid.is_some_and(|b| !b.value(i)) {
+                        codes.push(nc);
+                        continue;
+                    }
+                    let c = match last {
+                        Some((p, c)) if p == v => c,
+                        _ => {
+                            let c = table.view_code(v, buffers)?;
+                            last = Some((v, c));
+                            c
+                        }
+                    };
+                    codes.push(c);
+                }
+                return Some(codes);
+            };
+            let views = a.views();
+            let mut ok = true;
+            let codes: Vec<u32> = match valid {
+                None => views
+                    .iter()
+                    .map(|&v| {
+                        let c = p.code(v);
+                        ok &= c.is_some();
+                        c.unwrap_or(0)
+                    })
+                    .collect(),
+                Some(valid) => views
+                    .iter()
+                    .zip(valid.iter())
+                    .map(|(&v, is)| {
+                        let c = p.code(v);
+                        ok &= c.is_some() | !is;
+                        if is { c.unwrap_or(0) } else { nc }
+                    })
+                    .collect(),
+            };
+            ok.then_some(codes)
+        }
+        (ColumnKind::Categorical { .. }, DataType::Utf8) => label_codes(array.as_string::<i32>(), table?, valid, nc),
+        (ColumnKind::Categorical { .. }, DataType::LargeUtf8) => {
+            label_codes(array.as_string::<i64>(), table?, valid, nc)
+        }
+        _ => None,
+    }
+}
+
+/// [`fast_codes`] for offset strings: each row's bytes looked up, the last
+/// lookup reused (sorted or low-cardinality inputs repeat values).
+fn label_codes<O: datafusion::arrow::array::OffsetSizeTrait>(
+    a: &datafusion::arrow::array::GenericStringArray<O>,
+    table: &super::fast::LabelSet,
+    valid: Option<&datafusion::arrow::buffer::BooleanBuffer>,
+    nc: u32,
+) -> Option<Vec<u32>> {
+    let offsets = a.value_offsets();
+    let bytes = a.value_data();
+    let mut codes = Vec::with_capacity(a.len());
+    let mut last: Option<(&[u8], u32)> = None;
+    for i in 0..a.len() {
+        if valid.is_some_and(|v| !v.value(i)) {
+            codes.push(nc);
+            continue;
+        }
+        let b = bytes.get(offsets[i].as_usize()..offsets[i + 1].as_usize())?;
+        let c = match last {
+            Some((p, c)) if p == b => c,
+            _ => {
+                let c = table.code(b)?;
+                last = Some((b, c));
+                c
+            }
+        };
+        codes.push(c);
+    }
+    Some(codes)
 }
 
 fn format_f64(v: f64) -> String {
@@ -294,6 +447,9 @@ pub struct BatchEncoder {
     passthrough: Vec<usize>,
     /// Canonical labels of categorical columns (for the vectorised typed path).
     label_sets: Vec<Option<super::fast::LabelSet>>,
+    /// Labels and aliases of categorical columns with their codes (for the
+    /// vectorised encode path, [`fast_codes`]).
+    code_tables: Vec<Option<super::fast::LabelSet>>,
     /// Typed string type per column: categorical columns read as string views
     /// stay views (no copy); others are `Utf8`.
     text_types: Vec<DataType>,
@@ -326,6 +482,23 @@ impl BatchEncoder {
                 _ => None,
             })
             .collect();
+        // Only strings the row path codes as they are (a label or alias that is
+        // not a null token and needs no trimming) enter the table.
+        let code_tables = domain
+            .columns()
+            .iter()
+            .map(|c| match &c.kind {
+                ColumnKind::Categorical { values, aliases } => {
+                    let enc = ColumnEncoder::new(c);
+                    let keys = values.iter().chain(aliases.keys()).filter_map(|l| match enc.classify_str(l) {
+                        Class::Code(code) => Some((l.as_str(), code)),
+                        _ => None,
+                    });
+                    Some(super::fast::LabelSet::with_codes(keys))
+                }
+                _ => None,
+            })
+            .collect();
         let text_types = input_index
             .iter()
             .map(|&i| match input_schema.field(i).data_type() {
@@ -341,6 +514,7 @@ impl BatchEncoder {
             enforce: true,
             passthrough: vec![],
             label_sets,
+            code_tables,
             text_types,
         })
     }
@@ -397,9 +571,28 @@ impl BatchEncoder {
     }
 
     /// Encodes one batch.
+    ///
+    /// Columns whose values all code as they are take whole-array passes
+    /// ([`fast_codes`]); the others are checked for UTF-8 and classified row
+    /// by row.
     pub fn encode(&mut self, batch: &RecordBatch) -> Result<RecordBatch, EncodeError> {
-        self.check_utf8(batch)?;
-        let (codes, _, keep) = self.classify_batch(batch, &[])?;
+        let mut fast: Vec<Option<Vec<u32>>> = self
+            .domain
+            .columns()
+            .iter()
+            .enumerate()
+            .map(|(ci, col)| {
+                fast_codes(&ColumnEncoder::new(col), self.code_tables[ci].as_ref(), batch.column(self.input_index[ci]))
+            })
+            .collect();
+        let skip: Vec<bool> = fast.iter().map(Option::is_some).collect();
+        self.check_utf8(batch, &skip)?;
+        let (mut codes, _, keep) = self.classify_batch(batch, &skip)?;
+        for (ci, f) in fast.iter_mut().enumerate() {
+            if let Some(f) = f.take() {
+                codes[ci] = f;
+            }
+        }
         let outputs: Vec<ArrayRef> = codes.into_iter().map(|c| Arc::new(UInt32Array::from(c)) as ArrayRef).collect();
         let encoded = RecordBatch::try_new(self.output_schema.clone(), outputs).expect("encoded schema matches");
         let out = match keep {
@@ -421,7 +614,7 @@ impl BatchEncoder {
     /// with whole-array kernels and passed through without per-row work
     /// (`fast_typed`); the others are classified row by row.
     pub fn typed(&mut self, batch: &RecordBatch) -> Result<RecordBatch, EncodeError> {
-        self.check_utf8(batch)?;
+        self.check_utf8(batch, &[])?;
         let domain = self.domain.clone();
         // The count-only mode (`inspect`) needs every value classified.
         let mut fast: Vec<Option<ArrayRef>> = domain
@@ -514,7 +707,8 @@ impl BatchEncoder {
     /// check while neither field is valid text; reading such a value as `&str`
     /// is undefined behaviour (found by the `csv` fuzz target). One pass over
     /// the bytes and the offsets of each text column.
-    fn check_utf8(&self, batch: &RecordBatch) -> Result<(), EncodeError> {
+    /// Columns flagged in `skip` are not checked (their values were never read as text).
+    fn check_utf8(&self, batch: &RecordBatch, skip: &[bool]) -> Result<(), EncodeError> {
         fn generic<O: datafusion::arrow::array::OffsetSizeTrait>(
             a: &datafusion::arrow::array::GenericStringArray<O>,
         ) -> bool {
@@ -522,6 +716,9 @@ impl BatchEncoder {
             a.value_offsets().iter().all(|o| o.to_usize().is_some_and(|o| text.is_char_boundary(o)))
         }
         for (ci, col) in self.domain.columns().iter().enumerate() {
+            if skip.get(ci).copied().unwrap_or(false) {
+                continue;
+            }
             let array = batch.column(self.input_index[ci]);
             let ok = match array.data_type() {
                 DataType::Utf8 => generic(array.as_string::<i32>()),
@@ -770,4 +967,196 @@ fn classify_array(enc: &ColumnEncoder<'_>, array: &dyn Array) -> Result<Vec<Clas
         _ => return Err(bad_type(col, dt)),
     }
     Ok(out)
+}
+
+#[cfg(test)]
+mod fast_tests {
+    use std::collections::BTreeMap;
+
+    use datafusion::arrow::array::{
+        Float32Array, Float64Array, Int32Array, Int64Array, LargeStringArray, StringArray, StringViewArray, UInt64Array,
+    };
+
+    use super::*;
+
+    fn column(kind: ColumnKind, nullable: bool, null_tokens: &[&str]) -> Column {
+        Column {
+            name: "x".into(),
+            kind,
+            nullable,
+            null_tokens: null_tokens.iter().map(|t| t.to_string()).collect(),
+            out_of_domain: OutOfDomain::Clip,
+            not_applicable_when: None,
+        }
+    }
+
+    /// A small deterministic generator (xorshift), so the cases are fixed.
+    struct Gen(u64);
+    impl Gen {
+        fn below(&mut self, n: u64) -> u64 {
+            self.0 ^= self.0 << 13;
+            self.0 ^= self.0 >> 7;
+            self.0 ^= self.0 << 17;
+            self.0 % n
+        }
+    }
+
+    /// Whenever the whole-array path answers, each code is the row path's:
+    /// its `Code`, or the null code for a `Null`. Checked on random arrays
+    /// of every readable type with nulls, null tokens, aliases, padded text
+    /// and out-of-domain values mixed in, and the whole-array path must
+    /// answer on the clean ones (so the check is never vacuous).
+    #[test]
+    fn whole_array_codes_equal_the_row_path() {
+        // Without the 13-byte label every label is inline in a string view.
+        let cat = |nullable, long: bool| {
+            let labels = ["a", "b", "twelve bytes", "NA", "thirteen byte", "a label beyond sixteen bytes"];
+            let labels = if long { &labels[..] } else { &labels[..4] };
+            column(
+                ColumnKind::Categorical {
+                    values: labels.iter().map(|l| l.to_string()).collect(),
+                    aliases: BTreeMap::from([("B".to_string(), "b".to_string())]),
+                },
+                nullable,
+                &["NA", "?"],
+            )
+        };
+        let columns = [
+            cat(true, false),
+            cat(false, true),
+            cat(true, true),
+            column(ColumnKind::Integer { edges: vec![-5, 0, 5, 10, 15] }, true, &[]),
+            column(ColumnKind::Integer { edges: vec![0, 1, 18, 65, 100] }, true, &[]),
+            column(ColumnKind::Float { edges: vec![0.0, 0.25, 0.5, 0.75, 1.0] }, true, &[]),
+            column(ColumnKind::Float { edges: vec![0.0, 0.1, 0.9, 1.0] }, false, &[]),
+            column(ColumnKind::Boolean, true, &[]),
+        ];
+        let texts = [
+            "a",
+            "b",
+            "B",
+            "twelve bytes",
+            "thirteen byte",
+            "NA",
+            "?",
+            " a",
+            "c",
+            "",
+            "a label beyond sixteen bytes",
+            "a label beyond sixteen bytez",
+        ];
+        let mut g = Gen(0x2545_F491_4F6C_DD1D);
+        let mut answered = vec![0usize; columns.len()];
+        for round in 0..400 {
+            // Every fourth round is clean: in-domain values (and nulls where allowed) only.
+            let clean = round % 4 == 0;
+            for (ci, col) in columns.iter().enumerate() {
+                let n = 1 + g.below(40) as usize;
+                let null = |g: &mut Gen| (col.nullable || !clean) && g.below(6) == 0;
+                let long_labels = matches!(&col.kind, ColumnKind::Categorical { values, .. } if values.len() > 4);
+                let array: ArrayRef = match &col.kind {
+                    ColumnKind::Categorical { .. } => {
+                        let vals: Vec<Option<&str>> = (0..n)
+                            .map(|_| {
+                                if null(&mut g) {
+                                    None
+                                } else if clean {
+                                    let k = if long_labels { 6 } else { 4 };
+                                    let pick = [
+                                        "a",
+                                        "b",
+                                        "B",
+                                        "twelve bytes",
+                                        "thirteen byte",
+                                        "a label beyond sixteen bytes",
+                                    ];
+                                    Some(pick[g.below(k) as usize])
+                                } else {
+                                    Some(texts[g.below(texts.len() as u64) as usize])
+                                }
+                            })
+                            .collect();
+                        match round % 3 {
+                            0 => Arc::new(StringViewArray::from(vals)),
+                            1 => Arc::new(StringArray::from(vals)),
+                            _ => Arc::new(LargeStringArray::from(vals)),
+                        }
+                    }
+                    ColumnKind::Integer { edges } => {
+                        let (lo, hi) = (edges[0], edges[edges.len() - 1] - 1);
+                        let vals: Vec<Option<i64>> = (0..n)
+                            .map(|_| {
+                                let span = (hi - lo + 1) as u64 + if clean { 0 } else { 6 };
+                                (!null(&mut g)).then(|| lo - if clean { 0 } else { 3 } + g.below(span) as i64)
+                            })
+                            .collect();
+                        match round % 3 {
+                            0 => Arc::new(Int64Array::from(vals)),
+                            1 => {
+                                Arc::new(Int32Array::from(vals.iter().map(|v| v.map(|v| v as i32)).collect::<Vec<_>>()))
+                            }
+                            // Unsigned: a negative becomes a value above i64::MAX (lossy cast).
+                            _ => Arc::new(UInt64Array::from(
+                                vals.iter().map(|v| v.map(|v| v as u64)).collect::<Vec<_>>(),
+                            )),
+                        }
+                    }
+                    ColumnKind::Float { edges } => {
+                        let (lo, hi) = (edges[0], edges[edges.len() - 1]);
+                        let vals: Vec<Option<f64>> = (0..n)
+                            .map(|_| {
+                                (!null(&mut g)).then(|| match (clean, g.below(10)) {
+                                    (false, 0) => f64::NAN,
+                                    (false, 1) => hi + 0.5,
+                                    // Often exactly on an edge.
+                                    (_, 2) => edges[g.below(edges.len() as u64) as usize],
+                                    _ => lo + (hi - lo) * g.below(1001) as f64 / 1000.0,
+                                })
+                            })
+                            .collect();
+                        if round % 2 == 0 {
+                            Arc::new(Float64Array::from(vals))
+                        } else {
+                            Arc::new(Float32Array::from(vals.iter().map(|v| v.map(|v| v as f32)).collect::<Vec<_>>()))
+                        }
+                    }
+                    ColumnKind::Boolean => Arc::new(BooleanArray::from(
+                        (0..n).map(|_| (!null(&mut g)).then(|| g.below(2) == 1)).collect::<Vec<_>>(),
+                    )),
+                };
+                let enc = ColumnEncoder::new(col);
+                let table = match &col.kind {
+                    ColumnKind::Categorical { values, aliases } => Some(super::super::fast::LabelSet::with_codes(
+                        values.iter().chain(aliases.keys()).filter_map(|l| match enc.classify_str(l) {
+                            Class::Code(c) => Some((l.as_str(), c)),
+                            _ => None,
+                        }),
+                    )),
+                    _ => None,
+                };
+                let fast = fast_codes(&enc, table.as_ref(), &array);
+                let rows = classify_array(&enc, array.as_ref()).unwrap();
+                let row_codes: Option<Vec<u32>> = rows
+                    .iter()
+                    .map(|c| match c {
+                        Class::Code(c) => Some(*c),
+                        Class::Null => col.null_code(),
+                        Class::Oob(_) => None,
+                    })
+                    .collect();
+                if let Some(f) = &fast {
+                    answered[ci] += 1;
+                    assert_eq!(Some(f), row_codes.as_ref(), "column {ci}, round {round}: {array:?}");
+                }
+                // A clean array answers, except negative numbers read as unsigned (out of the
+                // domain on both paths).
+                let negative_unsigned =
+                    matches!(&col.kind, ColumnKind::Integer { edges } if edges[0] < 0) && round % 3 == 2;
+                if clean && !negative_unsigned {
+                    assert!(fast.is_some(), "column {ci}, round {round}: a clean array took the row path");
+                }
+            }
+        }
+        assert!(answered.iter().all(|&a| a >= 60), "{answered:?}");
+    }
 }

@@ -14,19 +14,39 @@ use datafusion::arrow::datatypes::{ArrowPrimitiveType, DataType, Float64Type, In
 
 use super::column::{Column, ColumnKind};
 
-/// Canonical labels of a categorical column, for membership tests on raw
-/// bytes: an open-addressing table over labels of up to 16 bytes packed into a
+/// Labels of a categorical column, each with its code, for lookups on raw
+/// bytes: an open-addressing table over labels of up to 15 bytes packed into a
 /// `u128` (length in the top byte), with the rare longer labels compared as
-/// bytes.
+/// bytes. The typed path asks only for membership; the encoder asks for codes.
 pub(crate) struct LabelSet {
     slots: Vec<u128>,
+    /// The code of the label in the same slot of `slots`.
+    slot_codes: Vec<u32>,
     shift: u32,
-    long: Vec<Vec<u8>>,
+    long: Vec<(Vec<u8>, u32)>,
     /// When every label fits inline in an Arrow string view (≤ 12 bytes): the
     /// labels' views in a collision-free table (slots, multiplier, shift), so
     /// a `StringViewArray` row is tested on its view with one load and one
     /// compare, without branches.
-    perfect: Option<(Vec<u128>, u64, u32)>,
+    perfect: Option<Perfect>,
+}
+
+/// A collision-free table of inline string views and their codes.
+pub(crate) struct Perfect {
+    slots: Vec<u128>,
+    codes: Vec<u32>,
+    mul: u64,
+    shift: u32,
+}
+
+impl Perfect {
+    /// The code of the label whose view is `v`, if `v` is one (a view longer
+    /// than 12 bytes never equals an inline label's view).
+    #[inline]
+    pub(crate) fn code(&self, v: u128) -> Option<u32> {
+        let i = perfect_slot(v, self.mul, self.shift);
+        (self.slots[i] == v).then(|| self.codes[i])
+    }
 }
 
 const EMPTY: u128 = u128::MAX;
@@ -49,16 +69,27 @@ fn slot_of(key: u128, shift: u32) -> usize {
 }
 
 impl LabelSet {
-    /// The set of `labels`.
+    /// The set of `labels`, coded by position.
     pub(crate) fn new<'a>(labels: impl IntoIterator<Item = &'a str>) -> Self {
-        let labels: Vec<&str> = labels.into_iter().collect();
-        let bits = (labels.len().max(1) * 4).next_power_of_two().trailing_zeros().max(4);
-        let mut set =
-            Self { slots: vec![EMPTY; 1 << bits], shift: 64 - bits, long: Vec::new(), perfect: perfect_table(&labels) };
-        for l in labels {
+        Self::with_codes(labels.into_iter().zip(0u32..))
+    }
+
+    /// The set of `(label, code)` pairs (a label listed twice keeps its first code).
+    pub(crate) fn with_codes<'a>(pairs: impl IntoIterator<Item = (&'a str, u32)>) -> Self {
+        let mut seen = std::collections::HashSet::new();
+        let pairs: Vec<(&str, u32)> = pairs.into_iter().filter(|(l, _)| seen.insert(*l)).collect();
+        let bits = (pairs.len().max(1) * 4).next_power_of_two().trailing_zeros().max(4);
+        let mut set = Self {
+            slots: vec![EMPTY; 1 << bits],
+            slot_codes: vec![0; 1 << bits],
+            shift: 64 - bits,
+            long: Vec::new(),
+            perfect: perfect_table(&pairs),
+        };
+        for (l, code) in pairs {
             match pack(l.as_bytes()) {
-                Some(k) => insert(&mut set.slots, k, set.shift),
-                None => set.long.push(l.as_bytes().to_vec()),
+                Some(k) => insert(&mut set.slots, &mut set.slot_codes, k, code, set.shift),
+                None => set.long.push((l.as_bytes().to_vec(), code)),
             }
         }
         set
@@ -67,10 +98,37 @@ impl LabelSet {
     /// Whether `b` is one of the labels.
     #[inline]
     pub(crate) fn contains(&self, b: &[u8]) -> bool {
+        self.code(b).is_some()
+    }
+
+    /// The code of `b`, if it is one of the labels.
+    #[inline]
+    pub(crate) fn code(&self, b: &[u8]) -> Option<u32> {
         match pack(b) {
-            Some(k) => probe(&self.slots, k, self.shift),
-            None => self.long.iter().any(|l| l == b),
+            Some(k) => probe(&self.slots, k, self.shift).map(|i| self.slot_codes[i]),
+            None => self.long.iter().find(|(l, _)| l == b).map(|(_, c)| *c),
         }
+    }
+
+    /// The code of the string whose Arrow view is `v` (`buffers`: the array's
+    /// data buffers), if it is one of the labels. Reads bytes, never `&str`,
+    /// and a view pointing outside its buffer is simply not a label.
+    #[inline]
+    pub(crate) fn view_code(&self, v: u128, buffers: &[datafusion::arrow::buffer::Buffer]) -> Option<u32> {
+        let len = v as u32 as usize;
+        if len <= 12 {
+            // An inline view is the length, then the bytes zero-padded: shifted down it is
+            // the packed key (a view with non-zero padding matches no key).
+            let key = (v >> 32) | ((len as u128) << 120);
+            return probe(&self.slots, key, self.shift).map(|i| self.slot_codes[i]);
+        }
+        let (buffer, offset) = ((v >> 64) as u32 as usize, (v >> 96) as u32 as usize);
+        self.code(buffers.get(buffer)?.get(offset..offset.checked_add(len)?)?)
+    }
+
+    /// The collision-free view table, when every label is inline.
+    pub(crate) fn perfect(&self) -> Option<&Perfect> {
+        self.perfect.as_ref()
     }
 }
 
@@ -82,8 +140,8 @@ fn perfect_slot(view: u128, mul: u64, shift: u32) -> usize {
 /// A table in which every label's view sits at its own home slot, if the
 /// labels are all inline (≤ 12 bytes) and a multiplier is found (tried in a
 /// fixed order, at sizes up to 64 slots per label).
-fn perfect_table(labels: &[&str]) -> Option<(Vec<u128>, u64, u32)> {
-    let views: Vec<u128> = labels.iter().map(|l| inline_view(l.as_bytes())).collect::<Option<_>>()?;
+fn perfect_table(pairs: &[(&str, u32)]) -> Option<Perfect> {
+    let views: Vec<u128> = pairs.iter().map(|(l, _)| inline_view(l.as_bytes())).collect::<Option<_>>()?;
     let mut mul: u64 = 0x9E37_79B9_7F4A_7C15;
     for bits in (views.len().max(1) * 4).next_power_of_two().trailing_zeros().max(4)..=20 {
         if (1usize << bits) > 64 * views.len().max(4) {
@@ -92,13 +150,15 @@ fn perfect_table(labels: &[&str]) -> Option<(Vec<u128>, u64, u32)> {
         for _ in 0..64 {
             let shift = 64 - bits;
             let mut slots = vec![EMPTY; 1 << bits];
-            if views.iter().all(|&v| {
+            let mut codes = vec![0u32; 1 << bits];
+            if views.iter().zip(pairs).all(|(&v, &(_, code))| {
                 let i = perfect_slot(v, mul, shift);
-                let free = slots[i] == EMPTY || slots[i] == v;
+                let free = slots[i] == EMPTY;
                 slots[i] = v;
+                codes[i] = code;
                 free
             }) {
-                return Some((slots, mul, shift));
+                return Some(Perfect { slots, codes, mul, shift });
             }
             // Next odd multiplier (splitmix step).
             mul = (mul ^ (mul >> 31)).wrapping_mul(0xBF58_476D_1CE4_E5B9) | 1;
@@ -118,26 +178,28 @@ fn inline_view(b: &[u8]) -> Option<u128> {
     Some(u128::from_le_bytes(buf))
 }
 
-fn insert(slots: &mut [u128], k: u128, shift: u32) {
+fn insert(slots: &mut [u128], codes: &mut [u32], k: u128, code: u32, shift: u32) {
     let mask = slots.len() - 1;
     let mut i = slot_of(k, shift);
     while slots[i] != EMPTY && slots[i] != k {
         i = (i + 1) & mask;
     }
     slots[i] = k;
+    codes[i] = code;
 }
 
+/// The slot holding `k`, if any.
 #[inline]
-fn probe(slots: &[u128], k: u128, shift: u32) -> bool {
+fn probe(slots: &[u128], k: u128, shift: u32) -> Option<usize> {
     let mask = slots.len() - 1;
     let mut i = slot_of(k, shift);
     loop {
         let s = slots[i];
         if s == k {
-            return true;
+            return Some(i);
         }
         if s == EMPTY {
-            return false;
+            return None;
         }
         i = (i + 1) & mask;
     }
@@ -164,11 +226,11 @@ fn all_labels<O: OffsetSizeTrait>(a: &GenericStringArray<O>, set: &LabelSet) -> 
 }
 
 fn all_labels_view(a: &StringViewArray, set: &LabelSet) -> bool {
-    if let Some((slots, mul, shift)) = &set.perfect {
+    if let Some(p) = &set.perfect {
         // Branch-free: a view matches iff it is the label at its home slot
         // (a view longer than 12 bytes never equals an inline label's view);
         // a null row passes whatever its view holds.
-        let hit = |v: u128| slots[perfect_slot(v, *mul, *shift)] == v;
+        let hit = |v: u128| p.slots[perfect_slot(v, p.mul, p.shift)] == v;
         return match a.nulls() {
             None => a.views().chunks(1024).all(|chunk| chunk.iter().fold(true, |ok, &v| ok & hit(v))),
             Some(n) => {
@@ -193,7 +255,7 @@ fn all_labels_view(a: &StringViewArray, set: &LabelSet) -> bool {
 
 /// Whether every non-null value lies in [lo, hi]: one branch-free pass that
 /// vectorises (a null passes by its validity bit, whatever its slot holds).
-fn within<T: ArrowPrimitiveType>(p: &PrimitiveArray<T>, lo: T::Native, hi: T::Native) -> bool
+pub(crate) fn within<T: ArrowPrimitiveType>(p: &PrimitiveArray<T>, lo: T::Native, hi: T::Native) -> bool
 where
     T::Native: PartialOrd,
 {

@@ -142,6 +142,7 @@ pub struct MarginalAccumulator {
     sets: Vec<SetCounts>,
     rows: u64,
     scratch: Vec<u64>,
+    scratch32: Vec<u32>,
 }
 
 impl MarginalAccumulator {
@@ -176,7 +177,7 @@ impl MarginalAccumulator {
                 }
             })
             .collect();
-        Ok(Self { config, input_pos, sets, rows: 0, scratch: Vec::new() })
+        Ok(Self { config, input_pos, sets, rows: 0, scratch: Vec::new(), scratch32: Vec::new() })
     }
 
     /// The configuration.
@@ -216,7 +217,28 @@ impl MarginalAccumulator {
             }
         }
         self.scratch.resize(n, 0);
+        self.scratch32.resize(n, 0);
         for set in &mut self.sets {
+            // Cells mode (the common case): every code is inside its domain,
+            // so the index Σ code·stride is below `cells` < 2³¹ and fits a u32.
+            // One pass per attribute builds the indices (vectorised), then one
+            // counting pass. (Spreading rows over four count vectors, so rows
+            // hitting one cell do not wait on each other's store, measured no
+            // faster on bench data.)
+            if set.nulls.iter().all(Option::is_none) {
+                let idx = &mut self.scratch32[..n];
+                for (k, &c) in set.cols.iter().enumerate() {
+                    let s = set.strides[k] as u32;
+                    if k == 0 {
+                        idx.iter_mut().zip(cols[c]).for_each(|(x, &v)| *x = v * s);
+                    } else {
+                        idx.iter_mut().zip(cols[c]).for_each(|(x, &v)| *x += v * s);
+                    }
+                }
+                let counts = &mut set.counts;
+                idx.iter().for_each(|&i| counts[i as usize] += 1);
+                continue;
+            }
             let idx = &mut self.scratch[..n];
             let sentinel = set.cells;
             // Index of each row: Σ code·stride, or the overflow slot if unobserved.
