@@ -462,6 +462,20 @@ pub(crate) fn output_name_problem(name: &str) -> Option<&'static str> {
     crate::io::names::relative_name_problem(name)
 }
 
+/// The spec key a row-trained mechanism's public check (Kamino, KaminoI,
+/// DP-MisGAN, DP-GAN) points at when it refuses.
+fn rows_check_field(e: &crate::synth::SynthError) -> &'static str {
+    use crate::synth::SynthError as E;
+    match e {
+        E::KaminoBudget(..)
+        | E::Kamino(crate::synth::kamino::KaminoError::BudgetTooSmall { .. })
+        | E::Gan(crate::synth::gan::GanError::BudgetTooSmall { .. }) => "synthesize.budget",
+        E::KaminoModelOut(_) => "synthesize.model_output",
+        E::KaminoMissing { .. } => "synthesize.missing",
+        _ => "dataset.domain",
+    }
+}
+
 fn resolve(base: &Path, p: &str) -> String {
     if p.contains("://") || Path::new(p).is_absolute() { p.to_string() } else { base.join(p).display().to_string() }
 }
@@ -838,18 +852,7 @@ impl Pipeline {
                             missing,
                             x.model_output.is_some(),
                         )
-                        .map_err(|e| {
-                            let field = match e {
-                                crate::synth::SynthError::KaminoBudget(..)
-                                | crate::synth::SynthError::Kamino(
-                                    crate::synth::kamino::KaminoError::BudgetTooSmall { .. },
-                                ) => "synthesize.budget",
-                                crate::synth::SynthError::KaminoModelOut(_) => "synthesize.model_output",
-                                crate::synth::SynthError::KaminoMissing { .. } => "synthesize.missing",
-                                _ => "dataset.domain",
-                            };
-                            err(l, &key(field), e.to_string())
-                        })?;
+                        .map_err(|e| err(l, &key(rows_check_field(&e)), e.to_string()))?;
                     }
                     if matches!(
                         x.mechanism,
@@ -860,17 +863,8 @@ impl Pipeline {
                             missing_aware: x.mechanism == crate::synth::run::Mechanism::DpMisgan,
                             ..Default::default()
                         };
-                        crate::synth::gan::release::check_public(&spec.domain, &b, &options, missing).map_err(|e| {
-                            let field = match e {
-                                crate::synth::SynthError::KaminoBudget(..)
-                                | crate::synth::SynthError::Gan(crate::synth::gan::GanError::BudgetTooSmall {
-                                    ..
-                                }) => "synthesize.budget",
-                                crate::synth::SynthError::KaminoMissing { .. } => "synthesize.missing",
-                                _ => "dataset.domain",
-                            };
-                            err(l, &key(field), e.to_string())
-                        })?;
+                        crate::synth::gan::release::check_public(&spec.domain, &b, &options, missing)
+                            .map_err(|e| err(l, &key(rows_check_field(&e)), e.to_string()))?;
                     }
                     if let Some(cells) = x.mechanism.cells() {
                         // The 002 synthesizers' public inputs, checked before the release is charged.

@@ -326,7 +326,7 @@ pub enum SynthError {
         /// The strategy given.
         given: String,
     },
-    /// Kamino through the marginal interface (SQL's `synthesize()`).
+    /// A mechanism that trains on rows (Kamino, the GANs) through the marginal interface (SQL's `synthesize()`).
     #[error("{0} trains on rows, not marginals: run it with `dpflow synth --mechanism {0}` or a pipeline step")]
     KaminoRows(&'static str),
     /// A Kamino fit that failed after the data was read.

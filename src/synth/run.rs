@@ -114,10 +114,10 @@ impl Mechanism {
                 Box::new(super::dips::release::RawSynth(self.raw().expect("a raw mechanism")))
             }
             Mechanism::Kamino | Mechanism::Kaminoi => {
-                Box::new(super::kamino::release::KaminoSynth(*self == Mechanism::Kaminoi))
+                Box::new(super::kamino::release::RowsOnly(super::kamino::release::name(*self == Mechanism::Kaminoi)))
             }
             Mechanism::DpMisgan | Mechanism::DpGan => {
-                Box::new(super::gan::release::GanSynth(*self == Mechanism::DpMisgan))
+                Box::new(super::kamino::release::RowsOnly(super::gan::release::name(*self == Mechanism::DpMisgan)))
             }
         }
     }
@@ -899,11 +899,7 @@ pub async fn run_synth(ctx: &SessionContext, req: &SynthRequest, progress: &dyn 
         }
     };
     // Outputs are durable: commit the charge.
-    let mut ledger_charge = None;
-    if let Some((l, id)) = ledger_state.take() {
-        l.commit(id)?;
-        ledger_charge = Some(id);
-    }
+    let ledger_charge = commit_release(ledger_state.take())?;
     let (rho, rho_spent, epsilon, epsilon_spent) = match budget {
         Share::Rho(r) => (r, spent, None, None),
         Share::Epsilon(e) => (e * e / 2.0, e * e / 2.0 * (spent / e).min(1.0), Some(e), Some(spent)),
@@ -1033,6 +1029,18 @@ pub(crate) fn begin_release_loss(
     }
     let rng = DpRng::new(req.unsafe_seed)?;
     Ok((rng, reserve_loss(req, name, loss, amount, progress)?))
+}
+
+/// Commits the ledger charge reserved by [`begin_release`] or [`reserve`],
+/// once the outputs are durable; the charge's id, for the release record.
+pub(crate) fn commit_release(ledger_state: Option<(Ledger, i64)>) -> Result<Option<i64>> {
+    match ledger_state {
+        Some((l, id)) => {
+            l.commit(id)?;
+            Ok(Some(id))
+        }
+        None => Ok(None),
+    }
 }
 
 /// Reserves the release's whole budget in the ledger, if there is one,

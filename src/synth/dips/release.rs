@@ -277,11 +277,7 @@ pub(crate) async fn record(
     epsilon: f64,
     done: Released,
 ) -> Result<SynthRecord> {
-    let mut ledger_charge = None;
-    if let Some((l, id)) = ledger_state {
-        l.commit(id)?;
-        ledger_charge = Some(id);
-    }
+    let ledger_charge = crate::synth::run::commit_release(ledger_state)?;
     let m = req.options.multiple;
     let spent = done.accountant.filter().spent_amount();
     let record = SynthRecord {

@@ -42,17 +42,8 @@ pub struct GeneratorFile {
 /// settings and network sizes.
 pub fn check_public(domain: &Domain, budget: &Budget, options: &GanOptions, missing: Strategy) -> Result<(f64, f64)> {
     let aware = options.missing_aware;
-    let Budget::Approx { epsilon, delta } = *budget else {
-        return Err(SynthError::KaminoBudget(name(aware), budget.describe()));
-    };
-    let implied = if aware { Strategy::Adaptive } else { Strategy::CompleteRow };
-    if missing != implied && missing != Strategy::Reproduce {
-        return Err(SynthError::KaminoMissing {
-            mechanism: name(aware),
-            implied: implied.to_string(),
-            given: missing.to_string(),
-        });
-    }
+    let (epsilon, delta) =
+        crate::synth::kamino::release::rows_budget_and_strategy(name(aware), budget, aware, missing)?;
     let sizes: Vec<usize> = domain.columns().iter().map(|c| c.size()).collect();
     options.check(&sizes)?;
     super::check_budget(epsilon, delta)?;
@@ -112,11 +103,7 @@ pub(crate) async fn run(
     let (fitted, written, seconds) = crate::synth::dips::release::settle(ledger_state.as_ref(), released)?;
     let mut outputs = vec![req.out.clone()];
     outputs.extend(req.model_out.clone());
-    let mut ledger_charge = None;
-    if let Some((l, id)) = ledger_state {
-        l.commit(id)?;
-        ledger_charge = Some(id);
-    }
+    let ledger_charge = crate::synth::run::commit_release(ledger_state)?;
     let record = record(req, &options, epsilon, delta, &fitted, written, seconds, ledger_charge, outputs);
     save_record(ctx, req, &record).await?;
     Ok(record)
@@ -204,25 +191,4 @@ fn record(
     let amplification_note = format!("{name}: MCAR amplification is not computed for GANs");
     let spent = Spent { epsilon, epsilon_spent: fitted.epsilon, written, seconds, ledger_charge };
     row_record(req, name, o.missing_aware, spent, mechanisms, notes, outputs, amplification_note)
-}
-
-/// The GANs behind the [`crate::synth::Synthesizer`] interface, which hands
-/// a fit marginals only: the fit refuses, before any charge. `dpflow synth`
-/// and pipelines run them through this module's `run`.
-#[derive(Debug, Clone, Copy)]
-pub struct GanSynth(pub bool);
-
-impl crate::synth::Synthesizer for GanSynth {
-    fn name(&self) -> &'static str {
-        name(self.0)
-    }
-
-    fn required_marginals(&self, _domain: &Domain, _workload: &crate::synth::Workload) -> Vec<Vec<usize>> {
-        vec![]
-    }
-
-    #[allow(private_interfaces)]
-    fn fit(&self, _ctx: &mut crate::synth::FitContext<'_>) -> Result<crate::synth::Fitted> {
-        Err(SynthError::KaminoRows(name(self.0)))
-    }
 }

@@ -38,6 +38,25 @@ pub fn name(impute: bool) -> &'static str {
     if impute { "kaminoi" } else { "kamino" }
 }
 
+/// The checks every mechanism that trains on rows makes first: an (ε, δ)
+/// budget, and the missing-data strategy it implies (`adaptive` when it uses
+/// incomplete rows, `complete-row` otherwise; `reproduce` means the same).
+pub(crate) fn rows_budget_and_strategy(
+    mechanism: &'static str,
+    budget: &Budget,
+    uses_incomplete_rows: bool,
+    missing: Strategy,
+) -> Result<(f64, f64)> {
+    let Budget::Approx { epsilon, delta } = *budget else {
+        return Err(SynthError::KaminoBudget(mechanism, budget.describe()));
+    };
+    let implied = if uses_incomplete_rows { Strategy::Adaptive } else { Strategy::CompleteRow };
+    if missing != implied && missing != Strategy::Reproduce {
+        return Err(SynthError::KaminoMissing { mechanism, implied: implied.to_string(), given: missing.to_string() });
+    }
+    Ok((epsilon, delta))
+}
+
 /// The public checks of a run (also made by the pipeline spec check):
 /// an (ε, δ) budget, no `--model-out`, the missing-data strategy the
 /// mechanism implies, and the settings and classifier sizes.
@@ -48,20 +67,9 @@ pub fn check_public(
     missing: Strategy,
     model_out: bool,
 ) -> Result<(f64, f64)> {
-    let impute = options.impute;
-    let Budget::Approx { epsilon, delta } = *budget else {
-        return Err(SynthError::KaminoBudget(name(impute), budget.describe()));
-    };
+    let (epsilon, delta) = rows_budget_and_strategy(name(options.impute), budget, options.impute, missing)?;
     if model_out {
-        return Err(SynthError::KaminoModelOut(name(impute)));
-    }
-    let implied = if impute { Strategy::Adaptive } else { Strategy::CompleteRow };
-    if missing != implied && missing != Strategy::Reproduce {
-        return Err(SynthError::KaminoMissing {
-            mechanism: name(impute),
-            implied: implied.to_string(),
-            given: missing.to_string(),
-        });
+        return Err(SynthError::KaminoModelOut(name(options.impute)));
     }
     let names: Vec<String> = domain.names().iter().map(|n| n.to_string()).collect();
     let sizes: Vec<usize> = domain.columns().iter().map(|c| c.size()).collect();
@@ -108,11 +116,7 @@ pub(crate) async fn run(
     }
     .await;
     let (fitted, written, seconds) = crate::synth::dips::release::settle(ledger_state.as_ref(), released)?;
-    let mut ledger_charge = None;
-    if let Some((l, id)) = ledger_state {
-        l.commit(id)?;
-        ledger_charge = Some(id);
-    }
+    let ledger_charge = crate::synth::run::commit_release(ledger_state)?;
     let record = record(req, &options, epsilon, delta, &domain, &fitted, written, seconds, ledger_charge);
     save_record(ctx, req, &record).await?;
     Ok(record)
@@ -350,15 +354,16 @@ fn set_stream(
     Box::pin(RecordBatchStreamAdapter::new(schema, futures::stream::iter(batches)))
 }
 
-/// Kamino behind the [`crate::synth::Synthesizer`] interface, which hands a
-/// fit marginals only: the fit refuses, before any charge. `dpflow synth`
-/// and pipelines run it through this module's `run`.
+/// A mechanism that trains on rows (Kamino, KaminoI, DP-MisGAN, DP-GAN)
+/// behind the [`crate::synth::Synthesizer`] interface, which hands a fit
+/// marginals only: the fit refuses, before any charge. `dpflow synth` and
+/// pipelines run these through their modules' `run`.
 #[derive(Debug, Clone, Copy)]
-pub struct KaminoSynth(pub bool);
+pub struct RowsOnly(pub &'static str);
 
-impl crate::synth::Synthesizer for KaminoSynth {
+impl crate::synth::Synthesizer for RowsOnly {
     fn name(&self) -> &'static str {
-        name(self.0)
+        self.0
     }
 
     fn required_marginals(&self, _domain: &Domain, _workload: &crate::synth::Workload) -> Vec<Vec<usize>> {
@@ -367,6 +372,6 @@ impl crate::synth::Synthesizer for KaminoSynth {
 
     #[allow(private_interfaces)]
     fn fit(&self, _ctx: &mut crate::synth::FitContext<'_>) -> Result<crate::synth::Fitted> {
-        Err(SynthError::KaminoRows(name(self.0)))
+        Err(SynthError::KaminoRows(self.0))
     }
 }

@@ -219,9 +219,7 @@ pub(crate) async fn run(ctx: &SessionContext, req: &SynthRequest, progress: &dyn
         }
     };
     // The statistics are durable: they are the release.
-    if let Some((l, id)) = ledger_state {
-        l.commit(id)?;
-    }
+    crate::synth::run::commit_release(ledger_state)?;
     progress(&format!("napsu-mq: noisy statistics saved in {record_path}; the rest is post-processing"));
     let post = Post {
         out: &req.out,

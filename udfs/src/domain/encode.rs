@@ -112,34 +112,16 @@ struct ColumnEncoder<'a> {
 impl<'a> ColumnEncoder<'a> {
     fn new(col: &'a Column) -> Self {
         let mut labels = HashMap::new();
-        let mut uniform_width = None;
-        match &col.kind {
-            ColumnKind::Categorical { values, aliases } => {
-                for (i, v) in values.iter().enumerate() {
-                    labels.insert(v.as_str(), i as u32);
-                }
-                for (from, to) in aliases {
-                    let code = labels[to.as_str()];
-                    labels.insert(from.as_str(), code);
-                }
+        if let ColumnKind::Categorical { values, aliases } = &col.kind {
+            for (i, v) in values.iter().enumerate() {
+                labels.insert(v.as_str(), i as u32);
             }
-            ColumnKind::Integer { edges } => {
-                let w = edges[1] - edges[0];
-                if edges.windows(2).all(|p| p[1] - p[0] == w) {
-                    uniform_width = Some(w as f64);
-                }
+            for (from, to) in aliases {
+                let code = labels[to.as_str()];
+                labels.insert(from.as_str(), code);
             }
-            ColumnKind::Float { edges } => {
-                let w = edges[1] - edges[0];
-                let n = edges.len() - 1;
-                // Uniform when every edge equals lo + i·w exactly.
-                if edges.iter().enumerate().all(|(i, e)| *e == edges[0] + i as f64 * w) && n > 0 {
-                    uniform_width = Some(w);
-                }
-            }
-            ColumnKind::Boolean => {}
         }
-        Self { col, labels, uniform_width }
+        Self { col, labels, uniform_width: uniform_width(&col.kind) }
     }
 
     fn is_null_token(&self, s: &str) -> bool {
@@ -251,6 +233,22 @@ impl<'a> ColumnEncoder<'a> {
     }
 }
 
+/// The common width of a numeric column's bins, when they are uniform.
+fn uniform_width(kind: &ColumnKind) -> Option<f64> {
+    match kind {
+        ColumnKind::Integer { edges } => {
+            let w = edges[1] - edges[0];
+            edges.windows(2).all(|p| p[1] - p[0] == w).then_some(w as f64)
+        }
+        ColumnKind::Float { edges } => {
+            let w = edges[1] - edges[0];
+            // Uniform when every edge equals lo + i·w exactly.
+            (edges.len() > 1 && edges.iter().enumerate().all(|(i, e)| *e == edges[0] + i as f64 * w)).then_some(w)
+        }
+        _ => None,
+    }
+}
+
 /// The bin of an integer `v` inside `[edges[0], edges[last] - 1]` (`w`: the
 /// width when the bins are uniform). Any `v` gives some code without
 /// panicking, so the vectorised path may compute it under a null slot.
@@ -281,8 +279,7 @@ fn float_code(v: f64, edges: &[f64], w: Option<f64>) -> u32 {
 /// only strings `classify_str` codes, and the numeric bins share
 /// [`int_code`]/[`float_code`]). Never reads a value as `&str`, so it may run
 /// before the UTF-8 check: a string equal to a label is valid text.
-fn fast_codes(enc: &ColumnEncoder<'_>, table: Option<&super::fast::LabelSet>, array: &ArrayRef) -> Option<Vec<u32>> {
-    let col = enc.col;
+fn fast_codes(col: &Column, table: Option<&super::fast::LabelSet>, array: &ArrayRef) -> Option<Vec<u32>> {
     let dt = array.data_type();
     let nc = match (array.null_count(), col.null_code()) {
         (0, c) => c.unwrap_or(0),
@@ -309,7 +306,8 @@ fn fast_codes(enc: &ColumnEncoder<'_>, table: Option<&super::fast::LabelSet>, ar
             if !super::fast::within(a, edges[0], edges[edges.len() - 1] - 1) {
                 return None;
             }
-            Some(nulls_to(a.values().iter().map(|&v| int_code(v, edges, enc.uniform_width)).collect()))
+            let w = uniform_width(&col.kind);
+            Some(nulls_to(a.values().iter().map(|&v| int_code(v, edges, w)).collect()))
         }
         (ColumnKind::Float { edges }, dt) if dt.is_floating() => {
             let a = cast(array, &DataType::Float64).ok()?;
@@ -318,7 +316,8 @@ fn fast_codes(enc: &ColumnEncoder<'_>, table: Option<&super::fast::LabelSet>, ar
             if !super::fast::within(a, edges[0], edges[edges.len() - 1]) {
                 return None;
             }
-            Some(nulls_to(a.values().iter().map(|&v| float_code(v, edges, enc.uniform_width)).collect()))
+            let w = uniform_width(&col.kind);
+            Some(nulls_to(a.values().iter().map(|&v| float_code(v, edges, w)).collect()))
         }
         (ColumnKind::Boolean, DataType::Boolean) => {
             Some(nulls_to(array.as_boolean().values().iter().map(u32::from).collect()))
@@ -581,9 +580,7 @@ impl BatchEncoder {
             .columns()
             .iter()
             .enumerate()
-            .map(|(ci, col)| {
-                fast_codes(&ColumnEncoder::new(col), self.code_tables[ci].as_ref(), batch.column(self.input_index[ci]))
-            })
+            .map(|(ci, col)| fast_codes(col, self.code_tables[ci].as_ref(), batch.column(self.input_index[ci])))
             .collect();
         let skip: Vec<bool> = fast.iter().map(Option::is_some).collect();
         self.check_utf8(batch, &skip)?;
@@ -1134,7 +1131,7 @@ mod fast_tests {
                     )),
                     _ => None,
                 };
-                let fast = fast_codes(&enc, table.as_ref(), &array);
+                let fast = fast_codes(col, table.as_ref(), &array);
                 let rows = classify_array(&enc, array.as_ref()).unwrap();
                 let row_codes: Option<Vec<u32>> = rows
                     .iter()
