@@ -193,41 +193,68 @@ struct Problem<'a> {
     /// Measurement → potential clique.
     assign: Vec<usize>,
     jt: JunctionTree,
-    /// Potential clique → junction-tree clique.
-    to_jt: Vec<usize>,
+    /// Junction-tree clique → the potential cliques it holds.
+    held: Vec<Vec<usize>>,
+    /// Junction-tree clique → the measurements read from its marginal.
+    answered: Vec<Vec<usize>>,
+    /// Potential clique → its measurements.
+    measured: Vec<Vec<usize>>,
     total: f64,
 }
 
+/// The model's answers at one point of the descent, and the loss and its
+/// gradient there, all in measurement space: `answers[i]` is the model's
+/// marginal over measurement i's attributes, `grads[i]` the loss's gradient
+/// with respect to it (Qᵀ applied). The gradient with respect to a potential
+/// clique's marginal is the sum of its measurements' `grads`, broadcast, so
+/// it is never materialised.
+struct Point {
+    answers: Vec<Factor>,
+    loss: f64,
+    grads: Vec<Factor>,
+}
+
 impl Problem<'_> {
-    fn marginals(&self, theta: &[Factor]) -> Vec<Factor> {
-        let mut psi: Vec<Factor> = self.jt.cliques.iter().map(|c| Factor::zeros(c, self.sizes)).collect();
-        for (k, th) in theta.iter().enumerate() {
-            psi[self.to_jt[k]].add_assign_sub(th);
+    /// Evaluates the model with log-potentials θ. `pool` holds the clique
+    /// tables of the previous evaluation and lends them to this one (issue
+    /// 19: no clique-sized allocation per iteration).
+    fn evaluate(&self, theta: &[Factor], pool: &mut Vec<Factor>) -> Point {
+        let mut psi: Vec<Factor> = if pool.len() == self.jt.cliques.len() {
+            std::mem::take(pool)
+        } else {
+            self.jt.cliques.iter().map(|c| Factor::zeros(c, self.sizes)).collect()
+        };
+        for (c, table) in psi.iter_mut().enumerate() {
+            let terms: Vec<(&Factor, f64)> = self.held[c].iter().map(|&k| (&theta[k], 1.0)).collect();
+            table.set_broadcast_sum(None, &terms);
         }
-        let mut beliefs = belief_propagation(&self.jt, psi, self.total);
-        // Project onto the potential cliques. A potential clique that is its
-        // junction-tree clique takes the belief itself (no copy); `maximal`
-        // keeps each set once, so no other potential clique equals it.
-        let ks: Vec<usize> = (0..self.cliques.len()).collect();
-        let same = |k: usize| self.cliques[k].len() == self.jt.cliques[self.to_jt[k]].len();
-        let cost = beliefs.iter().map(Factor::len).sum();
-        let mut out = par_map(&ks, cost, |&k| (!same(k)).then(|| beliefs[self.to_jt[k]].sum_to(&self.cliques[k])));
-        for (k, o) in out.iter_mut().enumerate() {
-            if o.is_none() {
-                *o = Some(std::mem::take(&mut beliefs[self.to_jt[k]]));
+        let counts = belief_propagation(&self.jt, psi, self.total);
+        // Every measurement's marginal, read off its junction-tree clique in
+        // one pass per clique.
+        let cs: Vec<usize> = (0..counts.len()).collect();
+        let cost = counts.iter().map(Factor::len).sum();
+        let per_clique = par_map(&cs, cost, |&c| {
+            let keeps: Vec<&[usize]> =
+                self.answered[c].iter().map(|&i| self.measurements[i].attrs.as_slice()).collect();
+            counts[c].sums_to(&keeps)
+        });
+        let mut answers: Vec<Factor> = vec![Factor::default(); self.measurements.len()];
+        for (c, sums) in per_clique.into_iter().enumerate() {
+            for (&i, f) in self.answered[c].iter().zip(sums) {
+                answers[i] = f;
             }
         }
-        out.into_iter().map(|o| o.expect("every clique projected")).collect()
+        *pool = counts;
+        let (loss, grads) = self.loss_grad(&answers);
+        Point { answers, loss, grads }
     }
 
-    /// Loss and gradient w.r.t. the potential-clique marginals.
-    fn loss_grad(&self, mu: &[Factor]) -> (f64, Vec<Factor>) {
-        let mut grad: Vec<Factor> = self.cliques.iter().map(|c| Factor::zeros(c, self.sizes)).collect();
+    /// Loss and its gradient with respect to each measurement's marginal.
+    fn loss_grad(&self, answers: &[Factor]) -> (f64, Vec<Factor>) {
         let mut loss = 0.0;
-        for (i, m) in self.measurements.iter().enumerate() {
-            let k = self.assign[i];
-            let marg = mu[k].sum_to(&m.attrs);
-            let fitted = m.apply(&marg);
+        let mut grads = Vec::with_capacity(self.measurements.len());
+        for (m, marg) in self.measurements.iter().zip(answers) {
+            let fitted = m.apply(marg);
             let g: Vec<f64> = match self.norm {
                 Norm::L2 => {
                     let w = self.weighting.weight(m.sigma);
@@ -262,9 +289,18 @@ impl Problem<'_> {
             };
             let mut gm = Factor::zeros(&m.attrs, self.sizes);
             m.scatter(&g, &mut gm);
-            grad[k].add_assign_sub(&gm);
+            grads.push(gm);
         }
-        (loss, grad)
+        (loss, grads)
+    }
+
+    /// The mirror-descent step θ' = θ − α·∇: each potential clique minus α
+    /// times its measurements' gradients, broadcast, in one pass.
+    fn step(&self, theta: &[Factor], grads: &[Factor], alpha: f64, into: &mut [Factor]) {
+        for (k, out) in into.iter_mut().enumerate() {
+            let terms: Vec<(&Factor, f64)> = self.measured[k].iter().map(|&i| (&grads[i], -alpha)).collect();
+            out.set_broadcast_sum(Some(&theta[k]), &terms);
+        }
     }
 }
 
@@ -288,12 +324,16 @@ fn lipschitz(p: &Problem<'_>) -> f64 {
     blocks.into_iter().fold(0.0, f64::max).max(1e-12)
 }
 
-fn dot(a: &[Factor], b: &[Factor], c: &[Factor]) -> f64 {
-    // Σ a · (b − c)
-    a.iter()
-        .zip(b.iter().zip(c))
-        .map(|(x, (y, z))| {
-            x.values.iter().zip(y.values.iter().zip(&z.values)).map(|(p, (q, r))| p * (q - r)).sum::<f64>()
+/// ⟨∇L(μ), μ − μ'⟩, in measurement space: the gradient with respect to a
+/// clique's marginal is a sum of broadcast measurement gradients, and
+/// broadcasting is the adjoint of summing out, so the inner product over the
+/// cliques equals Σ_i ⟨g_i, M_i(μ) − M_i(μ')⟩ over the measurements.
+fn dot(grads: &[Factor], a: &[Factor], b: &[Factor]) -> f64 {
+    grads
+        .iter()
+        .zip(a.iter().zip(b))
+        .map(|(g, (x, y))| {
+            g.values.iter().zip(x.values.iter().zip(&y.values)).map(|(p, (q, r))| p * (q - r)).sum::<f64>()
         })
         .sum()
 }
@@ -317,7 +357,17 @@ pub fn estimate(
         .map(|m| cliques.iter().position(|c| m.attrs.iter().all(|a| c.contains(a))).expect("maximal covers"))
         .collect();
     let jt = JunctionTree::build(sizes, &cliques);
-    let to_jt = cliques.iter().map(|c| jt.clique_containing(c).expect("jt covers")).collect();
+    let to_jt: Vec<usize> = cliques.iter().map(|c| jt.clique_containing(c).expect("jt covers")).collect();
+    let mut held = vec![Vec::new(); jt.cliques.len()];
+    let mut measured = vec![Vec::new(); cliques.len()];
+    let mut answered = vec![Vec::new(); jt.cliques.len()];
+    for (k, &c) in to_jt.iter().enumerate() {
+        held[c].push(k);
+    }
+    for (i, &k) in assign.iter().enumerate() {
+        measured[k].push(i);
+        answered[to_jt[k]].push(i);
+    }
     let problem = Problem {
         sizes,
         measurements,
@@ -326,7 +376,9 @@ pub fn estimate(
         cliques,
         assign,
         jt,
-        to_jt,
+        held,
+        answered,
+        measured,
         total,
     };
 
@@ -351,41 +403,36 @@ pub fn estimate(
         .initial_step
         .filter(|s| s.is_finite())
         .map_or(lipschitz_step, |s| s.clamp(lipschitz_step, WARM_STEP_CAP * lipschitz_step));
-    let mut mu = problem.marginals(&theta);
-    let (mut loss, mut grad) = problem.loss_grad(&mu);
+    let mut pool = Vec::new();
+    let mut cur = problem.evaluate(&theta, &mut pool);
     let mut iterations = 0;
-    let mut window_start_loss = loss;
+    let mut window_start_loss = cur.loss;
     // The trial point's buffer, kept across iterations (swapped with θ on an
     // accepted step) instead of a fresh clone of θ per step.
     let mut theta2: Vec<Factor> = theta.clone();
     for t in 0..options.iters {
         iterations = t + 1;
-        for ((n, th), g) in theta2.iter_mut().zip(&theta).zip(&grad) {
-            n.values.iter_mut().zip(&th.values).zip(&g.values).for_each(|((n, a), b)| *n = a - alpha * b);
-        }
-        let mu2 = problem.marginals(&theta2);
-        let (loss2, grad2) = problem.loss_grad(&mu2);
-        if loss - loss2 >= 0.5 * alpha * dot(&grad, &mu, &mu2) {
+        problem.step(&theta, &cur.grads, alpha, &mut theta2);
+        let next = problem.evaluate(&theta2, &mut pool);
+        if cur.loss - next.loss >= 0.5 * alpha * dot(&cur.grads, &cur.answers, &next.answers) {
             std::mem::swap(&mut theta, &mut theta2);
-            mu = mu2;
-            loss = loss2;
-            grad = grad2;
+            cur = next;
             alpha *= 1.01;
         } else {
             alpha *= 0.5;
         }
         if options.tolerance > 0.0 && (t + 1) % 50 == 0 {
-            if window_start_loss - loss <= options.tolerance * window_start_loss.abs().max(1e-300) {
+            if window_start_loss - cur.loss <= options.tolerance * window_start_loss.abs().max(1e-300) {
                 break;
             }
-            window_start_loss = loss;
+            window_start_loss = cur.loss;
         }
     }
+    let mut loss = cur.loss;
     if options.norm == Norm::L1 {
-        loss = objective(measurements, Norm::L1, |a| {
-            let k = problem.cliques.iter().position(|c| a.iter().all(|x| c.contains(x))).expect("covered");
-            mu[k].sum_to(a)
-        });
+        // The answers come in measurement order, as `objective` asks for them.
+        let mut answers = cur.answers.into_iter();
+        loss = objective(measurements, Norm::L1, |_| answers.next().expect("one answer per measurement"));
     }
     let model = GraphicalModel { sizes: sizes.to_vec(), potentials: theta, total, jtree: problem.jt };
     Estimate { model, loss, iterations, step: alpha }

@@ -15,6 +15,10 @@ use rayon::prelude::*;
 /// brute-force checks of the PGM engine cover the split loops.
 const SPLIT_CELLS: usize = if cfg!(test) { 1 } else { 1 << 16 };
 
+/// Row groups of a split reduction that sums out a factor's leading
+/// attribute (each group keeps its own partial sums, added in group order).
+const SUM_GROUPS: usize = 8;
+
 /// A dense table over a sorted set of attributes.
 #[derive(Debug, Clone, Default, PartialEq)]
 pub struct Factor {
@@ -84,6 +88,43 @@ pub fn for_each_triple(
             a -= a_strides[d] * shape[d];
             b -= b_strides[d] * shape[d];
             o -= o_strides[d] * shape[d];
+            counter[d] = 0;
+        }
+    }
+}
+
+/// Calls `f(a, bs)` once per innermost run of a table of `shape` (the
+/// `shape[last]` cells that differ only in the last coordinate): `a` is the
+/// run's first index by `a_strides`, and `bs[r]` its first index by
+/// `b_strides[r]` (0 along dimensions that table lacks).
+fn for_each_run(shape: &[usize], a_strides: &[usize], b_strides: &[Vec<usize>], mut f: impl FnMut(usize, &[usize])) {
+    let mut bs = vec![0usize; b_strides.len()];
+    if shape.contains(&0) {
+        return;
+    }
+    if shape.len() <= 1 {
+        f(0, &bs);
+        return;
+    }
+    let outer = shape.len() - 1;
+    let mut counter = vec![0usize; outer];
+    let mut a = 0usize;
+    loop {
+        f(a, &bs);
+        let mut d = outer;
+        loop {
+            if d == 0 {
+                return;
+            }
+            d -= 1;
+            counter[d] += 1;
+            a += a_strides[d];
+            bs.iter_mut().zip(b_strides).for_each(|(b, s)| *b += s[d]);
+            if counter[d] < shape[d] {
+                break;
+            }
+            a -= a_strides[d] * shape[d];
+            bs.iter_mut().zip(b_strides).for_each(|(b, s)| *b -= s[d] * shape[d]);
             counter[d] = 0;
         }
     }
@@ -261,6 +302,203 @@ impl Factor {
         }
         finish_logsumexp(&mut max.values, &sum);
         max
+    }
+
+    /// Turns this factor of logs into the exponentials of each value relative
+    /// to the largest value of its slice (the cells that agree on `keep`), in
+    /// place, and returns the log-sum-exp onto `keep` together with the sums
+    /// s_j of those exponentials: afterwards `self[i] / s[j]` is the
+    /// conditional distribution given the slice j, with one `exp` per cell.
+    /// Slices that are all −∞ become zeros, with s_j = 0 and a −∞ message.
+    /// Large factors split their passes over rayon in blocks fixed by the
+    /// shape (never by the thread count), so the bits do not depend on the
+    /// threads.
+    pub fn exp_slices_to(&mut self, keep: &[usize]) -> (Factor, Vec<f64>) {
+        let shape = self.sub_shape(keep);
+        let mut max = Factor::filled(keep.to_vec(), shape, f64::NEG_INFINITY);
+        let ss = self.sub_strides(keep, &max.shape);
+        let st = strides(&self.shape);
+        // Pass 1: the max of each slice (read only).
+        {
+            let v = &self.values;
+            if let Some(p) = self.split_on(keep) {
+                let mut sub = self.shape.clone();
+                sub[p] = 1;
+                let zeros = vec![0usize; sub.len()];
+                let block = max.values.len() / self.shape[p];
+                max.values.par_chunks_mut(block).enumerate().for_each(|(k, m)| {
+                    let base = k * st[p];
+                    for_each_triple(&sub, &st, &ss, &zeros, |i, j, _| {
+                        if v[base + i] > m[j] {
+                            m[j] = v[base + i]
+                        }
+                    });
+                });
+            } else {
+                let m = &mut max.values;
+                for_each_pair(&self.shape, &ss, |i, j| {
+                    if v[i] > m[j] {
+                        m[j] = v[i]
+                    }
+                });
+            }
+        }
+        // Pass 2: exponentials in place, summed per slice.
+        let m = &max.values;
+        let exp_cell = |x: &mut f64, mj: f64| -> f64 {
+            *x = if mj > f64::NEG_INFINITY { (*x - mj).exp() } else { 0.0 };
+            *x
+        };
+        let big = self.values.len() >= SPLIT_CELLS && self.shape.first().is_some_and(|&n| n > 1);
+        let mut sum = vec![0.0; m.len()];
+        if big {
+            let mut sub = self.shape.clone();
+            sub[0] = 1;
+            let zeros = vec![0usize; sub.len()];
+            if keep.first() == self.attrs.first() {
+                // The leading attribute is kept: block k of the table sums
+                // into block k of the slices, and nothing else does.
+                let block = sum.len() / self.shape[0];
+                self.values.par_chunks_mut(st[0]).zip(sum.par_chunks_mut(block)).enumerate().for_each(|(k, (v, s))| {
+                    let base = k * block;
+                    for_each_triple(&sub, &st, &ss, &zeros, |i, j, _| s[j] += exp_cell(&mut v[i], m[base + j]));
+                });
+            } else {
+                // The leading attribute is summed out: a fixed number of
+                // row groups sum into their own partial sums, added in order.
+                let groups = self.shape[0].min(SUM_GROUPS);
+                let rows_per = self.shape[0].div_ceil(groups);
+                let partials: Vec<Vec<f64>> = self
+                    .values
+                    .par_chunks_mut(st[0] * rows_per)
+                    .map(|v| {
+                        let mut s = vec![0.0; m.len()];
+                        let mut rows = sub.clone();
+                        rows[0] = v.len() / st[0];
+                        for_each_triple(&rows, &st, &ss, &zeros, |i, j, _| s[j] += exp_cell(&mut v[i], m[j]));
+                        s
+                    })
+                    .collect();
+                for part in partials {
+                    sum.iter_mut().zip(part).for_each(|(a, b)| *a += b);
+                }
+            }
+        } else {
+            let v = &mut self.values;
+            for_each_pair(&self.shape, &ss, |i, j| sum[j] += exp_cell(&mut v[i], m[j]));
+        }
+        finish_logsumexp(&mut max.values, &sum);
+        (max, sum)
+    }
+
+    /// The sums of this factor onto each of `keeps` (sorted subsets of its
+    /// attributes) in one pass over its cells, where [`Factor::sum_to`] would
+    /// take one pass per set. Large factors split the pass into row groups
+    /// of the leading attribute (fixed by the shape, not by the threads),
+    /// whose partial sums are added in group order.
+    pub fn sums_to(&self, keeps: &[&[usize]]) -> Vec<Factor> {
+        let mut outs: Vec<Factor> = keeps.iter().map(|k| Factor::filled(k.to_vec(), self.sub_shape(k), 0.0)).collect();
+        if self.attrs.is_empty() || self.values.is_empty() {
+            outs.iter_mut().for_each(|o| o.values.iter_mut().for_each(|x| *x = self.values.iter().sum()));
+            return outs;
+        }
+        let subs: Vec<Vec<usize>> = outs.iter().map(|o| self.sub_strides(&o.attrs, &o.shape)).collect();
+        let st = strides(&self.shape);
+        let last = self.shape.len() - 1;
+        // Adds the cells of rows `rows` (of the leading attribute) into `acc`.
+        let pass = |v: &[f64], rows: usize, acc: &mut [Vec<f64>]| {
+            let mut shape = self.shape.clone();
+            shape[0] = rows;
+            let inner = shape[last];
+            for_each_run(&shape, &st, &subs, |a, bs| {
+                let run = &v[a..a + inner];
+                for ((out, s), &b) in acc.iter_mut().zip(&subs).zip(bs) {
+                    let step = s[last];
+                    if step == 0 {
+                        out[b] += run.iter().sum::<f64>();
+                    } else {
+                        run.iter().enumerate().for_each(|(t, x)| out[b + t * step] += x);
+                    }
+                }
+            });
+        };
+        let groups = self.shape[0].min(SUM_GROUPS);
+        if self.values.len() >= SPLIT_CELLS && groups > 1 {
+            let rows_per = self.shape[0].div_ceil(groups);
+            let partials: Vec<Vec<Vec<f64>>> = self
+                .values
+                .par_chunks(st[0] * rows_per)
+                .map(|v| {
+                    let mut acc: Vec<Vec<f64>> = outs.iter().map(|o| vec![0.0; o.len()]).collect();
+                    pass(v, v.len() / st[0], &mut acc);
+                    acc
+                })
+                .collect();
+            // Each group's indices started at its own row 0: shift by the
+            // group's first row along outputs that keep the leading attribute.
+            for (g, part) in partials.into_iter().enumerate() {
+                for ((o, s), p) in outs.iter_mut().zip(&subs).zip(part) {
+                    let shift = g * rows_per * s[0];
+                    let n = p.len() - shift;
+                    o.values[shift..].iter_mut().zip(&p[..n]).for_each(|(a, b)| *a += b);
+                }
+            }
+        } else {
+            let mut acc: Vec<Vec<f64>> = outs.iter().map(|o| vec![0.0; o.len()]).collect();
+            pass(&self.values, self.shape[0], &mut acc);
+            outs.iter_mut().zip(acc).for_each(|(o, a)| o.values = a);
+        }
+        outs
+    }
+
+    /// Sets this factor to `base` (or zeros) plus Σ_r c_r · `terms[r]`, each
+    /// term broadcast over the attributes it lacks (a subset of this
+    /// factor's), in one pass over the cells. Large factors split the pass
+    /// over the leading attribute; every cell is computed by one task in the
+    /// same order, so the bits do not depend on the threads.
+    pub fn set_broadcast_sum(&mut self, base: Option<&Factor>, terms: &[(&Factor, f64)]) {
+        if let Some(b) = base {
+            debug_assert_eq!(b.attrs, self.attrs);
+        }
+        if self.attrs.is_empty() {
+            let v = base.map_or(0.0, |b| b.values[0]) + terms.iter().map(|(t, c)| c * t.values[0]).sum::<f64>();
+            self.values.iter_mut().for_each(|x| *x = v);
+            return;
+        }
+        let subs: Vec<Vec<usize>> = terms.iter().map(|(t, _)| self.sub_strides(&t.attrs, &t.shape)).collect();
+        let st = strides(&self.shape);
+        let last = self.shape.len() - 1;
+        // Fills the block of rows starting at `row0` (its cells in `out`).
+        let fill = |out: &mut [f64], row0: usize| {
+            let mut shape = self.shape.clone();
+            shape[0] = out.len() / st[0];
+            let inner = shape[last];
+            let offset = row0 * st[0];
+            let starts: Vec<usize> = subs.iter().map(|s| row0 * s[0]).collect();
+            for_each_run(&shape, &st, &subs, |a, bs| {
+                let run = &mut out[a..a + inner];
+                match base {
+                    Some(b) => run.copy_from_slice(&b.values[offset + a..offset + a + inner]),
+                    None => run.iter_mut().for_each(|x| *x = 0.0),
+                }
+                for (((term, c), s), (&b, &start)) in terms.iter().zip(&subs).zip(bs.iter().zip(&starts)) {
+                    let step = s[last];
+                    let g = &term.values;
+                    if step == 0 {
+                        let add = c * g[start + b];
+                        run.iter_mut().for_each(|x| *x += add);
+                    } else {
+                        run.iter_mut().enumerate().for_each(|(t, x)| *x += c * g[start + b + t * step]);
+                    }
+                }
+            });
+        };
+        if self.values.len() >= SPLIT_CELLS && self.shape[0] > 1 {
+            self.values.par_chunks_mut(st[0]).enumerate().for_each(|(k, out)| fill(out, k));
+        } else {
+            let values = &mut self.values;
+            fill(values, 0);
+        }
     }
 
     /// `self[i] = op(self[i], other[j])` for every cell, `other` broadcast
@@ -484,6 +722,101 @@ mod tests {
                 for_each_pair(&shape, &ss, |i, j| want.values[i] = scalar(want.values[i], small.values[j]));
                 assert_eq!(bits(&got), bits(&want), "op {k} with {keep:?}");
             }
+        }
+    }
+
+    fn close(a: &[f64], b: &[f64], what: &str) {
+        assert_eq!(a.len(), b.len(), "{what}");
+        for (x, y) in a.iter().zip(b) {
+            assert!(x == y || (x - y).abs() <= 1e-12 * (1.0 + x.abs().max(y.abs())), "{what}: {x} vs {y}");
+        }
+    }
+
+    /// Every subset of the attributes of a 5-way factor (with a size-1
+    /// dimension), as in the test above.
+    fn subsets(attrs: &[usize], shape: &[usize]) -> Vec<(Vec<usize>, Vec<usize>)> {
+        (0u32..1 << attrs.len())
+            .map(|m| {
+                let keep: Vec<usize> = (0..attrs.len()).filter(|k| m >> k & 1 == 1).collect();
+                (keep.iter().map(|&k| attrs[k]).collect(), keep.iter().map(|&k| shape[k]).collect())
+            })
+            .collect()
+    }
+
+    #[test]
+    fn one_pass_sums_equal_one_sum_per_set() {
+        // Leading sizes 3 and 9 (fewer and more rows than SUM_GROUPS), and a
+        // one-attribute factor.
+        for (attrs, shape) in
+            [(vec![0, 2, 3, 5, 7], vec![3, 1, 5, 4, 2]), (vec![1, 4, 6], vec![9, 2, 3]), (vec![3], vec![11])]
+        {
+            let x = scrambled(&attrs, &shape, false);
+            let sets = subsets(&attrs, &shape);
+            let keeps: Vec<&[usize]> = sets.iter().map(|(k, _)| k.as_slice()).collect();
+            let sums = x.sums_to(&keeps);
+            for (keep, got) in keeps.iter().zip(&sums) {
+                let want = x.sum_to(keep);
+                assert_eq!(got.attrs, want.attrs);
+                assert_eq!(got.shape, want.shape);
+                close(&got.values, &want.values, &format!("sums_to {keep:?} of {attrs:?}"));
+            }
+        }
+    }
+
+    #[test]
+    fn one_pass_broadcast_sum_equals_adds_one_at_a_time() {
+        for (attrs, shape) in
+            [(vec![0, 2, 3, 5, 7], vec![3, 1, 5, 4, 2]), (vec![1, 4, 6], vec![9, 2, 3]), (vec![3], vec![11])]
+        {
+            let base = scrambled(&attrs, &shape, false);
+            let sets = subsets(&attrs, &shape);
+            let terms: Vec<Factor> = sets.iter().map(|(k, sh)| scrambled(k, sh, false)).collect();
+            let coefs: Vec<f64> = (0..terms.len()).map(|r| r as f64 * 0.37 - 2.0).collect();
+            let pairs: Vec<(&Factor, f64)> = terms.iter().zip(&coefs).map(|(t, &c)| (t, c)).collect();
+            for with_base in [false, true] {
+                // Starts from garbage: every cell must be written.
+                let mut got = Factor { values: vec![f64::NAN; base.len()], ..base.clone() };
+                got.set_broadcast_sum(with_base.then_some(&base), &pairs);
+                let mut want = if with_base { base.clone() } else { Factor::filled(attrs.clone(), shape.clone(), 0.0) };
+                for (t, c) in &pairs {
+                    let scaled = Factor { values: t.values.iter().map(|v| v * c).collect(), ..(*t).clone() };
+                    want.add_assign_sub(&scaled);
+                }
+                close(&got.values, &want.values, &format!("set_broadcast_sum of {attrs:?}, base {with_base}"));
+            }
+        }
+    }
+
+    #[test]
+    fn slice_exponentials_are_the_conditionals_and_their_log_sums() {
+        let attrs = [0, 2, 3, 5, 7];
+        let shape = [3, 1, 5, 4, 2];
+        let mut lx = scrambled(&attrs, &shape, true);
+        // Slices that are all −∞ onto any set holding attributes 0 and 5:
+        // the cells whose coordinates 0 and 3 are (2, 0).
+        let st = strides(&shape);
+        for (i, v) in lx.values.iter_mut().enumerate() {
+            if i / st[0] == 2 && (i / st[3]).is_multiple_of(shape[3]) {
+                *v = f64::NEG_INFINITY;
+            }
+        }
+        for (keep, sh) in subsets(&attrs, &shape) {
+            let want_msg = lx.logsumexp_to(&keep);
+            let mut e = lx.clone();
+            let (msg, sums) = e.exp_slices_to(&keep);
+            close(&msg.values, &want_msg.values, &format!("message onto {keep:?}"));
+            assert_eq!(sums.len(), want_msg.len());
+            // e / s is the conditional exp(v − lse) of each cell given its slice.
+            let ss = lx.sub_strides(&keep, &sh);
+            for_each_pair(&shape, &ss, |i, j| {
+                let want = if want_msg.values[j] == f64::NEG_INFINITY {
+                    0.0
+                } else {
+                    (lx.values[i] - want_msg.values[j]).exp()
+                };
+                let got = if sums[j] > 0.0 { e.values[i] / sums[j] } else { e.values[i] };
+                assert!((got - want).abs() <= 1e-12, "conditional onto {keep:?} at {i}: {got} vs {want}");
+            });
         }
     }
 

@@ -82,15 +82,18 @@ pub(crate) fn par_map<T: Sync, R: Send>(items: &[T], cost: usize, f: impl Fn(&T)
 /// Sum-product belief propagation. `log_potentials[i]` is over
 /// `jt.cliques[i]`. Returns normalised clique marginals with mass `total`.
 ///
-/// Collect runs in log space (leaves to root). Distribute runs on normalised
-/// probabilities, the Hugin way: a clique's final belief is its collected
-/// belief times its parent's final marginal on the separator divided by the
-/// message it sent up, μ_C = ψ_C · μ_P(S) / m_{C→P}(S), so the parent's
-/// probabilities are computed once (one `exp` per cell, the same one that
-/// normalises it) and summed to each separator in linear space. Against the
-/// all-log-space sweep this saves one `exp` per parent cell per child; the
-/// two differ only where a separator's probability underflows below 1e-308
-/// (it becomes exactly 0).
+/// Collect runs leaves to root. A clique's log-belief ψ_C (its potential
+/// plus its children's messages) is turned, in place, into e_C(x) =
+/// exp(ψ_C(x) − max_S(x_S)), where max_S is the largest log-belief among the
+/// cells that share x's separator value, and the message up is
+/// m_{C→P}(s) = max_S(s) + ln s_C(s) with s_C(s) = Σ_{x_S = s} e_C(x).
+/// Distribute runs on probabilities, the Hugin way: the root is
+/// exponentiated and normalised, and a child's counts are its conditional
+/// given the separator times its parent's final separator marginal,
+/// μ_C(x) = e_C(x) / s_C(x_S) · μ_P(x_S). So every cell costs one `exp`,
+/// taken in collect. Relative to its own slice's maximum a cell underflows
+/// only where its conditional probability given the separator is below
+/// 1e-308 (it becomes exactly 0), whatever the parent sends down.
 ///
 /// Messages go level by level (deepest cliques first, then root first): the
 /// messages of one level are independent, so they are computed in parallel
@@ -115,52 +118,63 @@ pub fn belief_propagation(jt: &JunctionTree, log_potentials: Vec<Factor>, total:
     }
     let seps: Vec<Vec<usize>> =
         (0..n).map(|i| parent[i].map_or_else(Vec::new, |p| intersect(&jt.cliques[i], &jt.cliques[p]))).collect();
-    let mut beliefs: Vec<Factor> = log_potentials;
-    // up[i] = message (log) from i to its parent.
-    let mut up: Vec<Option<Factor>> = vec![None; n];
-    // Collect: leaves to root, a level at a time (a level's beliefs are final
-    // once every deeper level has sent its messages).
+    let mut tables: Vec<Factor> = log_potentials;
+    // slice_sums[i]: the sums s_j of clique i's exponentials per separator
+    // value, once collect has turned its table into them.
+    let mut slice_sums: Vec<Vec<f64>> = vec![Vec::new(); n];
+    // Collect: leaves to root, a level at a time (a level's log-beliefs are
+    // final once every deeper level has sent its messages). Each clique's
+    // table becomes its exponentials relative to each separator slice's max,
+    // and its message is the log of their sums.
     for level in levels.iter().skip(1).rev() {
-        let cost: usize = level.iter().map(|&i| beliefs[i].len()).sum();
-        let msgs = par_map(level, cost, |&i| beliefs[i].logsumexp_to(&seps[i]));
-        for (&i, m) in level.iter().zip(msgs) {
-            let p = parent[i].expect("below the root");
-            beliefs[p].add_assign_sub(&m);
-            up[i] = Some(m);
-        }
-    }
-    // Distribute: root first. A level's log-beliefs are final once its
-    // parents' messages are in; it is then turned into counts (normalised
-    // per clique, so each component of a forest gets mass `total`), and its
-    // children take their messages from those counts.
-    let mut counts: Vec<Option<Factor>> = vec![None; n];
-    for (d, level) in levels.iter().enumerate() {
-        if d > 0 {
-            let cost: usize = level.iter().map(|&i| beliefs[i].len()).sum();
-            let msgs = par_map(level, cost, |&i| {
-                let p = parent[i].expect("below the root");
-                let mut m = counts[p].as_ref().expect("parent's level is done").sum_to(&seps[i]);
-                let u = up[i].as_ref().expect("collected");
-                m.values.iter_mut().zip(&u.values).for_each(|(x, u)| *x = x.ln() - u);
-                m
-            });
-            for (&i, m) in level.iter().zip(msgs) {
-                beliefs[i].add_assign_sub(&m);
-            }
-        }
-        // A level's log-beliefs are not needed once they are counts: take them.
-        let cost: usize = level.iter().map(|&i| beliefs[i].len()).sum();
-        let taken: Vec<Factor> = level.iter().map(|&i| std::mem::take(&mut beliefs[i])).collect();
-        let done: Vec<Factor> = if level.len() > 1 && cost >= PARALLEL_CELLS {
-            taken.into_par_iter().map(|f| to_counts(f, total)).collect()
-        } else {
-            taken.into_iter().map(|f| to_counts(f, total)).collect()
+        let cost: usize = level.iter().map(|&i| tables[i].len()).sum();
+        let taken: Vec<(usize, Factor)> = level.iter().map(|&i| (i, std::mem::take(&mut tables[i]))).collect();
+        let collect_one = |(i, mut f): (usize, Factor)| {
+            let (msg, sums) = f.exp_slices_to(&seps[i]);
+            (i, f, msg, sums)
         };
-        for (&i, c) in level.iter().zip(done) {
-            counts[i] = Some(c);
+        let done: Vec<(usize, Factor, Factor, Vec<f64>)> = if taken.len() > 1 && cost >= PARALLEL_CELLS {
+            taken.into_par_iter().map(collect_one).collect()
+        } else {
+            taken.into_iter().map(collect_one).collect()
+        };
+        for (i, f, msg, sums) in done {
+            let p = parent[i].expect("below the root");
+            tables[p].add_assign_sub(&msg);
+            tables[i] = f;
+            slice_sums[i] = sums;
         }
     }
-    counts.into_iter().map(|c| c.expect("every clique is in a level")).collect()
+    // Distribute: root first. A root's log-belief is final after collect
+    // and becomes counts (normalised per root, so each component of a forest
+    // gets mass `total`). A child's counts are its conditional given the
+    // separator times its parent's separator marginal (Hugin):
+    // μ_C(x) = e_C(x) / s_C(x_S) · μ_P(x_S), with no further `exp`.
+    for (d, level) in levels.iter().enumerate() {
+        let cost: usize = level.iter().map(|&i| tables[i].len()).sum();
+        if d == 0 {
+            let taken: Vec<Factor> = level.iter().map(|&i| std::mem::take(&mut tables[i])).collect();
+            let done: Vec<Factor> = if level.len() > 1 && cost >= PARALLEL_CELLS {
+                taken.into_par_iter().map(|f| to_counts(f, total)).collect()
+            } else {
+                taken.into_iter().map(|f| to_counts(f, total)).collect()
+            };
+            for (&i, c) in level.iter().zip(done) {
+                tables[i] = c;
+            }
+            continue;
+        }
+        let ratios = par_map(level, cost, |&i| {
+            let p = parent[i].expect("below the root");
+            let mut r = tables[p].sum_to(&seps[i]);
+            r.values.iter_mut().zip(&slice_sums[i]).for_each(|(x, s)| *x = if *s > 0.0 { *x / s } else { 0.0 });
+            r
+        });
+        for (&i, r) in level.iter().zip(ratios) {
+            tables[i].mul_assign_sub(&r);
+        }
+    }
+    tables
 }
 
 /// exp(values), normalised to sum to `total` (one `exp` per cell), in

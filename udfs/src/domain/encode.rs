@@ -572,7 +572,7 @@ impl BatchEncoder {
     /// Encodes one batch.
     ///
     /// Columns whose values all code as they are take whole-array passes
-    /// ([`fast_codes`]); the others are checked for UTF-8 and classified row
+    /// (`fast_codes`); the others are checked for UTF-8 and classified row
     /// by row.
     pub fn encode(&mut self, batch: &RecordBatch) -> Result<RecordBatch, EncodeError> {
         let mut fast: Vec<Option<Vec<u32>>> = self
