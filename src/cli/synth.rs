@@ -94,6 +94,12 @@ pub struct SynthArgs {
     /// Mirror-descent iterations per estimation.
     #[arg(long, default_value_t = 1000)]
     pub iters: usize,
+    /// AIM: stop each estimation inside the rounds once its loss falls by
+    /// less than this share over 50 iterations (0 runs all --iters; default
+    /// 0.01); the released model's final fit stops at 0.001, or at this if
+    /// tighter. See benches/results/aim/tolerance.md.
+    #[arg(long)]
+    pub tolerance: Option<f64>,
     /// AIM/MWEM model capacity (JT-SIZE in MB).
     #[arg(long, default_value_t = 80.0)]
     pub max_model_size: f64,
@@ -342,6 +348,7 @@ pub(super) async fn run(a: SynthArgs) -> Result<i32> {
         unsafe_seed: a.unsafe_seed,
         options: SynthOptions {
             iters: a.iters,
+            tolerance: a.tolerance,
             max_model_mb: a.max_model_size,
             confidence: a.confidence,
             rounds: a.rounds,

@@ -72,6 +72,12 @@ impl Answers {
 pub struct SynthOptions {
     /// Mirror-descent iterations per estimation.
     pub iters: usize,
+    /// AIM's stopping rule inside the rounds: each estimation stops once its
+    /// loss falls by less than this share over 50 iterations (0 runs all
+    /// `iters`); `None` takes [`aim::AIM_TOLERANCE`]. The final fit stops at
+    /// [`aim::AIM_FINAL_TOLERANCE`] or this, whichever is tighter.
+    /// Post-processing: no effect on privacy.
+    pub tolerance: Option<f64>,
     /// AIM/MWEM model capacity (JT-SIZE, MB).
     pub max_model_mb: f64,
     /// Confidence of AIM's error bounds (e.g. 0.95).
@@ -158,6 +164,7 @@ impl Default for SynthOptions {
     fn default() -> Self {
         Self {
             iters: 1000,
+            tolerance: None,
             max_model_mb: 80.0,
             confidence: 0.95,
             rounds: None,
