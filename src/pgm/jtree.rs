@@ -204,6 +204,44 @@ impl JunctionTree {
         nb
     }
 
+    /// The neighbours of clique `i`, in edge order.
+    pub fn neighbours_of(&self, i: usize) -> Vec<usize> {
+        self.edges
+            .iter()
+            .filter_map(|&(a, b)| {
+                if a == i {
+                    Some(b)
+                } else if b == i {
+                    Some(a)
+                } else {
+                    None
+                }
+            })
+            .collect()
+    }
+
+    /// The attributes of the cliques reached from clique `c` without passing
+    /// through its neighbour `from` (the side of the edge (from, c) that holds c).
+    pub fn attributes_beyond(&self, c: usize, from: usize) -> Vec<usize> {
+        let mut seen = vec![false; self.cliques.len()];
+        seen[from] = true;
+        seen[c] = true;
+        let mut stack = vec![c];
+        let mut attrs: Vec<usize> = Vec::new();
+        while let Some(x) = stack.pop() {
+            attrs.extend(&self.cliques[x]);
+            for y in self.neighbours_of(x) {
+                if !seen[y] {
+                    seen[y] = true;
+                    stack.push(y);
+                }
+            }
+        }
+        attrs.sort_unstable();
+        attrs.dedup();
+        attrs
+    }
+
     /// Checks the running-intersection property (for tests).
     pub fn has_running_intersection(&self, d: usize) -> bool {
         let nb = self.neighbours();

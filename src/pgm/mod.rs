@@ -16,5 +16,5 @@ pub use estimate::{
 };
 pub use factor::Factor;
 pub use jtree::{JunctionTree, hypothetical_size_mb};
-pub use model::{Beliefs, GraphicalModel, ModelFile, PgmError, belief_propagation};
+pub use model::{Beliefs, GraphicalModel, MessageCache, ModelFile, PgmError, belief_propagation};
 pub use sample::sampling_plan;

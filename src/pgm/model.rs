@@ -266,6 +266,14 @@ impl Beliefs {
     /// p = Π_C μ_C / Π_S μ_S on that subtree, summing out other attributes
     /// leaf to root.
     pub fn marginal_any(&self, attrs: &[usize], sizes: &[usize]) -> Factor {
+        self.marginal_any_cached(attrs, sizes, None)
+    }
+
+    /// [`Beliefs::marginal_any`], sharing the messages it computes with other
+    /// marginals of the same beliefs through `cache` (AIM scores thousands of
+    /// candidates on one model; most share their messages). The result has
+    /// the same bits with or without the cache.
+    pub fn marginal_any_cached(&self, attrs: &[usize], sizes: &[usize], cache: Option<&MessageCache>) -> Factor {
         if let Some(m) = self.marginal(attrs) {
             return m;
         }
@@ -319,79 +327,177 @@ impl Beliefs {
             }
             (order, parent)
         };
-        let (_, (order, parent)) = (0..n)
+        let (_, root) = (0..n)
             .filter(|&i| terminal[i])
             .map(|root| {
                 let (order, parent) = plan(root);
-                (self.eliminate(attrs, sizes, &order, &parent, false).0, (order, parent))
+                (self.elimination_cost(attrs, sizes, &order, &parent), root)
             })
             .min_by(|a, b| a.0.total_cmp(&b.0))
             .expect("a terminal");
-        self.eliminate(attrs, sizes, &order, &parent, true).1.expect("executed")
+        self.contract(root, None, attrs, sizes, cache)
     }
 
-    /// Variable elimination towards `order[0]` over the subtree in `order`
-    /// (DFS order, `parent` links). Returns the cells visited and, when
-    /// `execute`, the marginal over `attrs`.
+    /// The marginal of the attributes `want` (sorted) found in clique `i` and
+    /// beyond it, away from its neighbour `towards`: at the root (`towards`
+    /// = `None`) the marginal over `want`; otherwise the message
+    /// μ(S ∪ want) / μ(S) over the separator S with `towards`, which is the
+    /// conditional of `want` given S and so does not depend on which
+    /// marginal asked for it (it is kept in `cache` under (i, towards, want)).
     ///
-    /// Messages are contracted clique by clique with fused product-sums
-    /// (never the product of a clique with a message): a clique is first
-    /// summed down to the attributes still needed (its separator to the
-    /// parent, `attrs`, and those of incoming messages), so memory stays at
-    /// the size of the messages (separator × `attrs`), not clique × `attrs`.
-    fn eliminate(
+    /// A neighbour is visited only if an attribute of `want` lies beyond it
+    /// and not in clique `i` (by the running intersection, such an attribute
+    /// lies beyond exactly one neighbour). The clique is first summed down to
+    /// what is still needed, then contracted with each incoming message in
+    /// neighbour order by fused product-sums, so memory stays at the size of
+    /// the messages, never clique × `want`. The computation depends only on
+    /// (i, towards, want): a cached message has the bits it would have if
+    /// computed again.
+    fn contract(
         &self,
-        attrs: &[usize],
+        i: usize,
+        towards: Option<usize>,
+        want: &[usize],
         sizes: &[usize],
-        order: &[usize],
-        parent: &[usize],
-        execute: bool,
-    ) -> (f64, Option<Factor>) {
+        cache: Option<&MessageCache>,
+    ) -> Factor {
+        let jt = &self.jtree;
+        let clique = &jt.cliques[i];
+        let sep: Vec<usize> = towards.map_or_else(Vec::new, |p| intersect(clique, &jt.cliques[p]));
+        let outside: Vec<usize> = want.iter().copied().filter(|a| !clique.contains(a)).collect();
+        let mut incoming: Vec<(Vec<usize>, Factor)> = Vec::new();
+        if !outside.is_empty() {
+            for c in jt.neighbours_of(i) {
+                if Some(c) == towards {
+                    continue;
+                }
+                let beyond = jt.attributes_beyond(c, i);
+                let carried: Vec<usize> = outside.iter().copied().filter(|a| beyond.contains(a)).collect();
+                if carried.is_empty() {
+                    continue;
+                }
+                let m = self.message(c, i, &carried, sizes, cache);
+                incoming.push((m.attrs.clone(), (*m).clone()));
+            }
+        }
+        let wanted = |a: &usize, rest: &[(Vec<usize>, Factor)]| {
+            sep.contains(a) || want.contains(a) || rest.iter().any(|m| m.0.contains(a))
+        };
+        let pre: Vec<usize> = clique.iter().copied().filter(|a| wanted(a, &incoming)).collect();
+        let mut cur = self.cliques[i].sum_to(&pre);
+        for (k, (m_attrs, m)) in incoming.iter().enumerate() {
+            let rest = &incoming[k + 1..];
+            let mut union: Vec<usize> = cur.attrs.iter().chain(m_attrs).copied().collect();
+            union.sort_unstable();
+            union.dedup();
+            let keep: Vec<usize> = union.into_iter().filter(|a| wanted(a, rest)).collect();
+            cur = cur.product_sum_to(m, &keep, sizes);
+        }
+        match towards {
+            None => {
+                if cur.attrs == want {
+                    cur
+                } else {
+                    cur.sum_to(want)
+                }
+            }
+            Some(p) => {
+                let sep_belief = self.cliques[p].sum_to(&sep);
+                cur.div_assign_sub(&sep_belief);
+                cur
+            }
+        }
+    }
+
+    /// The message from clique `i` to its neighbour `to` carrying `want`
+    /// (see [`Beliefs::contract`]), from `cache` when it holds it.
+    fn message(
+        &self,
+        i: usize,
+        to: usize,
+        want: &[usize],
+        sizes: &[usize],
+        cache: Option<&MessageCache>,
+    ) -> std::sync::Arc<Factor> {
+        let key = (i, to, want.to_vec());
+        if let Some(hit) = cache.and_then(|c| c.get(&key)) {
+            return hit;
+        }
+        let m = std::sync::Arc::new(self.contract(i, Some(to), want, sizes, cache));
+        if let Some(c) = cache {
+            c.put(key, &m);
+        }
+        m
+    }
+
+    /// The cells that variable elimination towards `order[0]` over the
+    /// subtree in `order` (DFS order, `parent` links) visits, planned
+    /// symbolically: each clique, summed down to what is still needed, then
+    /// contracted with its incoming messages one at a time (the plan of
+    /// [`Beliefs::contract`], which visits at most this subtree).
+    fn elimination_cost(&self, attrs: &[usize], sizes: &[usize], order: &[usize], parent: &[usize]) -> f64 {
         let jt = &self.jtree;
         let root = order[0];
         let cells = |a: &[usize]| a.iter().map(|&x| sizes[x] as f64).product::<f64>();
         let mut cost = 0.0;
-        // Incoming messages: their attributes, and their values when executing.
-        let mut msgs: Vec<Vec<(Vec<usize>, Option<Factor>)>> = vec![Vec::new(); jt.cliques.len()];
+        // The attributes of each clique's incoming messages.
+        let mut msgs: Vec<Vec<Vec<usize>>> = vec![Vec::new(); jt.cliques.len()];
         for &i in order.iter().rev() {
             let incoming = std::mem::take(&mut msgs[i]);
-            let sep: Vec<usize> = if i == root {
-                Vec::new()
-            } else {
-                let p = parent[i];
-                jt.cliques[i].iter().copied().filter(|a| jt.cliques[p].contains(a)).collect()
+            let sep: Vec<usize> =
+                if i == root { Vec::new() } else { intersect(&jt.cliques[i], &jt.cliques[parent[i]]) };
+            let wanted = |a: &usize, rest: &[Vec<usize>]| {
+                sep.contains(a) || attrs.contains(a) || rest.iter().any(|m| m.contains(a))
             };
-            let wanted = |a: &usize, rest: &[(Vec<usize>, Option<Factor>)]| {
-                sep.contains(a) || attrs.contains(a) || rest.iter().any(|m| m.0.contains(a))
-            };
-            let pre: Vec<usize> = jt.cliques[i].iter().copied().filter(|a| wanted(a, &incoming)).collect();
+            let mut cur: Vec<usize> = jt.cliques[i].iter().copied().filter(|a| wanted(a, &incoming)).collect();
             cost += cells(&jt.cliques[i]);
-            let mut cur_attrs = pre.clone();
-            let mut cur = execute.then(|| self.cliques[i].sum_to(&pre));
-            for (k, (m_attrs, m)) in incoming.iter().enumerate() {
-                let rest = &incoming[k + 1..];
-                let mut union: Vec<usize> = cur_attrs.iter().chain(m_attrs).copied().collect();
+            for (k, m) in incoming.iter().enumerate() {
+                let mut union: Vec<usize> = cur.iter().chain(m).copied().collect();
                 union.sort_unstable();
                 union.dedup();
                 cost += cells(&union);
-                let keep: Vec<usize> = union.into_iter().filter(|a| wanted(a, rest)).collect();
-                if let (Some(c), Some(m)) = (cur.as_ref(), m.as_ref()) {
-                    cur = Some(c.product_sum_to(m, &keep, sizes));
-                }
-                cur_attrs = keep;
+                cur = union.into_iter().filter(|a| wanted(a, &incoming[k + 1..])).collect();
             }
             if i == root {
-                // Every attribute of `attrs` is in a terminal clique of the subtree.
-                return (cost, cur.map(|c| c.sum_to(attrs)));
+                return cost;
             }
-            // μ_C / μ_S: the conditional of the clique given its separator.
-            if let Some(c) = cur.as_mut() {
-                let sep_belief = self.cliques[parent[i]].sum_to(&sep);
-                c.div_assign_sub(&sep_belief);
-            }
-            msgs[parent[i]].push((cur_attrs, cur));
+            msgs[parent[i]].push(cur);
         }
         unreachable!("the root returns")
+    }
+}
+
+/// A message's key: (from clique, to clique, the attributes it carries).
+type MessageKey = (usize, usize, Vec<usize>);
+
+/// Messages of one calibrated junction tree, shared by the out-of-clique
+/// marginals asked of it ([`Beliefs::marginal_any_cached`]), up to a byte
+/// budget (past it, messages are computed and not kept). Valid for one set
+/// of beliefs only: make a new cache when the model changes.
+pub struct MessageCache {
+    map: parking_lot::Mutex<std::collections::HashMap<MessageKey, std::sync::Arc<Factor>>>,
+    bytes: std::sync::atomic::AtomicUsize,
+    budget: usize,
+}
+
+impl MessageCache {
+    /// An empty cache that keeps at most `budget` bytes of messages.
+    pub fn new(budget: usize) -> Self {
+        Self { map: Default::default(), bytes: Default::default(), budget }
+    }
+
+    fn get(&self, key: &MessageKey) -> Option<std::sync::Arc<Factor>> {
+        self.map.lock().get(key).cloned()
+    }
+
+    fn put(&self, key: MessageKey, m: &std::sync::Arc<Factor>) {
+        use std::sync::atomic::Ordering;
+        let size = m.len() * std::mem::size_of::<f64>();
+        if self.bytes.fetch_add(size, Ordering::Relaxed) + size > self.budget {
+            self.bytes.fetch_sub(size, Ordering::Relaxed);
+            return;
+        }
+        self.map.lock().entry(key).or_insert_with(|| m.clone());
     }
 }
 

@@ -51,10 +51,19 @@ fn belief_propagation_matches_the_joint() {
         }
         // Attribute sets outside every clique go through variable elimination
         // (both the re-built tree and the calibrated-subtree elimination).
-        for q in [vec![0, 4], vec![0, 5], vec![0, 2, 5], vec![1, 4], vec![0, 3, 4, 5]] {
+        // A cache shared by every set (and one too small to keep anything)
+        // gives the bits of the uncached elimination.
+        let shared = MessageCache::new(1 << 30);
+        let tiny = MessageCache::new(0);
+        for q in [vec![0, 4], vec![0, 5], vec![0, 2, 5], vec![1, 4], vec![0, 3, 4, 5], vec![0, 4], vec![2, 4, 5]] {
             let want = joint.sum_to(&q);
             let got = model.marginal_by_extension(&q);
             let fast = beliefs.marginal_any(&q, &sizes);
+            for cache in [&shared, &tiny] {
+                let cached = beliefs.marginal_any_cached(&q, &sizes, Some(cache));
+                let bits = |f: &Factor| f.values.iter().map(|v| v.to_bits()).collect::<Vec<_>>();
+                assert_eq!(bits(&cached), bits(&fast), "{q:?}: cached elimination");
+            }
             for ((x, y), z) in want.values.iter().zip(&got.values).zip(&fast.values) {
                 assert!((x - y).abs() < 1e-9 * 1000.0, "{q:?}: {x} vs {y}");
                 assert!((x - z).abs() < 1e-9 * 1000.0, "{q:?}: {x} vs {z} (subtree elimination)");

@@ -22,7 +22,7 @@ use rayon::prelude::*;
 use super::bounds::{MeasuredMarginal, RoundInfo, workload_bounds};
 use super::{FitContext, FitMetadata, Fitted, MeasurementLog, Result, Synthesizer, gauss, l1};
 use crate::domain::Domain;
-use crate::pgm::{Factor, GraphicalModel, JunctionTree, Measurement};
+use crate::pgm::{Factor, GraphicalModel, JunctionTree, Measurement, MessageCache};
 use crate::synth::workload::Workload;
 
 /// AIM hyper-parameters (001 Alg 4 line 3).
@@ -51,6 +51,10 @@ impl Default for Aim {
 /// The default stopping rule of the rounds (see [`Aim::tolerance`]);
 /// measured in `benches/results/aim/tolerance.md` against tighter ones.
 pub const AIM_TOLERANCE: f64 = 1e-2;
+
+/// The largest share of memory the candidates of one round keep in shared
+/// elimination messages (past it they are computed and dropped).
+const MESSAGE_CACHE_BYTES: usize = 256 << 20;
 
 /// The default stopping rule of the final fit (see [`Aim::final_tolerance`]).
 pub const AIM_FINAL_TOLERANCE: f64 = 1e-3;
@@ -132,6 +136,8 @@ impl Synthesizer for Aim {
             // Candidates: JT-SIZE filter, or already free in the model.
             let model_cliques: Vec<Vec<usize>> = model.potentials.iter().map(|p| p.attrs.clone()).collect();
             let beliefs = model.beliefs();
+            // Out-of-clique candidates share their elimination messages.
+            let messages = MessageCache::new(MESSAGE_CACHE_BYTES);
             // The JT-SIZE filter and the model's marginal of each candidate are
             // independent of one another: computed on all cores, kept in order.
             let admitted: Vec<Option<Factor>> = candidates
@@ -142,24 +148,30 @@ impl Synthesizer for Aim {
                         cl.push(r.clone());
                         JunctionTree::build(&sizes, &cl).size_mb(&sizes) <= size_limit
                     };
-                    ok.then(|| beliefs.marginal_any(r, &sizes))
+                    ok.then(|| beliefs.marginal_any_cached(r, &sizes, Some(&messages)))
                 })
                 .collect();
-            let mut cand: Vec<(Vec<usize>, f64, f64, Vec<f64>)> = Vec::new(); // (r, w, score, M_r(p̂))
+            // Each candidate's model marginal becomes its estimate in place and
+            // then moves into `last_candidate` (issue 19, AIM at width: one copy
+            // of the candidates' marginals besides the previous round's, not four).
+            let mut cand: Vec<(&Vec<usize>, f64, f64, Vec<f64>)> = Vec::new(); // (r, w, score, M_r(p̂))
             for ((r, w), marginal) in candidates.iter().zip(admitted) {
                 let Some(marginal) = marginal else { continue };
                 let c = ctx.scale_for(r);
-                let est: Vec<f64> = marginal.values.iter().map(|v| v * c).collect();
+                let mut est = marginal.values;
+                est.iter_mut().for_each(|v| *v *= c);
                 let exact = ctx.answers.get(r)?;
                 let score = w * (l1(exact, &est) - (2.0 / std::f64::consts::PI).sqrt() * sigma * cells(r));
-                cand.push((r.clone(), *w, score, est));
+                cand.push((r, *w, score, est));
             }
             let delta = cand.iter().map(|c| c.1).fold(0.0f64, f64::max).max(f64::MIN_POSITIVE);
             let scores: Vec<f64> = cand.iter().map(|c| c.2).collect();
             let pick = ctx.select(&format!("aim round {t} selection"), &scores, epsilon, delta)?;
-            let (r_t, w_t, _, prev_est) = cand[pick].clone();
-            for (r, _, _, est) in &cand {
-                last_candidate.insert(r.clone(), (rounds.len(), est.clone()));
+            let (r_t, w_t) = (cand[pick].0.clone(), cand[pick].1);
+            let prev_est = cand[pick].3.clone();
+            let n_candidates = cand.len();
+            for (r, _, _, est) in cand {
+                last_candidate.insert(r.clone(), (rounds.len(), est));
             }
             let m = ctx.measure(&r_t, sigma)?;
             let selected_error = l1(&prev_est, &m.values);
@@ -174,7 +186,7 @@ impl Synthesizer for Aim {
                 selected_cells: cells(&r_t),
                 selected_error,
                 delta,
-                candidates: cand.len(),
+                candidates: n_candidates,
             });
             model = ctx.estimate_until(&measurements, Some(&model), iters, tolerance);
             let c = ctx.scale_for(&r_t);

@@ -78,12 +78,13 @@ pub(crate) fn workload_bounds(
     let lambda1 = (2.0 * (2.0 / beta).ln()).sqrt();
     let lambda2 = (2.0 / beta).ln();
     let beliefs = final_model.beliefs();
+    let messages = crate::pgm::MessageCache::new(256 << 20);
     let total = final_model.total.max(1.0);
     workload
         .iter()
         .map(|(r, w_r)| {
             let n_r: f64 = r.iter().map(|&a| sizes[a] as f64).product();
-            let model_r = beliefs.marginal_any(r, sizes);
+            let model_r = beliefs.marginal_any_cached(r, sizes, Some(&messages));
             let containing: Vec<&MeasuredMarginal> =
                 measured.iter().filter(|m| r.iter().all(|a| m.attrs.contains(a))).collect();
             let (kind, bound, round) = if !containing.is_empty() {
