@@ -249,18 +249,39 @@ impl Factor {
         (self.shape[p] > 1).then_some(p)
     }
 
-    /// Log-sum-exp over every attribute not in `keep` (values are logs).
-    pub fn logsumexp_to(&self, keep: &[usize]) -> Factor {
-        let shape = self.sub_shape(keep);
-        let mut max = Factor::filled(keep.to_vec(), shape, f64::NEG_INFINITY);
-        if keep.len() == self.attrs.len() {
-            max.values.copy_from_slice(&self.values);
-            return max;
-        }
-        let ss = self.sub_strides(keep, &max.shape);
+    /// The largest value of each slice of cells that agree on `keep` (−∞ for
+    /// an empty or all −∞ slice), split over the output's leading dimension
+    /// when large (each output cell read in the sequential order).
+    fn slice_max(&self, keep: &[usize], ss: &[usize]) -> Factor {
+        let mut max = Factor::filled(keep.to_vec(), self.sub_shape(keep), f64::NEG_INFINITY);
         let v = &self.values;
         if let Some(p) = self.split_on(keep) {
-            // Per block of the output, the same two passes as below.
+            split_pairs(&self.shape, p, &strides(&self.shape), ss, &mut max.values, |m, i, j| {
+                if v[i] > m[j] {
+                    m[j] = v[i]
+                }
+            });
+        } else {
+            let m = &mut max.values;
+            for_each_pair(&self.shape, ss, |i, j| {
+                if v[i] > m[j] {
+                    m[j] = v[i]
+                }
+            });
+        }
+        max
+    }
+
+    /// Log-sum-exp over every attribute not in `keep` (values are logs).
+    pub fn logsumexp_to(&self, keep: &[usize]) -> Factor {
+        if keep.len() == self.attrs.len() {
+            return Factor { attrs: keep.to_vec(), shape: self.sub_shape(keep), values: self.values.clone() };
+        }
+        let ss = self.sub_strides(keep, &self.sub_shape(keep));
+        let mut max = self.slice_max(keep, &ss);
+        let v = &self.values;
+        if let Some(p) = self.split_on(keep) {
+            // Per block of the output, the same pass as below.
             let st = strides(&self.shape);
             let mut sub = self.shape.clone();
             sub[p] = 1;
@@ -268,11 +289,6 @@ impl Factor {
             let block = max.values.len() / self.shape[p];
             max.values.par_chunks_mut(block).enumerate().for_each(|(k, m)| {
                 let base = k * st[p];
-                for_each_triple(&sub, &st, &ss, &zeros, |i, j, _| {
-                    if v[base + i] > m[j] {
-                        m[j] = v[base + i]
-                    }
-                });
                 let mut sum = vec![0.0; m.len()];
                 for_each_triple(&sub, &st, &ss, &zeros, |i, j, _| {
                     if m[j] > f64::NEG_INFINITY {
@@ -282,14 +298,6 @@ impl Factor {
                 finish_logsumexp(m, &sum);
             });
             return max;
-        }
-        {
-            let m = &mut max.values;
-            for_each_pair(&self.shape, &ss, |i, j| {
-                if v[i] > m[j] {
-                    m[j] = v[i]
-                }
-            });
         }
         let mut sum = vec![0.0; max.values.len()];
         {
@@ -314,36 +322,10 @@ impl Factor {
     /// shape (never by the thread count), so the bits do not depend on the
     /// threads.
     pub fn exp_slices_to(&mut self, keep: &[usize]) -> (Factor, Vec<f64>) {
-        let shape = self.sub_shape(keep);
-        let mut max = Factor::filled(keep.to_vec(), shape, f64::NEG_INFINITY);
-        let ss = self.sub_strides(keep, &max.shape);
+        let ss = self.sub_strides(keep, &self.sub_shape(keep));
         let st = strides(&self.shape);
-        // Pass 1: the max of each slice (read only).
-        {
-            let v = &self.values;
-            if let Some(p) = self.split_on(keep) {
-                let mut sub = self.shape.clone();
-                sub[p] = 1;
-                let zeros = vec![0usize; sub.len()];
-                let block = max.values.len() / self.shape[p];
-                max.values.par_chunks_mut(block).enumerate().for_each(|(k, m)| {
-                    let base = k * st[p];
-                    for_each_triple(&sub, &st, &ss, &zeros, |i, j, _| {
-                        if v[base + i] > m[j] {
-                            m[j] = v[base + i]
-                        }
-                    });
-                });
-            } else {
-                let m = &mut max.values;
-                for_each_pair(&self.shape, &ss, |i, j| {
-                    if v[i] > m[j] {
-                        m[j] = v[i]
-                    }
-                });
-            }
-        }
-        // Pass 2: exponentials in place, summed per slice.
+        let mut max = self.slice_max(keep, &ss);
+        // Exponentials in place, summed per slice.
         let m = &max.values;
         let exp_cell = |x: &mut f64, mj: f64| -> f64 {
             *x = if mj > f64::NEG_INFINITY { (*x - mj).exp() } else { 0.0 };
@@ -743,13 +725,15 @@ mod tests {
             .collect()
     }
 
+    /// Leading sizes 3 and 9 (fewer and more rows than SUM_GROUPS), and a
+    /// one-attribute factor.
+    fn one_pass_shapes() -> [(Vec<usize>, Vec<usize>); 3] {
+        [(vec![0, 2, 3, 5, 7], vec![3, 1, 5, 4, 2]), (vec![1, 4, 6], vec![9, 2, 3]), (vec![3], vec![11])]
+    }
+
     #[test]
     fn one_pass_sums_equal_one_sum_per_set() {
-        // Leading sizes 3 and 9 (fewer and more rows than SUM_GROUPS), and a
-        // one-attribute factor.
-        for (attrs, shape) in
-            [(vec![0, 2, 3, 5, 7], vec![3, 1, 5, 4, 2]), (vec![1, 4, 6], vec![9, 2, 3]), (vec![3], vec![11])]
-        {
+        for (attrs, shape) in one_pass_shapes() {
             let x = scrambled(&attrs, &shape, false);
             let sets = subsets(&attrs, &shape);
             let keeps: Vec<&[usize]> = sets.iter().map(|(k, _)| k.as_slice()).collect();
@@ -765,9 +749,7 @@ mod tests {
 
     #[test]
     fn one_pass_broadcast_sum_equals_adds_one_at_a_time() {
-        for (attrs, shape) in
-            [(vec![0, 2, 3, 5, 7], vec![3, 1, 5, 4, 2]), (vec![1, 4, 6], vec![9, 2, 3]), (vec![3], vec![11])]
-        {
+        for (attrs, shape) in one_pass_shapes() {
             let base = scrambled(&attrs, &shape, false);
             let sets = subsets(&attrs, &shape);
             let terms: Vec<Factor> = sets.iter().map(|(k, sh)| scrambled(k, sh, false)).collect();
