@@ -226,11 +226,12 @@ impl JunctionTree {
         let mut seen = vec![false; self.cliques.len()];
         seen[from] = true;
         seen[c] = true;
+        let nb = self.neighbours();
         let mut stack = vec![c];
         let mut attrs: Vec<usize> = Vec::new();
         while let Some(x) = stack.pop() {
             attrs.extend(&self.cliques[x]);
-            for y in self.neighbours_of(x) {
+            for &y in &nb[x] {
                 if !seen[y] {
                     seen[y] = true;
                     stack.push(y);

@@ -79,6 +79,16 @@ pub(crate) fn par_map<T: Sync, R: Send>(items: &[T], cost: usize, f: impl Fn(&T)
     }
 }
 
+/// [`par_map`] for owned items (each moved into `f`), in parallel when
+/// `cost` is large enough; the results come back in the order of `items`.
+fn par_map_owned<T: Send, R: Send>(items: Vec<T>, cost: usize, f: impl Fn(T) -> R + Sync + Send) -> Vec<R> {
+    if items.len() > 1 && cost >= PARALLEL_CELLS {
+        items.into_par_iter().map(f).collect()
+    } else {
+        items.into_iter().map(f).collect()
+    }
+}
+
 /// Sum-product belief propagation. `log_potentials[i]` is over
 /// `jt.cliques[i]`. Returns normalised clique marginals with mass `total`.
 ///
@@ -133,12 +143,7 @@ pub fn belief_propagation(jt: &JunctionTree, log_potentials: Vec<Factor>, total:
             let (msg, sums) = f.exp_slices_to(&seps[i]);
             (i, f, msg, sums)
         };
-        let done: Vec<(usize, Factor, Factor, Vec<f64>)> = if taken.len() > 1 && cost >= PARALLEL_CELLS {
-            taken.into_par_iter().map(collect_one).collect()
-        } else {
-            taken.into_iter().map(collect_one).collect()
-        };
-        for (i, f, msg, sums) in done {
+        for (i, f, msg, sums) in par_map_owned(taken, cost, collect_one) {
             let p = parent[i].expect("below the root");
             tables[p].add_assign_sub(&msg);
             tables[i] = f;
@@ -154,12 +159,7 @@ pub fn belief_propagation(jt: &JunctionTree, log_potentials: Vec<Factor>, total:
         let cost: usize = level.iter().map(|&i| tables[i].len()).sum();
         if d == 0 {
             let taken: Vec<Factor> = level.iter().map(|&i| std::mem::take(&mut tables[i])).collect();
-            let done: Vec<Factor> = if level.len() > 1 && cost >= PARALLEL_CELLS {
-                taken.into_par_iter().map(|f| to_counts(f, total)).collect()
-            } else {
-                taken.into_iter().map(|f| to_counts(f, total)).collect()
-            };
-            for (&i, c) in level.iter().zip(done) {
+            for (&i, c) in level.iter().zip(par_map_owned(taken, cost, |f| to_counts(f, total))) {
                 tables[i] = c;
             }
             continue;
@@ -365,7 +365,7 @@ impl Beliefs {
         let clique = &jt.cliques[i];
         let sep: Vec<usize> = towards.map_or_else(Vec::new, |p| intersect(clique, &jt.cliques[p]));
         let outside: Vec<usize> = want.iter().copied().filter(|a| !clique.contains(a)).collect();
-        let mut incoming: Vec<(Vec<usize>, Factor)> = Vec::new();
+        let mut incoming: Vec<std::sync::Arc<Factor>> = Vec::new();
         if !outside.is_empty() {
             for c in jt.neighbours_of(i) {
                 if Some(c) == towards {
@@ -376,18 +376,17 @@ impl Beliefs {
                 if carried.is_empty() {
                     continue;
                 }
-                let m = self.message(c, i, &carried, sizes, cache);
-                incoming.push((m.attrs.clone(), (*m).clone()));
+                incoming.push(self.message(c, i, &carried, sizes, cache));
             }
         }
-        let wanted = |a: &usize, rest: &[(Vec<usize>, Factor)]| {
-            sep.contains(a) || want.contains(a) || rest.iter().any(|m| m.0.contains(a))
+        let wanted = |a: &usize, rest: &[std::sync::Arc<Factor>]| {
+            sep.contains(a) || want.contains(a) || rest.iter().any(|m| m.attrs.contains(a))
         };
         let pre: Vec<usize> = clique.iter().copied().filter(|a| wanted(a, &incoming)).collect();
         let mut cur = self.cliques[i].sum_to(&pre);
-        for (k, (m_attrs, m)) in incoming.iter().enumerate() {
+        for (k, m) in incoming.iter().enumerate() {
             let rest = &incoming[k + 1..];
-            let mut union: Vec<usize> = cur.attrs.iter().chain(m_attrs).copied().collect();
+            let mut union: Vec<usize> = cur.attrs.iter().chain(&m.attrs).copied().collect();
             union.sort_unstable();
             union.dedup();
             let keep: Vec<usize> = union.into_iter().filter(|a| wanted(a, rest)).collect();
@@ -486,6 +485,9 @@ impl MessageCache {
         Self { map: Default::default(), bytes: Default::default(), budget }
     }
 
+    /// The budget of [`MessageCache::default`]: 256 MB.
+    pub const DEFAULT_BUDGET: usize = 256 << 20;
+
     fn get(&self, key: &MessageKey) -> Option<std::sync::Arc<Factor>> {
         self.map.lock().get(key).cloned()
     }
@@ -498,6 +500,13 @@ impl MessageCache {
             return;
         }
         self.map.lock().entry(key).or_insert_with(|| m.clone());
+    }
+}
+
+impl Default for MessageCache {
+    /// An empty cache with [`MessageCache::DEFAULT_BUDGET`].
+    fn default() -> Self {
+        Self::new(Self::DEFAULT_BUDGET)
     }
 }
 

@@ -52,10 +52,6 @@ impl Default for Aim {
 /// measured in `benches/results/aim/tolerance.md` against tighter ones.
 pub const AIM_TOLERANCE: f64 = 1e-2;
 
-/// The largest share of memory the candidates of one round keep in shared
-/// elimination messages (past it they are computed and dropped).
-const MESSAGE_CACHE_BYTES: usize = 256 << 20;
-
 /// The default stopping rule of the final fit (see [`Aim::final_tolerance`]).
 pub const AIM_FINAL_TOLERANCE: f64 = 1e-3;
 
@@ -137,7 +133,7 @@ impl Synthesizer for Aim {
             let model_cliques: Vec<Vec<usize>> = model.potentials.iter().map(|p| p.attrs.clone()).collect();
             let beliefs = model.beliefs();
             // Out-of-clique candidates share their elimination messages.
-            let messages = MessageCache::new(MESSAGE_CACHE_BYTES);
+            let messages = MessageCache::default();
             // The JT-SIZE filter and the model's marginal of each candidate are
             // independent of one another: computed on all cores, kept in order.
             let admitted: Vec<Option<Factor>> = candidates

@@ -78,7 +78,7 @@ pub(crate) fn workload_bounds(
     let lambda1 = (2.0 * (2.0 / beta).ln()).sqrt();
     let lambda2 = (2.0 / beta).ln();
     let beliefs = final_model.beliefs();
-    let messages = crate::pgm::MessageCache::new(256 << 20);
+    let messages = crate::pgm::MessageCache::default();
     let total = final_model.total.max(1.0);
     workload
         .iter()
