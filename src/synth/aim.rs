@@ -22,7 +22,7 @@ use rayon::prelude::*;
 use super::bounds::{MeasuredMarginal, RoundInfo, workload_bounds};
 use super::{FitContext, FitMetadata, Fitted, MeasurementLog, Result, Synthesizer, gauss, l1};
 use crate::domain::Domain;
-use crate::pgm::{Factor, GraphicalModel, JunctionTree, Measurement, MessageCache};
+use crate::pgm::{GraphicalModel, JunctionTree, Measurement, MessageCache};
 use crate::synth::workload::Workload;
 
 /// AIM hyper-parameters (001 Alg 4 line 3).
@@ -114,7 +114,9 @@ impl Synthesizer for Aim {
         let mut sigma = sigma0;
         let mut epsilon = (8.0 * (1.0 - alpha) * rho / t_max).sqrt();
         let mut rounds: Vec<RoundInfo> = Vec::new();
-        let mut last_candidate: HashMap<Vec<usize>, (usize, Vec<f64>)> = HashMap::new();
+        // Per candidate: the last round it was admitted in and its estimate then.
+        let mut last_candidate: Vec<Option<(usize, Vec<f64>)>> = vec![None; candidates.len()];
+        let scales: Vec<f64> = candidates.iter().map(|(r, _)| ctx.scale_for(r)).collect();
         let mut notes = Vec::new();
         let mut terminate = false;
         let mut t = 0usize;
@@ -134,41 +136,43 @@ impl Synthesizer for Aim {
             let beliefs = model.beliefs();
             // Out-of-clique candidates share their elimination messages.
             let messages = MessageCache::default();
-            // The JT-SIZE filter and the model's marginal of each candidate are
-            // independent of one another: computed on all cores, kept in order.
-            let admitted: Vec<Option<Factor>> = candidates
+            // The JT-SIZE filter, the model's marginal and the score of each
+            // candidate are independent of one another: computed on all
+            // cores, kept in order. An admitted candidate's scaled marginal
+            // replaces, in its own slot, its estimate from the last round it
+            // was admitted in, which 001 §5's bounds need (issue 19, AIM at
+            // width: the run holds one copy of the candidates' marginals
+            // besides the exact answers, and scoring copies none).
+            let round = rounds.len();
+            let answers = ctx.answers;
+            let scored: Vec<Option<f64>> = candidates
                 .par_iter()
-                .map(|(r, _)| {
+                .zip(last_candidate.par_iter_mut())
+                .zip(scales.par_iter())
+                .map(|(((r, w), slot), &c)| {
                     let ok = in_closure(r, &model_cliques) || {
                         let mut cl = model_cliques.clone();
                         cl.push(r.clone());
                         JunctionTree::build(&sizes, &cl).size_mb(&sizes) <= size_limit
                     };
-                    ok.then(|| beliefs.marginal_any_cached(r, &sizes, Some(&messages)))
+                    if !ok {
+                        return Ok(None);
+                    }
+                    let mut est = beliefs.marginal_any_cached(r, &sizes, Some(&messages)).values;
+                    est.iter_mut().for_each(|v| *v *= c);
+                    let score =
+                        w * (l1(answers.get(r)?, &est) - (2.0 / std::f64::consts::PI).sqrt() * sigma * cells(r));
+                    *slot = Some((round, est));
+                    Ok(Some(score))
                 })
-                .collect();
-            // Each candidate's model marginal becomes its estimate in place and
-            // then moves into `last_candidate` (issue 19, AIM at width: one copy
-            // of the candidates' marginals besides the previous round's, not four).
-            let mut cand: Vec<(&Vec<usize>, f64, f64, Vec<f64>)> = Vec::new(); // (r, w, score, M_r(p̂))
-            for ((r, w), marginal) in candidates.iter().zip(admitted) {
-                let Some(marginal) = marginal else { continue };
-                let c = ctx.scale_for(r);
-                let mut est = marginal.values;
-                est.iter_mut().for_each(|v| *v *= c);
-                let exact = ctx.answers.get(r)?;
-                let score = w * (l1(exact, &est) - (2.0 / std::f64::consts::PI).sqrt() * sigma * cells(r));
-                cand.push((r, *w, score, est));
-            }
-            let delta = cand.iter().map(|c| c.1).fold(0.0f64, f64::max).max(f64::MIN_POSITIVE);
-            let scores: Vec<f64> = cand.iter().map(|c| c.2).collect();
-            let pick = ctx.select(&format!("aim round {t} selection"), &scores, epsilon, delta)?;
-            let (r_t, w_t) = (cand[pick].0.clone(), cand[pick].1);
-            let prev_est = cand[pick].3.clone();
-            let n_candidates = cand.len();
-            for (r, _, _, est) in cand {
-                last_candidate.insert(r.clone(), (rounds.len(), est));
-            }
+                .collect::<Result<_>>()?;
+            let admitted: Vec<usize> = (0..candidates.len()).filter(|&i| scored[i].is_some()).collect();
+            let delta = admitted.iter().map(|&i| candidates[i].1).fold(0.0f64, f64::max).max(f64::MIN_POSITIVE);
+            let scores: Vec<f64> = admitted.iter().filter_map(|&i| scored[i]).collect();
+            let pick = admitted[ctx.select(&format!("aim round {t} selection"), &scores, epsilon, delta)?];
+            let (r_t, w_t) = (candidates[pick].0.clone(), candidates[pick].1);
+            let prev_est = last_candidate[pick].as_ref().map(|(_, e)| e.clone()).unwrap_or_default();
+            let n_candidates = admitted.len();
             let m = ctx.measure(&r_t, sigma)?;
             let selected_error = l1(&prev_est, &m.values);
             log.push(MeasurementLog::new(ctx.names(&r_t), gauss(sigma), t, ctx.options.confidence));
@@ -222,7 +226,12 @@ impl Synthesizer for Aim {
                 &ctx.sizes,
                 &measured_for_bounds,
                 &rounds,
-                &last_candidate,
+                &candidates
+                    .iter()
+                    .map(|(r, _)| r.clone())
+                    .zip(last_candidate)
+                    .filter_map(|(r, l)| Some((r, l?)))
+                    .collect(),
                 &model,
                 ctx.options.confidence,
             )

@@ -21,7 +21,7 @@ use datafusion::physical_plan::{
 use futures::StreamExt;
 use serde::{Deserialize, Serialize};
 
-use super::kernel::{MarginalAccumulator, MarginalConfig};
+use super::kernel::{FinishedCounts, MarginalAccumulator, MarginalConfig};
 
 /// Phase of a marginal operator.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
@@ -123,22 +123,15 @@ impl DisplayAs for MarginalExec {
     }
 }
 
-/// Builds the output batch from finished counts.
-pub fn counts_to_batch(config: &MarginalConfig, results: Vec<(Vec<u64>, u64)>) -> Result<RecordBatch> {
-    let n = results.len();
-    let mut offsets = Vec::with_capacity(n + 1);
-    offsets.push(0i32);
-    let total: usize = results.iter().map(|r| r.0.len()).sum();
-    if total > i32::MAX as usize {
+/// Builds the output batch from finished counts; the counts buffer becomes
+/// the list values without a copy.
+pub fn counts_to_batch(config: &MarginalConfig, results: FinishedCounts) -> Result<RecordBatch> {
+    let FinishedCounts { values, offsets, observed } = results;
+    let n = observed.len();
+    if values.len() > i32::MAX as usize {
         return Err(DataFusionError::Execution("too many marginal cells for one batch".into()));
     }
-    let mut values = Vec::with_capacity(total);
-    let mut observed = Vec::with_capacity(n);
-    for (counts, obs) in results {
-        values.extend_from_slice(&counts);
-        offsets.push(values.len() as i32);
-        observed.push(obs);
-    }
+    let offsets: Vec<i32> = offsets.iter().map(|&o| o as i32).collect();
     let list = ListArray::try_new(
         Arc::new(Field::new_list_field(DataType::UInt64, false)),
         OffsetBuffer::new(offsets.into()),
@@ -155,17 +148,27 @@ pub fn counts_to_batch(config: &MarginalConfig, results: Vec<(Vec<u64>, u64)>) -
     Ok(RecordBatch::try_new(marginal_output_schema(), columns)?)
 }
 
-/// Reads an output batch back into (counts, observed) per set index.
-pub fn batch_to_counts(batch: &RecordBatch) -> Result<Vec<(u32, Vec<u64>, u64)>> {
+/// Calls `f(set index, counts, observed)` for each row of an output batch,
+/// with the counts borrowed from the batch (no copy).
+pub fn for_each_counts(batch: &RecordBatch, mut f: impl FnMut(u32, &[u64], u64) -> Result<()>) -> Result<()> {
     let idx = batch.column(0).as_primitive::<UInt32Type>();
     let obs = batch.column(3).as_primitive::<UInt64Type>();
     let lists = batch.column(4).as_list::<i32>();
-    let mut out = Vec::with_capacity(batch.num_rows());
+    let values = lists.values().as_primitive::<UInt64Type>().values();
+    let offsets = lists.value_offsets();
     for r in 0..batch.num_rows() {
-        let v = lists.value(r);
-        let v = v.as_primitive::<UInt64Type>();
-        out.push((idx.value(r), v.values().to_vec(), obs.value(r)));
+        f(idx.value(r), &values[offsets[r] as usize..offsets[r + 1] as usize], obs.value(r))?;
     }
+    Ok(())
+}
+
+/// Reads an output batch back into (counts, observed) per set index.
+pub fn batch_to_counts(batch: &RecordBatch) -> Result<Vec<(u32, Vec<u64>, u64)>> {
+    let mut out = Vec::with_capacity(batch.num_rows());
+    for_each_counts(batch, |i, counts, observed| {
+        out.push((i, counts.to_vec(), observed));
+        Ok(())
+    })?;
     Ok(out)
 }
 
@@ -224,16 +227,18 @@ impl ExecutionPlan for MarginalExec {
                     while let Some(batch) = input.next().await {
                         acc.update(&batch?)?;
                     }
-                    counts_to_batch(&config, acc.finish())
+                    counts_to_batch(&config, acc.finish_flat())
                 }
                 MarginalMode::Final => {
                     let mut acc = MarginalAccumulator::new(config.clone(), vec![])?;
                     while let Some(batch) = input.next().await {
-                        for (set, counts, observed) in batch_to_counts(&batch?)? {
-                            acc.merge_counts(set as usize, &counts, observed)?;
-                        }
+                        // Merged from the partial batch's buffer, which is
+                        // dropped before the next one is read.
+                        for_each_counts(&batch?, |set, counts, observed| {
+                            acc.merge_counts(set as usize, counts, observed)
+                        })?;
                     }
-                    counts_to_batch(&config, acc.finish())
+                    counts_to_batch(&config, acc.finish_flat())
                 }
             }
         };

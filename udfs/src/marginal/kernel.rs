@@ -127,8 +127,9 @@ struct SetCounts {
     strides: Vec<u64>,
     /// For observed mode, the null code of each attribute (None = never null).
     nulls: Vec<Option<u32>>,
-    /// counts[cells] is the overflow slot for unobserved rows.
-    counts: Vec<u64>,
+    /// Start of this set's cells + 1 counts in the accumulator's one
+    /// buffer; the last of them is the overflow slot for unobserved rows.
+    offset: usize,
     cells: u64,
     observed: u64,
 }
@@ -140,6 +141,9 @@ pub struct MarginalAccumulator {
     /// For each config column, its position in the input batches.
     input_pos: Vec<usize>,
     sets: Vec<SetCounts>,
+    /// All sets' counts in one buffer (issue 19: the output takes it over
+    /// without a copy, so a wide configuration holds its cells once).
+    counts: Vec<u64>,
     rows: u64,
     scratch: Vec<u64>,
     scratch32: Vec<u32>,
@@ -149,7 +153,8 @@ impl MarginalAccumulator {
     /// A zeroed accumulator; `input_pos[c]` is the batch column of config column `c`.
     pub fn new(config: MarginalConfig, input_pos: Vec<usize>) -> Result<Self> {
         config.validate()?;
-        let sets = (0..config.sets.len())
+        let mut total = 0usize;
+        let sets: Vec<SetCounts> = (0..config.sets.len())
             .map(|i| {
                 let s = &config.sets[i];
                 let observed = s.mode == NullMode::Observed;
@@ -167,17 +172,20 @@ impl MarginalAccumulator {
                     strides[k] = strides[k + 1] * sizes[k + 1];
                 }
                 let cells = config.cells(i);
+                let offset = total;
+                total += cells as usize + 1;
                 SetCounts {
                     cols: s.attrs.clone(),
                     strides,
                     nulls: s.attrs.iter().map(|&a| if observed { config.columns[a].null_code } else { None }).collect(),
-                    counts: vec![0; cells as usize + 1],
+                    offset,
                     cells,
                     observed: 0,
                 }
             })
             .collect();
-        Ok(Self { config, input_pos, sets, rows: 0, scratch: Vec::new(), scratch32: Vec::new() })
+        let counts = vec![0; total];
+        Ok(Self { config, input_pos, sets, counts, rows: 0, scratch: Vec::new(), scratch32: Vec::new() })
     }
 
     /// The configuration.
@@ -218,7 +226,8 @@ impl MarginalAccumulator {
         }
         self.scratch.resize(n, 0);
         self.scratch32.resize(n, 0);
-        for set in &mut self.sets {
+        for set in &self.sets {
+            let counts = &mut self.counts[set.offset..=set.offset + set.cells as usize];
             // Cells mode (the common case): every code is inside its domain,
             // so the index Σ code·stride is below `cells` < 2³¹ and fits a u32.
             // One pass per attribute builds the indices (vectorised), then one
@@ -235,7 +244,6 @@ impl MarginalAccumulator {
                         idx.iter_mut().zip(cols[c]).for_each(|(x, &v)| *x += v * s);
                     }
                 }
-                let counts = &mut set.counts;
                 idx.iter().for_each(|&i| counts[i as usize] += 1);
                 continue;
             }
@@ -261,7 +269,6 @@ impl MarginalAccumulator {
                         .for_each(|(x, &c)| *x = if c == nc { u64::MAX } else { x.saturating_add(c as u64 * s) }),
                 }
             }
-            let counts = &mut set.counts;
             if set.nulls.iter().any(Option::is_some) {
                 // An unobserved row's index overflowed or became u64::MAX: route it to the overflow slot.
                 for &i in idx.iter() {
@@ -280,7 +287,7 @@ impl MarginalAccumulator {
 
     /// Adds another accumulator's counts (same config).
     pub fn merge_counts(&mut self, set: usize, counts: &[u64], observed: u64) -> Result<()> {
-        let s = &mut self.sets[set];
+        let s = &self.sets[set];
         if counts.len() as u64 != s.cells {
             return Err(DataFusionError::Execution(format!(
                 "partial marginal {set} has {} cells, expected {}",
@@ -288,23 +295,49 @@ impl MarginalAccumulator {
                 s.cells
             )));
         }
-        for (a, b) in s.counts.iter_mut().zip(counts) {
+        for (a, b) in self.counts[s.offset..s.offset + counts.len()].iter_mut().zip(counts) {
             *a += b;
         }
-        s.observed += observed;
+        self.sets[set].observed += observed;
         Ok(())
     }
 
-    /// Final counts and observed-row totals, one per set.
-    pub fn finish(mut self) -> Vec<(Vec<u64>, u64)> {
+    /// Final counts of all sets in one buffer, without a copy: the overflow
+    /// slots are compacted out in place.
+    pub fn finish_flat(mut self) -> FinishedCounts {
         let rows = self.rows;
-        self.sets
-            .iter_mut()
-            .map(|s| {
-                let unobserved = s.counts.pop().unwrap_or(0);
-                let observed = s.observed + rows - unobserved;
-                (std::mem::take(&mut s.counts), observed)
-            })
-            .collect()
+        let mut offsets = Vec::with_capacity(self.sets.len() + 1);
+        let mut observed = Vec::with_capacity(self.sets.len());
+        let mut end = 0usize;
+        offsets.push(0);
+        for s in &self.sets {
+            let cells = s.cells as usize;
+            let unobserved = self.counts[s.offset + cells];
+            observed.push(s.observed + rows - unobserved);
+            // Moves left (end ≤ offset), so nothing unread is overwritten.
+            self.counts.copy_within(s.offset..s.offset + cells, end);
+            end += cells;
+            offsets.push(end);
+        }
+        self.counts.truncate(end);
+        FinishedCounts { values: self.counts, offsets, observed }
     }
+
+    /// Final counts and observed-row totals, one per set.
+    pub fn finish(self) -> Vec<(Vec<u64>, u64)> {
+        let f = self.finish_flat();
+        f.offsets.windows(2).zip(&f.observed).map(|(w, &o)| (f.values[w[0]..w[1]].to_vec(), o)).collect()
+    }
+}
+
+/// All sets' final counts, back to back (set `i` is
+/// `values[offsets[i]..offsets[i + 1]]`), and each set's observed rows.
+#[derive(Debug, Clone, PartialEq)]
+pub struct FinishedCounts {
+    /// The counts.
+    pub values: Vec<u64>,
+    /// Where each set starts, and the end (sets + 1 entries).
+    pub offsets: Vec<usize>,
+    /// Observed rows per set.
+    pub observed: Vec<u64>,
 }

@@ -20,7 +20,9 @@ mod tests;
 
 /// Moved to [`crate::domain::project`]; kept here for callers of the old path.
 pub use crate::domain::project;
-pub use exec::{MarginalExec, MarginalMode, batch_to_counts, counts_to_batch, marginal_output_schema};
-pub use kernel::{EncodedColumn, MAX_CELLS, MarginalAccumulator, MarginalConfig, MarginalSet, NullMode};
+pub use exec::{MarginalExec, MarginalMode, batch_to_counts, counts_to_batch, for_each_counts, marginal_output_schema};
+pub use kernel::{
+    EncodedColumn, FinishedCounts, MAX_CELLS, MarginalAccumulator, MarginalConfig, MarginalSet, NullMode,
+};
 pub use logical::{MarginalNode, MarginalPlanner, plan_marginals};
 pub use table_fn::{MarginalsFunction, MarginalsTable, config_for, parse_sets};
