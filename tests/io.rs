@@ -84,6 +84,30 @@ async fn adult_acceptance_counts() {
 }
 
 #[tokio::test]
+async fn local_prefixes_and_globs_read_every_file_they_name() {
+    // Before the fix a local directory (`dir/`, `file://.../dir/`) was taken for
+    // a file and refused, and a local glob read no rows at all.
+    let dir = tempfile::tempdir().unwrap();
+    let parts = dir.path().join("parts");
+    std::fs::create_dir(&parts).unwrap();
+    std::fs::copy("sample_data/adult/adult.data", parts.join("a.csv")).unwrap();
+    std::fs::copy("sample_data/adult/adult.data", parts.join("b.csv")).unwrap();
+    let d = "sample_data/adult/adult.domain.yaml";
+    let csv = Some(dpflow::io::InputFormat::Csv);
+    let p = parts.display().to_string();
+    for (location, rows) in [
+        (format!("{p}/"), 65_122),
+        (format!("file://{p}/"), 65_122),
+        (format!("{p}/*.csv"), 65_122),
+        (format!("file://{p}/*.csv"), 65_122),
+        (format!("{p}/a*"), 32_561),
+    ] {
+        let r = inspect(&location, d, csv).await.unwrap_or_else(|e| panic!("{location}: {e}"));
+        assert_eq!(r.rows, rows, "{location}");
+    }
+}
+
+#[tokio::test]
 async fn domain_column_missing_from_input_is_named() {
     let dir = tempfile::tempdir().unwrap();
     let dom = dir.path().join("d.yaml");

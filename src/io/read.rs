@@ -116,6 +116,23 @@ pub async fn open_input(
     open_inputs(ctx, &[location.to_string()], format, spec).await
 }
 
+/// The path DataFusion lists for `url`. Local directories and globs go as
+/// plain paths: DataFusion 55 turns a `file://…/dir/` URL into a path without
+/// its trailing slash (and then takes the directory for a file), and matches
+/// the glob of a `file://` URL against object paths it never equals (so a
+/// glob read nothing at all).
+fn listing_path(url: &Url) -> String {
+    let path = url.path();
+    let glob = path.contains(['*', '?', '[']);
+    if url.scheme() == "file" && (path.ends_with('/') || glob) {
+        if let Ok(p) = url.to_file_path() {
+            let p = p.display().to_string();
+            return if glob { p } else { format!("{}/", p.trim_end_matches('/')) };
+        }
+    }
+    url.to_string()
+}
+
 /// Opens several inputs (files, prefixes or globs of one format) as one table.
 pub async fn open_inputs(
     ctx: &SessionContext,
@@ -130,7 +147,7 @@ pub async fn open_inputs(
         let url = resolve_url(l)?;
         register_stores_for(ctx, &url)?;
         ensure_exists(ctx, &url, l).await?;
-        table_paths.push(url.to_string());
+        table_paths.push(listing_path(&url));
         urls.push(url);
     }
     let url = urls[0].clone();

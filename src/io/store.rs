@@ -7,7 +7,6 @@ use datafusion::execution::context::SessionContext;
 use datafusion::execution::object_store::ObjectStoreUrl;
 use datafusion::prelude::SessionConfig;
 use object_store::ObjectStore;
-use object_store::aws::AmazonS3Builder;
 use object_store::memory::InMemory;
 use url::Url;
 
@@ -49,8 +48,10 @@ pub fn resolve_url(location: &str) -> Result<Url, IoError> {
     if location.ends_with('/') && !s.ends_with('/') {
         s.push('/');
     }
-    Url::from_file_path(&s)
-        .or_else(|_| Url::parse(&format!("file://{s}")))
+    // `from_file_path` drops a trailing slash (it joins path components):
+    // a prefix is a directory URL.
+    let url = if s.ends_with('/') { Url::from_directory_path(&s) } else { Url::from_file_path(&s) };
+    url.or_else(|_| Url::parse(&format!("file://{s}")))
         .map_err(|_| IoError::NotAFileUrl { location: location.to_string() })
 }
 
@@ -61,7 +62,8 @@ pub fn store_for(ctx: &SessionContext, url: &Url) -> Result<Arc<dyn ObjectStore>
     ctx.runtime_env().object_store(&base).map_err(no_store)
 }
 
-/// A DataFusion session with dpflow's defaults.
+/// A DataFusion session with dpflow's defaults: its protected reads run in
+/// this process ([`session_context_on`] sends them to a cluster).
 pub fn session_context() -> SessionContext {
     let config = SessionConfig::new()
         .with_information_schema(false)
@@ -69,10 +71,22 @@ pub fn session_context() -> SessionContext {
     dpflow_udfs::session::dpflow_context(config)
 }
 
+/// A DataFusion session whose protected reads run on `cluster` when one is
+/// given (connected first with [`dpflow_udfs::cluster::connect`]), or in this
+/// process.
+pub fn session_context_on(cluster: Option<&dpflow_udfs::cluster::ClusterTarget>) -> SessionContext {
+    let ctx = session_context();
+    match cluster {
+        Some(target) => dpflow_udfs::cluster::on_cluster(&ctx, target),
+        None => ctx,
+    }
+}
+
 /// Registers the object store a URL needs (S3 credentials and endpoint come
 /// from the standard AWS environment variables: `AWS_ACCESS_KEY_ID`,
 /// `AWS_SECRET_ACCESS_KEY`, `AWS_REGION`, `AWS_ENDPOINT_URL`, `AWS_ALLOW_HTTP`).
 pub fn register_stores_for(ctx: &SessionContext, url: &Url) -> Result<(), IoError> {
+    dpflow_udfs::cluster::check_location(ctx, url).map_err(|_| IoError::NotOnCluster { location: url.to_string() })?;
     match url.scheme() {
         "file" => Ok(()),
         "memory" => {
@@ -83,20 +97,10 @@ pub fn register_stores_for(ctx: &SessionContext, url: &Url) -> Result<(), IoErro
         }
         "s3" => {
             let bucket = url.host_str().ok_or_else(|| IoError::NoBucket { url: url.to_string() })?;
-            let mut builder = AmazonS3Builder::from_env().with_bucket_name(bucket);
-            // AmazonS3Builder::from_env reads AWS_ENDPOINT; accept the newer spelling too.
-            if let Ok(ep) = std::env::var("AWS_ENDPOINT_URL") {
-                builder = builder.with_endpoint(ep);
-            }
-            if std::env::var("AWS_ALLOW_HTTP").is_ok_and(|v| v == "true" || v == "1") {
-                builder = builder.with_allow_http(true);
-            }
-            if std::env::var("AWS_REGION").is_err() && std::env::var("AWS_DEFAULT_REGION").is_err() {
-                builder = builder.with_region("us-east-1");
-            }
-            let store = builder.build().map_err(|source| IoError::S3Config { bucket: bucket.to_string(), source })?;
+            let store = dpflow_udfs::cluster::stores::s3_store_from_env(bucket)
+                .map_err(|source| IoError::S3Config { bucket: bucket.to_string(), source })?;
             let base = Url::parse(&format!("s3://{bucket}")).expect("bucket url");
-            ctx.register_object_store(&base, Arc::new(store));
+            ctx.register_object_store(&base, store);
             Ok(())
         }
         other => Err(IoError::UnsupportedScheme { scheme: other.to_string(), location: url.to_string() }),
