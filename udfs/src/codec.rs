@@ -129,7 +129,13 @@ impl PhysicalExtensionCodec for DpflowCodec {
             }
             PhysicalPayload::Synthetic { mut plan, rows, partitions, chunk_rows, seed } => {
                 plan.domain = plan.domain.reindex().map_err(|e| DataFusionError::Internal(e.to_string()))?;
-                Arc::new(SyntheticExec::try_new(Arc::new(plan), rows, partitions, chunk_rows, seed)?)
+                match inputs.first() {
+                    // Its chunk-range table (restricted, on a cluster, to a task's partitions).
+                    Some(work) => {
+                        Arc::new(SyntheticExec::with_work(Arc::new(plan), rows, chunk_rows, seed, work.clone())?)
+                    }
+                    None => Arc::new(SyntheticExec::try_new(Arc::new(plan), rows, partitions, chunk_rows, seed)?),
+                }
             }
             PhysicalPayload::Fill { mut plan } => {
                 plan.domain = plan.domain.reindex().map_err(|e| DataFusionError::Internal(e.to_string()))?;
