@@ -9,6 +9,7 @@
 #![warn(missing_docs)]
 
 pub mod calibrate;
+pub mod cluster;
 pub mod codec;
 pub mod cost;
 pub mod domain;

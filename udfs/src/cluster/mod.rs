@@ -1,0 +1,296 @@
+//! Where the plans that read protected data run: in this process, or on an
+//! Apache Ballista cluster (feature `cluster`).
+//!
+//! dpflow plans every read of protected data as a DataFusion *physical* plan
+//! in the client (file listing, `EncodeExec`, `MarginalExec`, the SQL helper
+//! aggregates, `SyntheticExec`), and charges for it before it runs. Running it
+//! is the one step that changes in cluster mode: [`collect`] and
+//! [`execute_stream`] hand the plan to DataFusion in this process, or, when the
+//! session carries a [`ClusterTarget`], serialize it (with [`codec`]'s
+//! extension codec) and submit it to a Ballista scheduler, which cuts it into
+//! stages at its exchanges (`CoalescePartitionsExec`, hash repartitions) and
+//! runs them on the executors. Only exact aggregates and synthetic rows come
+//! back; noise is drawn here, in the client, once, after the results arrived.
+//!
+//! **Exactly once.** A task retry, a lost executor or speculative execution
+//! can re-run a stage on the cluster. What a stage computes is a pure function
+//! of its input files and plan (exact counts and sums; synthetic chunks whose
+//! random stream is seeded by their global row position, see
+//! [`crate::synth::SyntheticExec`]), so a re-run returns the same values, and
+//! the client charges before submitting and draws noise after collecting,
+//! never on the cluster. A job that fails is a failed release: the client does
+//! not resubmit it.
+
+use std::sync::Arc;
+
+use datafusion::arrow::record_batch::RecordBatch;
+use datafusion::common::{DataFusionError, Result};
+use datafusion::execution::SendableRecordBatchStream;
+use datafusion::execution::context::SessionContext;
+use datafusion::logical_expr::LogicalPlan;
+use datafusion::physical_plan::ExecutionPlan;
+
+#[cfg(feature = "cluster")]
+mod client;
+#[cfg(feature = "cluster")]
+pub mod codec;
+#[cfg(feature = "cluster")]
+pub mod process;
+pub mod shape;
+#[cfg(feature = "cluster")]
+pub mod state;
+pub mod stores;
+
+/// Where a session's protected reads run, as a user writes it: `df://HOST:PORT`
+/// (a running Ballista scheduler, e.g. `dpflow cluster scheduler`) or
+/// `standalone` (a scheduler and one executor started inside this process:
+/// for tests and for trying cluster mode on one machine).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Cluster {
+    /// A scheduler at `host:port`.
+    Remote {
+        /// Host name or address.
+        host: String,
+        /// gRPC port (Ballista's default is 50050).
+        port: u16,
+    },
+    /// An in-process scheduler and executor.
+    Standalone,
+}
+
+/// Why a cluster address cannot be used.
+#[derive(Debug, thiserror::Error)]
+pub enum ClusterError {
+    /// Not `df://HOST:PORT` or `standalone`.
+    #[error(
+        "{given:?} is not a cluster address: write df://HOST:PORT (a dpflow cluster scheduler, port 50050 by default) or standalone"
+    )]
+    Address {
+        /// What was given.
+        given: String,
+    },
+    /// This build has no cluster mode.
+    #[error(
+        "this dpflow was built without cluster mode: rebuild it with `cargo build --release --features cluster`, or drop the cluster setting to run in this process"
+    )]
+    NotBuilt,
+    /// The scheduler does not answer.
+    #[error(
+        "no dpflow cluster scheduler answers at {url}: start one with `dpflow cluster scheduler --port PORT` (and executors with `dpflow cluster executor --scheduler {url}`), or check the address"
+    )]
+    Unreachable {
+        /// The scheduler's URL.
+        url: String,
+    },
+    /// The in-process cluster could not start.
+    #[error("the standalone cluster could not start: {0}")]
+    Standalone(String),
+}
+
+impl std::str::FromStr for Cluster {
+    type Err = ClusterError;
+
+    fn from_str(s: &str) -> Result<Self, ClusterError> {
+        let bad = || ClusterError::Address { given: s.to_string() };
+        let t = s.trim();
+        if t.eq_ignore_ascii_case("standalone") {
+            return Ok(Cluster::Standalone);
+        }
+        let rest = t.strip_prefix("df://").ok_or_else(bad)?;
+        let rest = rest.strip_suffix('/').unwrap_or(rest);
+        let (host, port) = rest.rsplit_once(':').ok_or_else(bad)?;
+        let port: u16 = port.parse().map_err(|_| bad())?;
+        if host.is_empty() || port == 0 || host.contains(['/', '?', '#', '@', ' ']) {
+            return Err(bad());
+        }
+        Ok(Cluster::Remote { host: host.to_string(), port })
+    }
+}
+
+impl std::fmt::Display for Cluster {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            Cluster::Remote { host, port } => write!(f, "df://{host}:{port}"),
+            Cluster::Standalone => f.write_str("standalone"),
+        }
+    }
+}
+
+/// A connected cluster, carried by a session's config
+/// ([`SessionContext::copied_config`]'s extensions): plans run through
+/// [`collect`] and [`execute_stream`] go to its scheduler.
+#[derive(Debug, Clone)]
+pub struct ClusterTarget {
+    /// The scheduler, `http://host:port`.
+    pub scheduler_url: String,
+    /// How the user named it (for messages and records).
+    pub cluster: Cluster,
+    /// Partitions of the plans planned for it (file scan groups, synthetic
+    /// streams): the tasks one stage can spread over the executors.
+    pub partitions: usize,
+    /// Jobs submitted through this connection (shared by its clones).
+    submitted: Arc<std::sync::atomic::AtomicU64>,
+}
+
+impl PartialEq for ClusterTarget {
+    fn eq(&self, other: &Self) -> bool {
+        (&self.scheduler_url, &self.cluster, self.partitions)
+            == (&other.scheduler_url, &other.cluster, other.partitions)
+    }
+}
+
+impl Eq for ClusterTarget {}
+
+impl ClusterTarget {
+    /// A target for the scheduler at `scheduler_url`, connected as `cluster`.
+    pub fn new(scheduler_url: String, cluster: Cluster, partitions: usize) -> Self {
+        Self { scheduler_url, cluster, partitions: partitions.max(1), submitted: Default::default() }
+    }
+
+    /// Jobs submitted to this cluster through this connection so far
+    /// (diagnostics and tests: they show that a plan left the process).
+    pub fn jobs_submitted(&self) -> u64 {
+        self.submitted.load(std::sync::atomic::Ordering::Relaxed)
+    }
+}
+
+/// Default partitions of plans planned for a cluster: enough tasks per stage
+/// for a few executors' cores, few enough that per-task overhead stays small.
+pub const DEFAULT_CLUSTER_PARTITIONS: usize = 16;
+
+/// Connects to `cluster` (for `standalone`, starts it in this process, once)
+/// and checks that its scheduler answers, so that a wrong address fails
+/// before anything is charged.
+pub async fn connect(cluster: &Cluster, partitions: Option<usize>) -> Result<ClusterTarget, ClusterError> {
+    #[cfg(feature = "cluster")]
+    {
+        client::connect(cluster, partitions).await
+    }
+    #[cfg(not(feature = "cluster"))]
+    {
+        let _ = (cluster, partitions);
+        Err(ClusterError::NotBuilt)
+    }
+}
+
+/// `ctx` with its protected reads sent to `target`: the same catalog, object
+/// stores and planner, plans partitioned for the cluster, and planned in
+/// [`shape`]'s one-exchange form (scans and partial aggregates on the
+/// executors, one final task; no hash exchanges between stages).
+pub fn on_cluster(ctx: &SessionContext, target: &ClusterTarget) -> SessionContext {
+    let config = ctx
+        .copied_config()
+        .with_target_partitions(target.partitions.max(1))
+        .with_repartition_file_scans(true)
+        // Files split into byte ranges from 1 MiB (DataFusion: 10 MiB), so a
+        // stage spreads over executors on mid-sized inputs too.
+        .with_repartition_file_min_size(1 << 20)
+        .with_repartition_aggregations(false)
+        .with_repartition_windows(false)
+        .with_repartition_joins(false)
+        .with_repartition_sorts(false)
+        .with_round_robin_repartition(false)
+        .with_extension(Arc::new(target.clone()));
+    let state = datafusion::execution::SessionStateBuilder::new_from_existing(ctx.state()).with_config(config).build();
+    SessionContext::new_with_state(state)
+}
+
+/// The cluster `ctx`'s protected reads go to, if any.
+pub fn target_of(ctx: &SessionContext) -> Option<Arc<ClusterTarget>> {
+    ctx.state().config().get_extension::<ClusterTarget>()
+}
+
+/// Runs `plan` where `ctx` says (this process, or its cluster) and collects
+/// its batches.
+pub async fn collect(plan: Arc<dyn ExecutionPlan>, ctx: &SessionContext) -> Result<Vec<RecordBatch>> {
+    use futures::TryStreamExt;
+    match target_of(ctx) {
+        None => datafusion::physical_plan::collect(plan, ctx.task_ctx()).await,
+        Some(_) => execute_stream(plan, ctx).await?.try_collect().await,
+    }
+}
+
+/// Plans `plan` in this process and runs it where `ctx` says; the batches of
+/// [`DataFrame::collect`](datafusion::dataframe::DataFrame::collect).
+pub async fn collect_logical(ctx: &SessionContext, plan: LogicalPlan) -> Result<Vec<RecordBatch>> {
+    let physical = ctx.state().create_physical_plan(&plan).await?;
+    collect(physical, ctx).await
+}
+
+/// Runs `plan` where `ctx` says, as one stream: in this process, its
+/// partitions merged as they come (DataFusion's `execute_stream`); on a
+/// cluster, the final stage's partitions one after the other, in the order
+/// their tasks finished (a plan of one partition keeps its row order).
+pub async fn execute_stream(plan: Arc<dyn ExecutionPlan>, ctx: &SessionContext) -> Result<SendableRecordBatchStream> {
+    match target_of(ctx) {
+        None => datafusion::physical_plan::execute_stream(plan, ctx.task_ctx()),
+        #[cfg(feature = "cluster")]
+        Some(target) => {
+            // One exchange at most, into one final task (see `shape`); a plan
+            // that needs more runs here, where it is exact as it stands.
+            let Some(shaped) = shape::one_exchange(plan.clone()) else {
+                log::info!("a plan with more than one exchange runs in this process, not on the cluster");
+                return datafusion::physical_plan::execute_stream(plan, ctx.task_ctx());
+            };
+            target.submitted.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+            client::submit(shaped, ctx, &target).await
+        }
+        #[cfg(not(feature = "cluster"))]
+        Some(_) => Err(DataFusionError::Configuration(ClusterError::NotBuilt.to_string())),
+    }
+}
+
+/// Partitions for a plan built for `ctx` whose natural width is this
+/// machine's cores (e.g. synthetic sampling): the cluster's when it has one.
+pub fn partitions_for(ctx: &SessionContext) -> usize {
+    match target_of(ctx) {
+        Some(t) => t.partitions.max(1),
+        None => std::thread::available_parallelism().map_or(2, |n| n.get()),
+    }
+}
+
+/// Refuses plans that cannot leave this process (a `memory://` input lives
+/// in this process only).
+pub fn check_location(ctx: &SessionContext, url: &url::Url) -> Result<()> {
+    if target_of(ctx).is_some() && url.scheme() == "memory" {
+        return Err(DataFusionError::Configuration(format!(
+            "{url}: memory:// inputs live in this process and cannot be read by cluster executors; use file:// on a shared file system or s3://"
+        )));
+    }
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn addresses_parse_and_print_back() {
+        let c: Cluster = "df://127.0.0.1:50050".parse().unwrap();
+        assert_eq!(c, Cluster::Remote { host: "127.0.0.1".into(), port: 50050 });
+        assert_eq!(c.to_string(), "df://127.0.0.1:50050");
+        assert_eq!("df://sched.internal:7000/".parse::<Cluster>().unwrap().to_string(), "df://sched.internal:7000");
+        assert_eq!(" Standalone ".parse::<Cluster>().unwrap(), Cluster::Standalone);
+        for bad in
+            ["", "127.0.0.1:50050", "http://h:1", "df://h", "df://h:0", "df://:50050", "df://h:99999", "df://a/b:1"]
+        {
+            let e = bad.parse::<Cluster>().unwrap_err();
+            assert!(e.to_string().contains("df://HOST:PORT"), "{bad}: {e}");
+        }
+    }
+
+    #[test]
+    fn a_session_without_a_target_runs_here() {
+        let ctx = SessionContext::new();
+        assert!(target_of(&ctx).is_none());
+        let target =
+            ClusterTarget::new("http://127.0.0.1:1".into(), Cluster::Remote { host: "127.0.0.1".into(), port: 1 }, 5);
+        let on = on_cluster(&ctx, &target);
+        assert_eq!(target_of(&on).as_deref(), Some(&target));
+        assert_eq!(partitions_for(&on), 5);
+        assert_eq!(on.copied_config().target_partitions(), 5);
+        let mem = url::Url::parse("memory://x/t.csv").unwrap();
+        assert!(check_location(&ctx, &mem).is_ok());
+        assert!(check_location(&on, &mem).unwrap_err().to_string().contains("memory://"));
+    }
+}
