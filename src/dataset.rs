@@ -11,8 +11,8 @@ use datafusion::execution::context::SessionContext;
 use datafusion::logical_expr::Operator;
 use datafusion::physical_expr::PhysicalExpr;
 use datafusion::physical_expr::expressions::{BinaryExpr, Column as PhysColumn, Literal};
+use datafusion::physical_plan::ExecutionPlan;
 use datafusion::physical_plan::filter::FilterExec;
-use datafusion::physical_plan::{ExecutionPlan, collect};
 use dpflow_udfs::domain::EncodeExec;
 use dpflow_udfs::marginal::{NullMode, batch_to_counts, config_for, plan_marginals};
 use dpflow_udfs::synth::{FillNullsExec, FillPlan};
@@ -84,6 +84,7 @@ pub struct Dataset {
 
 /// Which rows and codes marginals are counted over.
 #[derive(Debug, Clone)]
+#[cfg_attr(feature = "bench-internals", visibility::make(pub))]
 pub(crate) enum CodeSource {
     /// The data as encoded.
     Plain,
@@ -93,13 +94,18 @@ pub(crate) enum CodeSource {
     Filled(Arc<FillPlan>),
 }
 
-/// Exact marginal counts (crate-private: never released without noise).
+/// Exact marginal counts (crate-private: never released without noise;
+/// public under `bench-internals`, for benchmarks and tests only).
 #[derive(Clone, PartialEq)]
+#[cfg_attr(feature = "bench-internals", visibility::make(pub))]
 pub(crate) struct ExactMarginal {
+    /// The attributes, in order.
     pub attrs: Vec<String>,
+    /// Whether nulls are cells or rows are observed-only.
     pub mode: NullMode,
     /// Cells per attribute (null cell included in `Cells` mode).
     pub shape: Vec<usize>,
+    /// Counts, cells in row-major order over `shape`.
     pub counts: Vec<u64>,
     /// Rows observed on every attribute (all rows in `Cells` mode).
     pub observed: u64,
@@ -200,6 +206,7 @@ impl Dataset {
     }
 
     /// Exact marginals of attribute sets over the codes of `source`, in one scan.
+    #[cfg_attr(feature = "bench-internals", visibility::make(pub))]
     pub(crate) async fn exact_marginals_from(
         &self,
         ctx: &SessionContext,
@@ -218,7 +225,7 @@ impl Dataset {
         };
         let plan = plan_marginals(input, config.clone()).map_err(self.plan_err())?;
         let count_err = |source| DatasetError::Count { location: self.location.clone(), source };
-        let batches = collect(plan, ctx.task_ctx()).await.map_err(count_err)?;
+        let batches = dpflow_udfs::cluster::collect(plan, ctx).await.map_err(count_err)?;
         let mut out: Vec<Option<ExactMarginal>> = vec![None; sets.len()];
         for b in &batches {
             for (i, counts, observed) in batch_to_counts(b).map_err(count_err)? {

@@ -37,12 +37,18 @@ fn main() {
         .filter_map(|d| d.rsplit('=').next()?.trim().parse::<log::LevelFilter>().ok())
         .max()
         .unwrap_or(log::LevelFilter::Warn);
-    env_logger::Builder::new()
-        .filter_level(log::LevelFilter::Off)
-        .filter_module("dpflow", level)
-        .filter_module("dpflow_udfs", level)
-        .format_timestamp_millis()
-        .init();
+    let mut logger = env_logger::Builder::new();
+    logger.filter_level(log::LevelFilter::Off).filter_module("dpflow", level).filter_module("dpflow_udfs", level);
+    // A cluster process's operator may ask for Ballista's own lines (scheduling,
+    // executor registration, task failures). They can quote values from a
+    // failing task, so they are opt-in and for the curator's eyes only
+    // (docs/cluster.md).
+    if matches!(cli.command, cli::Command::Cluster(_)) && std::env::var("DPFLOW_LOG_BALLISTA").is_ok_and(|v| v == "1") {
+        for m in ["ballista_scheduler", "ballista_executor", "ballista_core"] {
+            logger.filter_module(m, level);
+        }
+    }
+    logger.format_timestamp_millis().init();
     let runtime = match tokio::runtime::Builder::new_multi_thread().enable_all().build() {
         Ok(r) => r,
         Err(e) => {

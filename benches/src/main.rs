@@ -249,6 +249,12 @@ enum BenchCommand {
         /// Engine.
         #[arg(long, value_enum, default_value = "exec")]
         engine: MarginalEngine,
+        /// Count on a cluster (`df://HOST:PORT` or `standalone`; needs `--features dpflow/cluster`).
+        #[arg(long)]
+        cluster: Option<String>,
+        /// Partitions of the plan sent to the cluster.
+        #[arg(long, requires = "cluster")]
+        cluster_partitions: Option<usize>,
     },
 }
 
@@ -394,11 +400,17 @@ async fn run(command: BenchCommand) -> Result<()> {
             let report = pgm::run_estimation(&measurements, iters, w)?;
             println!("{}", serde_json::to_string_pretty(&report)?);
         }
-        BenchCommand::Marginals { input, domain, k, engine } => {
+        BenchCommand::Marginals { input, domain, k, engine, cluster, cluster_partitions } => {
             let ds = Dataset::open("bench", &input, None, &domain)?;
             let names: Vec<String> = ds.domain().names().iter().map(|s| s.to_string()).collect();
             let sets: Vec<Vec<usize>> = (0..names.len()).combinations(k).collect();
-            let ctx = session_context();
+            let ctx = match &cluster {
+                Some(c) => {
+                    let target = dpflow::io::ClusterSpec::parse(c, cluster_partitions)?.connect().await?;
+                    dpflow::io::session_context_on(Some(&target))
+                }
+                None => session_context(),
+            };
             let start = Instant::now();
             let rows: u64 = match engine {
                 MarginalEngine::Exec => {
@@ -460,6 +472,7 @@ async fn run(command: BenchCommand) -> Result<()> {
                 "{}",
                 serde_json::to_string_pretty(&json!({
                     "engine": format!("{engine:?}"),
+                    "cluster": cluster,
                     "input": input,
                     "rows": rows,
                     "marginals": sets.len(),

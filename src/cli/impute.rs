@@ -37,6 +37,9 @@ pub struct ImputeArgs {
     /// charges nothing.
     #[arg(long, conflicts_with_all = ["ledger", "dataset", "unsafe_seed"])]
     pub diagnose: bool,
+    /// Where the data is read (the donor search runs in this process).
+    #[command(flatten)]
+    pub cluster: super::ClusterArgs,
 }
 
 pub(super) async fn run(a: ImputeArgs) -> Result<i32> {
@@ -57,6 +60,8 @@ pub(super) async fn run(a: ImputeArgs) -> Result<i32> {
     }
     let records = planned_records(&spec, a.estimator)?;
     let mut ledger_charge = None;
+    // The cluster (if any) must answer before the reservation.
+    let ctx = a.cluster.context().await?;
     if let (Some(l), Some(d)) = (&a.ledger, &a.dataset) {
         let mut ledger = Ledger::open(l)?;
         let id = format!("impute-{}", chrono::Utc::now().format("%Y%m%dT%H%M%S%.6fZ"));
@@ -66,7 +71,6 @@ pub(super) async fn run(a: ImputeArgs) -> Result<i32> {
         eprintln!("note: no --ledger given: this release's privacy cost is not recorded in a budget ledger.");
     }
     let mut rng = dpflow_udfs::noise::DpRng::new(a.unsafe_seed)?;
-    let ctx = dpflow::io::session_context();
     let pb = super::progress::spinner("imputation: reading the data, searching donors, releasing the statistics");
     let outcome = dpflow::impute::run(&ctx, &spec, a.estimator, &mut rng).await;
     pb.finish_and_clear();

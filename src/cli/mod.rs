@@ -2,6 +2,7 @@
 
 mod analyze;
 mod budget;
+mod cluster;
 mod impute;
 mod inspect;
 mod missing;
@@ -60,6 +61,8 @@ pub enum Command {
     Impute(impute::ImputeArgs),
     /// Missing-data tools: inject MCAR/MAR/MNAR missingness (evaluation only).
     Missing(missing::MissingArgs),
+    /// Run a cluster's scheduler or executor processes (Apache Ballista; docs/cluster.md).
+    Cluster(cluster::ClusterCommand),
     /// Run an analysis (mean, proportion, OLS, logistic) on each synthetic set and combine the results (Rubin's rules).
     Analyze(analyze::AnalyzeArgs),
 }
@@ -99,6 +102,7 @@ pub async fn run(cli: Cli) -> Result<i32> {
         Command::Schedule(a) => pipeline::schedule_cmd(a).await,
         Command::Impute(a) => impute::run(a).await,
         Command::Missing(a) => missing::run(a).await,
+        Command::Cluster(a) => cluster::run(a).await,
     }
 }
 
@@ -130,6 +134,40 @@ impl InputArgs {
     /// Opens the input as a dataset named `name`.
     pub fn open(&self, name: &str) -> Result<dpflow::dataset::Dataset> {
         Ok(dpflow::dataset::Dataset::open(name, &self.input, self.input_format, &self.domain)?)
+    }
+}
+
+/// Where the reads of protected data run (`--cluster`), for the commands
+/// that read them.
+#[derive(Debug, Clone, Default, clap::Args)]
+pub struct ClusterArgs {
+    /// Run the reads of protected data on a cluster: df://HOST:PORT (a `dpflow cluster scheduler`)
+    /// or standalone (a scheduler and an executor inside this process). Overrides a catalog's or
+    /// pipeline's `cluster:`; without either, everything runs in this process. Needs a build with
+    /// `--features cluster`.
+    #[arg(long, value_name = "df://HOST:PORT")]
+    pub cluster: Option<String>,
+    /// Partitions of the plans sent to the cluster (tasks per stage; default 16).
+    #[arg(long, requires = "cluster")]
+    pub cluster_partitions: Option<usize>,
+}
+
+impl ClusterArgs {
+    /// The setting given, if any.
+    pub fn spec(&self) -> Result<Option<dpflow::io::ClusterSpec>> {
+        Ok(match &self.cluster {
+            Some(c) => Some(dpflow::io::ClusterSpec::parse(c, self.cluster_partitions)?),
+            None => None,
+        })
+    }
+
+    /// A session whose protected reads run where these arguments say: the
+    /// cluster is connected (and must answer) now, before anything is charged.
+    pub async fn context(&self) -> Result<datafusion::execution::context::SessionContext> {
+        Ok(match self.spec()? {
+            Some(spec) => dpflow::io::session_context_on(Some(&spec.connect().await?)),
+            None => dpflow::io::session_context(),
+        })
     }
 }
 

@@ -53,10 +53,16 @@ pub struct RunArgs {
     /// UNSAFE: seeded noise (tests only; the release is NOT private).
     #[arg(long)]
     pub unsafe_seed: Option<u64>,
+    /// Where the steps read the protected data (overrides the pipeline's `cluster:`).
+    #[command(flatten)]
+    pub cluster: super::ClusterArgs,
 }
 
 pub(super) async fn run(a: RunArgs) -> Result<i32> {
-    let p = Pipeline::load(&a.file)?;
+    let mut p = Pipeline::load(&a.file)?;
+    if let Some(spec) = a.cluster.spec()? {
+        p.cluster = Some(spec);
+    }
     if a.unsafe_seed.is_some() {
         eprintln!("WARNING: --unsafe-seed makes the noise reproducible: this release is NOT differentially private.");
     }

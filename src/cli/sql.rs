@@ -47,6 +47,9 @@ pub struct SqlArgs {
     /// Forecast inputs (with --dry-run).
     #[command(flatten)]
     pub forecast: super::plan::ForecastArgs,
+    /// Where the protected tables are read.
+    #[command(flatten)]
+    pub cluster: super::ClusterArgs,
 }
 
 fn render(r: &QueryResult, format: SqlFormat) -> Result<String> {
@@ -113,7 +116,14 @@ fn render(r: &QueryResult, format: SqlFormat) -> Result<String> {
 }
 
 pub(super) async fn run(a: SqlArgs) -> Result<i32> {
-    let catalog = Catalog::load(&a.catalog)?;
+    let mut catalog = Catalog::load(&a.catalog)?;
+    if let Some(spec) = a.cluster.spec()? {
+        catalog.cluster = Some(spec);
+    }
+    if a.dry_run {
+        // A dry run reads nothing: it needs no cluster.
+        catalog.cluster = None;
+    }
     let budget = if a.budget.epsilon.is_some() || a.budget.rho.is_some() { Some(a.budget.budget()?) } else { None };
     if a.unsafe_seed.is_some() {
         eprintln!("WARNING: --unsafe-seed makes the noise reproducible: answers are NOT differentially private.");

@@ -196,6 +196,9 @@ pub struct SynthArgs {
     /// UNSAFE: seed all randomness (tests and reproducible benchmarks only; the output is not private).
     #[arg(long)]
     pub unsafe_seed: Option<u64>,
+    /// Where the data is read and the synthetic rows generated.
+    #[command(flatten)]
+    pub cluster: super::ClusterArgs,
 }
 
 fn spinner() -> ProgressBar {
@@ -375,8 +378,9 @@ pub(super) async fn run(a: SynthArgs) -> Result<i32> {
             },
         }),
     };
+    // The cluster (if any) must answer before run_synth charges anything.
+    let ctx = a.cluster.context().await?;
     let pb = spinner();
-    let ctx = session_context();
     let progress = |m: &str| {
         log::info!("{m}");
         pb.set_message(m.to_string());
@@ -456,6 +460,9 @@ pub struct SampleArgs {
     /// Seed for the sampling (sampling a DP model is post-processing).
     #[arg(long)]
     pub seed: Option<u64>,
+    /// Where the rows are generated.
+    #[command(flatten)]
+    pub cluster: super::ClusterArgs,
 }
 
 pub(super) async fn sample(a: SampleArgs) -> Result<i32> {
@@ -467,11 +474,11 @@ pub(super) async fn sample(a: SampleArgs) -> Result<i32> {
         Some(s) => s,
         None => rand::Rng::next_u64(&mut dpflow_udfs::noise::DpRng::from_os()?),
     };
-    let ctx = session_context();
-    let exec = synthetic_exec(plan, rows, seed)?;
+    let ctx = a.cluster.context().await?;
+    let exec = synthetic_exec(plan, rows, seed, dpflow_udfs::cluster::partitions_for(&ctx))?;
     let pb = ProgressBar::new(rows);
     pb.set_style(ProgressStyle::with_template("{bar:40} {pos}/{len} rows [{elapsed}]").expect("template"));
-    let stream = datafusion::physical_plan::execute_stream(exec, ctx.task_ctx())?;
+    let stream = dpflow_udfs::cluster::execute_stream(exec, &ctx).await?;
     let stream = dpflow::synth::structure::enforce_stream(na_rules, stream);
     let pb2 = pb.clone();
     let stream = Box::pin(datafusion::physical_plan::stream::RecordBatchStreamAdapter::new(

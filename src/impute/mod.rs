@@ -76,9 +76,22 @@ pub(crate) async fn read_in_order(
     if codes_plan.properties().partitioning.partition_count() != parts {
         return Err(ImputeError::Internal("the two reads of an imputation input are partitioned differently"));
     }
+    let on_cluster = dpflow_udfs::cluster::target_of(ctx).is_some();
+    if on_cluster && parts != 1 {
+        // A cluster returns a job's partitions in the order they finish.
+        return Err(ImputeError::Internal("an ordered read on a cluster must be one partition"));
+    }
     for p in 0..parts {
-        let mut s_typed = typed.execute(p, ctx.task_ctx())?;
-        let mut s_codes = codes_plan.execute(p, ctx.task_ctx())?;
+        // On a cluster each read is one job of one task (its executor decodes
+        // and types the input in file order); the donor search stays here.
+        let (mut s_typed, mut s_codes) = if on_cluster {
+            (
+                dpflow_udfs::cluster::execute_stream(typed.clone(), ctx).await?,
+                dpflow_udfs::cluster::execute_stream(codes_plan.clone(), ctx).await?,
+            )
+        } else {
+            (typed.execute(p, ctx.task_ctx())?, codes_plan.execute(p, ctx.task_ctx())?)
+        };
         loop {
             match (s_typed.next().await, s_codes.next().await) {
                 (Some(t), Some(c)) => {

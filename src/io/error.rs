@@ -65,6 +65,14 @@ pub enum IoError {
         /// Why.
         source: object_store::Error,
     },
+    /// A `memory://` input with a cluster: executors cannot read this process's memory.
+    #[error(
+        "{location}: memory:// data lives in this process and cluster executors cannot read it; use s3:// or file:// on a file system every executor shares, or run without a cluster"
+    )]
+    NotOnCluster {
+        /// The input.
+        location: String,
+    },
     /// A URL path that is not a valid object path.
     #[error("bad path in {location}")]
     BadPath {

@@ -15,6 +15,9 @@ pub type BoxError = Box<dyn std::error::Error + Send + Sync + 'static>;
 /// A pipeline failure.
 #[derive(Debug, thiserror::Error)]
 pub enum PipelineError {
+    /// The pipeline's cluster cannot be used (nothing was charged).
+    #[error(transparent)]
+    Cluster(#[from] dpflow_udfs::cluster::ClusterError),
     /// The pipeline file is invalid: file, line, key, message.
     #[error("{file}{}: {key}: {message}", line.map(|l| format!(":{l}")).unwrap_or_default())]
     Spec {

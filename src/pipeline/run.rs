@@ -237,6 +237,7 @@ impl Pipeline {
             query_budget: None,
             confidence: 0.95,
             models: Default::default(),
+            cluster: self.cluster.clone(),
         })
     }
 
@@ -269,7 +270,9 @@ impl Pipeline {
         assumptions: &crate::sql::Assumptions,
         only: Option<&str>,
     ) -> Result<Vec<StepPlan>> {
-        let catalog = self.catalog()?;
+        // Planning reads no data: it needs no cluster.
+        let mut catalog = self.catalog()?;
+        catalog.cluster = None;
         for t in catalog.tables.values().filter(|t| !t.public) {
             if let Some(why) = t.dataset.domain().dp_read_refusal() {
                 return Err(PipelineError::DpReadRefused {
@@ -443,7 +446,12 @@ impl Pipeline {
         refuse_links_below(&output_root, &output)?;
         refuse_links_below(&staging_root, &staging)?;
         let loc = Locations { output, staging, output_root, staging_root };
-        let ctx = session_context();
+        // The steps read protected data where the spec says: a cluster (which
+        // must answer now, before the reservation) or this process.
+        let ctx = match &self.cluster {
+            Some(c) => crate::io::session_context_on(Some(&c.connect().await?)),
+            None => session_context(),
+        };
         let manifest_url = join(&loc.output, "manifest.json");
         if exists(&ctx, &manifest_url).await? {
             return Ok(RunOutcome::AlreadyComplete { manifest: manifest_url });

@@ -34,6 +34,8 @@ struct RawPipeline {
     staging: Option<Spanned<String>>,
     #[serde(default)]
     public_tables: BTreeMap<String, RawPublic>,
+    #[serde(default)]
+    cluster: Option<Spanned<crate::io::RawCluster>>,
     steps: Vec<Spanned<RawStep>>,
 }
 
@@ -395,6 +397,9 @@ pub struct Pipeline {
     pub public_tables: BTreeMap<String, (String, String, Option<InputFormat>)>,
     /// Steps.
     pub steps: Vec<Step>,
+    /// Where the steps read the protected data (`cluster:`; docs/cluster.md):
+    /// a Ballista cluster, or this process when absent.
+    pub cluster: Option<crate::io::ClusterSpec>,
 }
 
 /// The dotted key path of the YAML line `line` (1-based), from indentation:
@@ -529,6 +534,10 @@ impl Pipeline {
                 .parse()
                 .map_err(|_| err(line(&tz.referenced), "timezone", format!("unknown time zone {:?}", tz.value)))?,
             None => chrono_tz::UTC,
+        };
+        let cluster = match &raw.cluster {
+            Some(c) => Some(c.value.spec().map_err(|e| err(line(&c.referenced), "cluster", e))?),
+            None => None,
         };
         if let Some(s) = &raw.schedule {
             <croner::Cron as std::str::FromStr>::from_str(&s.value)
@@ -1168,6 +1177,7 @@ impl Pipeline {
             staging: raw.staging.map(|s| resolve(base, &s.value)),
             public_tables,
             steps,
+            cluster,
         })
     }
 }

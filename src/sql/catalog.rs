@@ -72,6 +72,9 @@ pub struct Catalog {
     pub confidence: f64,
     /// Saved models `synthetic(name, rows)` may sample (name → model file).
     pub models: BTreeMap<String, String>,
+    /// Where queries read the protected tables (`cluster:`; docs/cluster.md):
+    /// a Ballista cluster, or this process when absent.
+    pub cluster: Option<crate::io::ClusterSpec>,
 }
 
 #[derive(Deserialize)]
@@ -88,6 +91,8 @@ struct RawCatalog {
     tables: BTreeMap<String, RawTable>,
     #[serde(default)]
     models: BTreeMap<String, String>,
+    #[serde(default)]
+    cluster: Option<crate::io::RawCluster>,
 }
 
 fn default_confidence() -> f64 {
@@ -226,6 +231,7 @@ impl Catalog {
         if !(raw.confidence > 0.0 && raw.confidence < 1.0) {
             return Err(bad("confidence must be in (0, 1)".to_string()));
         }
+        let cluster = raw.cluster.as_ref().map(|c| c.spec().map_err(|e| bad(format!("cluster: {e}")))).transpose()?;
         Ok(Self {
             path: path.to_path_buf(),
             tables,
@@ -238,6 +244,7 @@ impl Catalog {
                 .map_err(|source| SqlError::CatalogBudget { path: file.clone(), source })?,
             confidence: raw.confidence,
             models: raw.models.iter().map(|(k, v)| (k.clone(), resolve(base, v))).collect(),
+            cluster,
         })
     }
 }

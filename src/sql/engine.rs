@@ -99,7 +99,12 @@ impl SqlEngine {
         if unsafe_seed.is_some() && catalog.ledger.is_some() {
             return Err(SqlError::SeededLedger);
         }
-        let ctx = crate::io::session_context();
+        // Protected reads run where the catalog says: a cluster (connected, and
+        // checked to answer, before anything is charged) or this process.
+        let ctx = match &catalog.cluster {
+            Some(c) => crate::io::session_context_on(Some(&c.connect().await?)),
+            None => crate::io::session_context(),
+        };
         for f in dpflow_udfs::dp::dp_aggregates() {
             ctx.register_udaf(f);
         }

@@ -17,6 +17,9 @@ pub enum SqlError {
     /// The query is refused (its kind is stable; nothing was charged).
     #[error(transparent)]
     Refused(#[from] Refusal),
+    /// The cluster the catalog names cannot be used (nothing was charged).
+    #[error(transparent)]
+    Cluster(#[from] dpflow_udfs::cluster::ClusterError),
     /// The SQL does not parse.
     #[error("SQL syntax error: {0}")]
     Syntax(String),

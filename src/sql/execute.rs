@@ -158,9 +158,8 @@ impl SqlEngine {
             }
             let helper_plan =
                 LogicalPlanBuilder::from(bounded.clone()).aggregate(agg.group_expr.clone(), helpers)?.build()?;
-            let batches =
-                catch_unwind_future(async { self.ctx.execute_logical_plan(helper_plan).await?.collect().await })
-                    .await?;
+            // Protected rows: where the session says (this process or its cluster).
+            let batches = catch_unwind_future(dpflow_udfs::cluster::collect_logical(&self.ctx, helper_plan)).await?;
             // Exact integers per key (counts, and sums): never rounded through f64.
             exact.clear();
             order.clear();
@@ -267,8 +266,7 @@ impl SqlEngine {
                     .filter(arg.clone().is_not_null())?
                     .aggregate(groups, vec![count(lit(1)).alias("__n")])?
                     .build()?;
-                let hb =
-                    catch_unwind_future(async { self.ctx.execute_logical_plan(hp).await?.collect().await }).await?;
+                let hb = catch_unwind_future(dpflow_udfs::cluster::collect_logical(&self.ctx, hp)).await?;
                 let mut m: HashMap<Vec<ScalarValue>, Vec<f64>> = HashMap::new();
                 for b in &hb {
                     for r in 0..b.num_rows() {

@@ -237,10 +237,11 @@ pub fn plan_for(
     }
 }
 
-/// A streaming synthetic-data plan for `rows` rows.
-pub fn synthetic_exec(plan: SamplingPlan, rows: u64, seed: u64) -> Result<Arc<dyn ExecutionPlan>> {
-    let parts = std::thread::available_parallelism().map_or(2, |n| n.get());
-    let exec = SyntheticExec::try_new(Arc::new(plan), rows, parts, 1 << 16, seed)
+/// A streaming synthetic-data plan for `rows` rows in `partitions` streams
+/// ([`dpflow_udfs::cluster::partitions_for`] the session that runs it). The
+/// rows depend on the seed, not on the partitions.
+pub fn synthetic_exec(plan: SamplingPlan, rows: u64, seed: u64, partitions: usize) -> Result<Arc<dyn ExecutionPlan>> {
+    let exec = SyntheticExec::try_new(Arc::new(plan), rows, partitions.max(1), 1 << 16, seed)
         .map_err(|source| SynthError::Generate { source })?;
     Ok(Arc::new(exec))
 }
@@ -266,9 +267,9 @@ pub async fn write_sets(
     for (i, plan) in plans.into_iter().enumerate() {
         // Distinct, reproducible per-set seeds from the one seed.
         let set_seed = seed.wrapping_add((i as u64).wrapping_mul(0x9E37_79B9_7F4A_7C15));
-        let exec = synthetic_exec(plan, rows, set_seed)?;
-        let stream = datafusion::physical_plan::execute_stream(exec, ctx.task_ctx())
-            .map_err(|source| SynthError::Generate { source })?;
+        let exec = synthetic_exec(plan, rows, set_seed, dpflow_udfs::cluster::partitions_for(ctx))?;
+        let stream =
+            dpflow_udfs::cluster::execute_stream(exec, ctx).await.map_err(|source| SynthError::Generate { source })?;
         streams.push(super::structure::enforce_stream(na_rules.clone(), stream));
     }
     write_streams(ctx, streams, out).await

@@ -359,7 +359,7 @@ async fn read_rows(
     let plan = dpflow_udfs::unwind::catch_unwind_future(df.create_physical_plan()).await.map_err(read_err)?;
     let typed: Arc<dyn ExecutionPlan> = Arc::new(EncodeExec::typed(plan, domain.clone()).map_err(read_err)?);
     let mut encoder = BatchEncoder::new(domain.clone(), &typed.schema()).map_err(|_| SynthError::RawRead)?;
-    let mut stream = datafusion::physical_plan::execute_stream(typed, ctx.task_ctx()).map_err(read_err)?;
+    let mut stream = dpflow_udfs::cluster::execute_stream(typed, ctx).await.map_err(read_err)?;
     while let Some(batch) = stream.next().await {
         let batch = batch.map_err(read_err)?;
         // Codes of the cell columns, from the typed values (already in the
