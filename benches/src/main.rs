@@ -412,6 +412,7 @@ async fn run(command: BenchCommand) -> Result<()> {
                 None => session_context(),
             };
             let start = Instant::now();
+            let (mut fingerprint, mut cells) = (None::<String>, 0usize);
             let rows: u64 = match engine {
                 MarginalEngine::Exec => {
                     let q: Vec<(Vec<String>, _)> = sets
@@ -421,6 +422,17 @@ async fn run(command: BenchCommand) -> Result<()> {
                         })
                         .collect();
                     let m = dpflow::eval::inspect::exact_marginal_counts(&ds, &ctx, &q).await?;
+                    // A fingerprint of every count (FNV-1a over the cells in order), to
+                    // compare runs (in-process, on a cluster) without printing counts; and
+                    // the cells, which each scan task sends to the merge as u64 counts.
+                    let mut fnv = 0xcbf2_9ce4_8422_2325u64;
+                    for c in m.iter().flatten() {
+                        for b in c.to_le_bytes() {
+                            fnv = (fnv ^ u64::from(b)).wrapping_mul(0x0100_0000_01b3);
+                        }
+                    }
+                    fingerprint = Some(format!("{fnv:016x}"));
+                    cells = m.iter().map(Vec::len).sum();
                     m[0].iter().sum()
                 }
                 MarginalEngine::GroupBy | MarginalEngine::GroupingSets => {
@@ -473,6 +485,8 @@ async fn run(command: BenchCommand) -> Result<()> {
                 serde_json::to_string_pretty(&json!({
                     "engine": format!("{engine:?}"),
                     "cluster": cluster,
+                    "counts_fingerprint": fingerprint,
+                    "cells": cells,
                     "input": input,
                     "rows": rows,
                     "marginals": sets.len(),
