@@ -248,6 +248,7 @@ struct Processes {
     scheduler: Option<Child>,
     scheduler_port: u16,
     executors: Vec<Child>,
+    work_dirs: Vec<PathBuf>,
     work: tempfile::TempDir,
 }
 
@@ -266,6 +267,7 @@ impl Processes {
             scheduler: None,
             scheduler_port: free_port(),
             executors: Vec::new(),
+            work_dirs: Vec::new(),
             work: tempfile::tempdir().unwrap(),
         };
         p.start_scheduler();
@@ -309,6 +311,7 @@ impl Processes {
             .spawn()
             .unwrap();
         self.executors.push(child);
+        self.work_dirs.push(work);
     }
 
     /// Waits until the scheduler answers and `n` executors have registered
@@ -439,7 +442,7 @@ fn charges(ledger: &Path) -> Vec<(String, ChargeStatus)> {
 fn running(pid: u32) -> bool {
     std::fs::read_to_string(format!("/proc/{pid}/stat"))
         .ok()
-        .and_then(|s| s.rsplit_once(')').map(|(_, r)| r.trim_start().chars().next() != Some('Z')))
+        .and_then(|s| s.rsplit_once(')').map(|(_, r)| !r.trim_start().starts_with('Z')))
         .unwrap_or(false)
 }
 
@@ -500,6 +503,12 @@ fn a_loopback_cluster_computes_and_releases_what_one_process_does_and_survives_a
     let ctx = on_cluster(&rt);
     let there = rt.block_on(bench.exact_marginals_from(&ctx, &sets, &CodeSource::Plain)).unwrap();
     assert!(here == there, "the loopback cluster's exact marginals differ");
+    // The executors keep exact partial counts in their work directories: owner-only.
+    for w in &cluster.work_dirs {
+        use std::os::unix::fs::PermissionsExt;
+        let mode = std::fs::metadata(w).unwrap().permissions().mode();
+        assert_eq!(mode & 0o077, 0, "{} has mode {mode:o}", w.display());
+    }
 
     // The same seeded releases (no ledger): DP SQL and MST.
     let catalog = d.join("bench-catalog.yaml");

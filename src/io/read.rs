@@ -124,11 +124,12 @@ pub async fn open_input(
 fn listing_path(url: &Url) -> String {
     let path = url.path();
     let glob = path.contains(['*', '?', '[']);
-    if url.scheme() == "file" && (path.ends_with('/') || glob) {
-        if let Ok(p) = url.to_file_path() {
-            let p = p.display().to_string();
-            return if glob { p } else { format!("{}/", p.trim_end_matches('/')) };
-        }
+    if url.scheme() == "file"
+        && (path.ends_with('/') || glob)
+        && let Ok(p) = url.to_file_path()
+    {
+        let p = p.display().to_string();
+        return if glob { p } else { format!("{}/", p.trim_end_matches('/')) };
     }
     url.to_string()
 }
