@@ -18,8 +18,24 @@
 //! random stream is seeded by their global row position, see
 //! [`crate::synth::SyntheticExec`]), so a re-run returns the same values, and
 //! the client charges before submitting and draws noise after collecting,
-//! never on the cluster. A job that fails is a failed release: the client does
-//! not resubmit it.
+//! never on the cluster.
+//!
+//! **Resubmission.** Ballista recovers a lost executor's *tasks*, but not the
+//! job's *results*: the final task's output stays on the executor that ran it,
+//! and the client fetches it from there after the job succeeded, so an
+//! executor lost in that window fails the fetch. The client therefore submits a
+//! job again, at most [`SUBMISSIONS`] jobs in all, when the job **finished**
+//! but its results could not be fetched before any of its batches reached the
+//! caller ([`collect`]: before the whole result was gathered). A new job
+//! computes the same exact values (the plan is a pure function of the files, up
+//! to per-attempt random choices such as contribution bounding's row order,
+//! which are read from one job only), and no noise has been drawn yet, so a
+//! resubmission cannot change what is released or charge again. A job that
+//! *failed* is not resubmitted: its failure can depend on the data (a bad
+//! value, memory), and sampling it again would multiply what the failure
+//! tells. Nor is a stream that fails after delivering batches. Both fail the
+//! release, charged. What a failed fetch said is not logged (it can quote
+//! data).
 
 use std::sync::Arc;
 
@@ -200,14 +216,51 @@ pub fn target_of(ctx: &SessionContext) -> Option<Arc<ClusterTarget>> {
     ctx.state().config().get_extension::<ClusterTarget>()
 }
 
+/// Jobs submitted for one plan at most (the first and two resubmissions), when
+/// a finished job's results could not be fetched (see the module doc).
+pub const SUBMISSIONS: usize = 3;
+
 /// Runs `plan` where `ctx` says (this process, or its cluster) and collects
-/// its batches.
+/// its batches. On a cluster, a finished job whose results could not all be
+/// fetched is submitted again (at most [`SUBMISSIONS`] jobs in all).
 pub async fn collect(plan: Arc<dyn ExecutionPlan>, ctx: &SessionContext) -> Result<Vec<RecordBatch>> {
-    use futures::TryStreamExt;
     match target_of(ctx) {
         None => datafusion::physical_plan::collect(plan, ctx.task_ctx()).await,
-        Some(_) => execute_stream(plan, ctx).await?.try_collect().await,
+        #[cfg(feature = "cluster")]
+        Some(target) => {
+            use futures::TryStreamExt;
+            let Some(shaped) = shape::one_exchange(plan.clone()) else {
+                log::info!("a plan with more than one exchange runs in this process, not on the cluster");
+                return datafusion::physical_plan::collect(plan, ctx.task_ctx()).await;
+            };
+            let mut attempt = 1;
+            loop {
+                target.submitted.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+                // A job that failed fails the release (its failure can depend
+                // on the data); only a finished job's results that could not
+                // be fetched are asked for again.
+                let stream = client::submit(shaped.clone(), ctx, &target).await?;
+                match stream.try_collect().await {
+                    Ok(batches) => return Ok(batches),
+                    Err(e) if attempt >= SUBMISSIONS => return Err(e),
+                    Err(_) => resubmitting(&mut attempt).await,
+                }
+            }
+        }
+        #[cfg(not(feature = "cluster"))]
+        Some(_) => Err(DataFusionError::Configuration(ClusterError::NotBuilt.to_string())),
     }
+}
+
+/// Logs a resubmission (never the failed job's error, which can quote data),
+/// waits a little for the scheduler to notice a lost executor, and counts it.
+#[cfg(feature = "cluster")]
+async fn resubmitting(attempt: &mut usize) {
+    *attempt += 1;
+    log::warn!(
+        "the results of a finished cluster job could not be fetched; submitting it again (job {attempt} of {SUBMISSIONS})"
+    );
+    tokio::time::sleep(std::time::Duration::from_millis(500 * *attempt as u64)).await;
 }
 
 /// Plans `plan` in this process and runs it where `ctx` says; the batches of
@@ -220,8 +273,12 @@ pub async fn collect_logical(ctx: &SessionContext, plan: LogicalPlan) -> Result<
 /// Runs `plan` where `ctx` says, as one stream: in this process, its
 /// partitions merged as they come (DataFusion's `execute_stream`); on a
 /// cluster, the final stage's partitions one after the other, in the order
-/// their tasks finished (a plan of one partition keeps its row order).
+/// their tasks finished (a plan of one partition keeps its row order). A
+/// finished job whose first batch could not be fetched is submitted again (at
+/// most [`SUBMISSIONS`] jobs in all).
 pub async fn execute_stream(plan: Arc<dyn ExecutionPlan>, ctx: &SessionContext) -> Result<SendableRecordBatchStream> {
+    #[cfg(feature = "cluster")]
+    use {datafusion::physical_plan::stream::RecordBatchStreamAdapter, futures::StreamExt};
     match target_of(ctx) {
         None => datafusion::physical_plan::execute_stream(plan, ctx.task_ctx()),
         #[cfg(feature = "cluster")]
@@ -232,8 +289,28 @@ pub async fn execute_stream(plan: Arc<dyn ExecutionPlan>, ctx: &SessionContext) 
                 log::info!("a plan with more than one exchange runs in this process, not on the cluster");
                 return datafusion::physical_plan::execute_stream(plan, ctx.task_ctx());
             };
-            target.submitted.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
-            client::submit(shaped, ctx, &target).await
+            let mut attempt = 1;
+            loop {
+                target.submitted.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+                // As in `collect`: a failed job fails; a finished job whose
+                // results could not be fetched runs again.
+                let mut stream = client::submit(shaped.clone(), ctx, &target).await?;
+                let first = match stream.next().await {
+                    Some(Err(e)) => Err(e),
+                    first => Ok((first, stream)),
+                };
+                match first {
+                    // Nothing has reached the caller before this point; from
+                    // here on, a failure fails the stream.
+                    Ok((first, rest)) => {
+                        let schema = rest.schema();
+                        let stream = futures::stream::iter(first).chain(rest);
+                        return Ok(Box::pin(RecordBatchStreamAdapter::new(schema, stream)));
+                    }
+                    Err(e) if attempt >= SUBMISSIONS => return Err(e),
+                    Err(_) => resubmitting(&mut attempt).await,
+                }
+            }
         }
         #[cfg(not(feature = "cluster"))]
         Some(_) => Err(DataFusionError::Configuration(ClusterError::NotBuilt.to_string())),
