@@ -455,24 +455,6 @@ fn running(pid: u32) -> bool {
         .unwrap_or(false)
 }
 
-/// Waits until process `pid` has used `seconds` more CPU (it is running
-/// tasks), or `done()` says the work is over, at most two minutes. True
-/// when it became busy.
-fn wait_busy(pid: u32, seconds: f64, done: impl Fn() -> bool) -> bool {
-    let start = cpu_seconds(pid);
-    let t = Instant::now();
-    while t.elapsed() < Duration::from_secs(120) {
-        if cpu_seconds(pid) >= start + seconds {
-            return true;
-        }
-        if done() {
-            return false;
-        }
-        std::thread::sleep(Duration::from_millis(5));
-    }
-    false
-}
-
 /// Waits until one of the processes `live` (index, pid) has used `seconds`
 /// more CPU (it is running tasks), or `done()` says the work is over, at most
 /// two minutes. The index of the busy one, if any.
@@ -593,7 +575,7 @@ fn a_loopback_cluster_computes_and_releases_what_one_process_does_and_survives_a
             async move { bench.exact_marginals_from(&ctx, &sets, &CodeSource::Plain).await }
         });
         let c0 = (cpu_seconds(cluster.executors[0].id()), cpu_seconds(victim));
-        let busy = wait_busy(victim, 0.05, || job.is_finished());
+        let busy = wait_any_busy(&[(1, victim)], 0.05, || job.is_finished()).is_some();
         eprintln!(
             "busy {busy}; cpu before {c0:?}, now ({}, {})",
             cpu_seconds(cluster.executors[0].id()),

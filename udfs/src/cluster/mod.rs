@@ -228,39 +228,47 @@ pub async fn collect(plan: Arc<dyn ExecutionPlan>, ctx: &SessionContext) -> Resu
         None => datafusion::physical_plan::collect(plan, ctx.task_ctx()).await,
         #[cfg(feature = "cluster")]
         Some(target) => {
-            use futures::TryStreamExt;
             let Some(shaped) = shape::one_exchange(plan.clone()) else {
                 log::info!("a plan with more than one exchange runs in this process, not on the cluster");
                 return datafusion::physical_plan::collect(plan, ctx.task_ctx()).await;
             };
-            let mut attempt = 1;
-            loop {
-                target.submitted.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
-                // A job that failed fails the release (its failure can depend
-                // on the data); only a finished job's results that could not
-                // be fetched are asked for again.
-                let stream = client::submit(shaped.clone(), ctx, &target).await?;
-                match stream.try_collect().await {
-                    Ok(batches) => return Ok(batches),
-                    Err(e) if attempt >= SUBMISSIONS => return Err(e),
-                    Err(_) => resubmitting(&mut attempt).await,
-                }
-            }
+            use futures::TryStreamExt;
+            submit_fetching(&shaped, ctx, &target, |stream| Box::pin(stream.try_collect())).await
         }
         #[cfg(not(feature = "cluster"))]
         Some(_) => Err(DataFusionError::Configuration(ClusterError::NotBuilt.to_string())),
     }
 }
 
-/// Logs a resubmission (never the failed job's error, which can quote data),
-/// waits a little for the scheduler to notice a lost executor, and counts it.
+/// Submits `plan` to `target` and hands the finished job's result stream to
+/// `fetch`. A job that failed fails (its failure can depend on the data); a
+/// finished job whose results `fetch` could not take is submitted again, at
+/// most [`SUBMISSIONS`] jobs in all. A resubmission is logged without the
+/// fetch's error (it can quote data), after a pause that lets the scheduler
+/// notice a lost executor.
 #[cfg(feature = "cluster")]
-async fn resubmitting(attempt: &mut usize) {
-    *attempt += 1;
-    log::warn!(
-        "the results of a finished cluster job could not be fetched; submitting it again (job {attempt} of {SUBMISSIONS})"
-    );
-    tokio::time::sleep(std::time::Duration::from_millis(500 * *attempt as u64)).await;
+async fn submit_fetching<T>(
+    plan: &Arc<dyn ExecutionPlan>,
+    ctx: &SessionContext,
+    target: &ClusterTarget,
+    fetch: impl Fn(SendableRecordBatchStream) -> futures::future::BoxFuture<'static, Result<T>>,
+) -> Result<T> {
+    let mut attempt = 1;
+    loop {
+        target.submitted.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        let stream = client::submit(plan.clone(), ctx, target).await?;
+        match fetch(stream).await {
+            Ok(v) => return Ok(v),
+            Err(e) if attempt >= SUBMISSIONS => return Err(e),
+            Err(_) => {
+                attempt += 1;
+                log::warn!(
+                    "the results of a finished cluster job could not be fetched; submitting it again (job {attempt} of {SUBMISSIONS})"
+                );
+                tokio::time::sleep(std::time::Duration::from_millis(500 * attempt as u64)).await;
+            }
+        }
+    }
 }
 
 /// Plans `plan` in this process and runs it where `ctx` says; the batches of
@@ -289,28 +297,20 @@ pub async fn execute_stream(plan: Arc<dyn ExecutionPlan>, ctx: &SessionContext) 
                 log::info!("a plan with more than one exchange runs in this process, not on the cluster");
                 return datafusion::physical_plan::execute_stream(plan, ctx.task_ctx());
             };
-            let mut attempt = 1;
-            loop {
-                target.submitted.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
-                // As in `collect`: a failed job fails; a finished job whose
-                // results could not be fetched runs again.
-                let mut stream = client::submit(shaped.clone(), ctx, &target).await?;
-                let first = match stream.next().await {
-                    Some(Err(e)) => Err(e),
-                    first => Ok((first, stream)),
-                };
-                match first {
-                    // Nothing has reached the caller before this point; from
-                    // here on, a failure fails the stream.
-                    Ok((first, rest)) => {
-                        let schema = rest.schema();
-                        let stream = futures::stream::iter(first).chain(rest);
-                        return Ok(Box::pin(RecordBatchStreamAdapter::new(schema, stream)));
-                    }
-                    Err(e) if attempt >= SUBMISSIONS => return Err(e),
-                    Err(_) => resubmitting(&mut attempt).await,
-                }
-            }
+            // Only the first batch decides a resubmission: once a batch has
+            // reached the caller, a failure fails the stream.
+            submit_fetching(&shaped, ctx, &target, |mut stream| {
+                Box::pin(async move {
+                    let first = match stream.next().await {
+                        Some(Err(e)) => return Err(e),
+                        first => first,
+                    };
+                    let schema = stream.schema();
+                    let whole = futures::stream::iter(first).chain(stream);
+                    Ok(Box::pin(RecordBatchStreamAdapter::new(schema, whole)) as SendableRecordBatchStream)
+                })
+            })
+            .await
         }
         #[cfg(not(feature = "cluster"))]
         Some(_) => Err(DataFusionError::Configuration(ClusterError::NotBuilt.to_string())),
