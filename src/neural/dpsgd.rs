@@ -26,9 +26,9 @@
 //! the sampling draw no data.
 //!
 //! **Cost.** A step costs one forward and one backward pass over the batch,
-//! B·d multiplications for the per-example gradients (built in chunks of
-//! [`CHUNK`] rows, so memory is CHUNK·d, not B·d) and d discrete Gaussian
-//! draws.
+//! B·d multiplications for the per-example gradients (each example written
+//! into one reused buffer, rounded and added, so memory is a few d-vectors
+//! per core, not B·d) and d discrete Gaussian draws.
 
 use ndarray::{Array1, Array2, ArrayView2, Axis};
 use num_bigint::BigUint;
@@ -42,7 +42,7 @@ use dpflow_udfs::noise::DpRng;
 use dpflow_udfs::noise::discrete::DiscreteGaussian;
 use dpflow_udfs::noise::exact::{URational, bernoulli_ratio};
 
-/// Rows per block of materialised per-example gradients.
+/// Rows per block of a batch's forward and backward passes (one task on a core).
 pub const CHUNK: usize = 64;
 
 /// DP-SGD settings, all public.
@@ -151,6 +151,8 @@ pub struct NoisySum {
     sum: Vec<i64>,
     noise: DiscreteGaussian,
     clip: f64,
+    /// One rounded example (reused, so adding allocates nothing).
+    scratch: Vec<i64>,
 }
 
 impl NoisySum {
@@ -163,7 +165,7 @@ impl NoisySum {
         // the exact sampler's arithmetic stays on small integers.
         let s2 = (sigma * delta_units).powi(2).next_up().ceil().max(1.0);
         let noise = DiscreteGaussian::new(URational::from_integer(BigUint::from(s2 as u128))).expect("σ² ≥ 1");
-        Self { k, delta_units, sum: vec![0; d], noise, clip }
+        Self { k, delta_units, sum: vec![0; d], noise, clip, scratch: Vec::new() }
     }
 
     /// Δ in grid units: the L2 bound of one rounded example.
@@ -179,29 +181,46 @@ impl NoisySum {
     /// Adds each row of `grads`, clipped and rounded.
     pub fn add(&mut self, grads: ArrayView2<f64>) {
         assert_eq!(grads.ncols(), self.sum.len(), "gradient width");
-        let inv_g = 2f64.powi(-self.k);
-        let bound2 = (self.delta_units as i128) * (self.delta_units as i128);
-        let mut v = vec![0i64; self.sum.len()];
+        let mut row = vec![0.0; self.sum.len()];
         for g in grads.axis_iter(Axis(0)) {
-            let norm = g.dot(&g).sqrt();
-            if !norm.is_finite() {
-                // A non-finite gradient contributes nothing (a data-independent rule).
-                continue;
+            for (r, &v) in row.iter_mut().zip(g.iter()) {
+                *r = v;
             }
-            let mut scale = if norm > self.clip { self.clip / norm } else { 1.0 };
-            loop {
-                for (vi, gi) in v.iter_mut().zip(g.iter()) {
-                    *vi = (gi * scale * inv_g).round() as i64;
-                }
-                let n2: i128 = v.iter().map(|&x| (x as i128) * (x as i128)).sum();
-                if n2 <= bound2 {
-                    break;
-                }
-                scale *= 1.0 - 1e-6;
+            self.add_row(&row);
+        }
+    }
+
+    /// Adds one example's gradient `g`, clipped to norm C, rounded to the
+    /// grid, its exact integer norm checked against Δ (shrunk until it
+    /// holds), and summed. A non-finite gradient contributes nothing (a
+    /// data-independent rule).
+    pub fn add_row(&mut self, g: &[f64]) {
+        assert_eq!(g.len(), self.sum.len(), "gradient width");
+        let norm = g.iter().map(|v| v * v).sum::<f64>().sqrt();
+        if !norm.is_finite() {
+            return;
+        }
+        let inv_g = 2f64.powi(-self.k);
+        // Δ² in grid units; Δ ≤ C/γ + √d/2 with γ = 2^(⌊log₂ C⌋ − 20), so Δ²
+        // fits a u64 for any d below 2^40.
+        let bound2 = (self.delta_units as u64).saturating_mul(self.delta_units as u64);
+        let mut scale = if norm > self.clip { self.clip / norm } else { 1.0 };
+        let v = &mut self.scratch;
+        v.resize(g.len(), 0);
+        loop {
+            let mult = scale * inv_g;
+            let mut n2 = 0u64;
+            for (vi, &gi) in v.iter_mut().zip(g) {
+                *vi = round_small(gi * mult);
+                n2 = n2.saturating_add(vi.unsigned_abs().saturating_mul(vi.unsigned_abs()));
             }
-            for (s, x) in self.sum.iter_mut().zip(&v) {
-                *s += x;
+            if n2 <= bound2 {
+                break;
             }
+            scale *= 1.0 - 1e-6;
+        }
+        for (s, x) in self.sum.iter_mut().zip(v.iter()) {
+            *s += x;
         }
     }
 
@@ -235,6 +254,19 @@ impl NoisySum {
         );
         Array1::from(out)
     }
+}
+
+/// Rounds to the nearest integer (ties to even). A clipped example's
+/// coordinates are at most C/γ = 2^21 in grid units, far below 2^51, where
+/// adding and removing 1.5·2^52 rounds exactly in the default rounding mode
+/// and compiles to two additions (`f64::round` is a library call on baseline
+/// x86-64). Larger magnitudes, which a clipped gradient never has, take
+/// `round`. What matters for privacy is only that the rounded integers are
+/// the ones whose norm is checked and summed.
+#[inline]
+fn round_small(x: f64) -> i64 {
+    const MAGIC: f64 = 6_755_399_441_055_744.0; // 1.5 · 2^52
+    if x.abs() < 2f64.powi(51) { ((x + MAGIC) - MAGIC) as i64 } else { x.round() as i64 }
 }
 
 /// Adam (Kingma & Ba 2015) on noisy gradients: post-processing.
@@ -283,17 +315,25 @@ pub fn noisy_classifier_gradient(
     // Chunks on all cores, one partial sum per worker (not per chunk, so
     // memory does not grow with the batch); integer sums add exactly, in
     // any order.
-    let empty = || NoisySum::new(model.n_params(), cfg.clip, cfg.noise_multiplier);
+    let d = model.n_params();
+    let empty = || NoisySum::new(d, cfg.clip, cfg.noise_multiplier);
     let sum = batch
         .par_chunks(CHUNK)
-        .fold(empty, |mut part, rows| {
-            let (xb, yb) = batch_of(rows);
-            let trace = model.forward(xb.view());
-            let (_, d) = softmax_cross_entropy(trace.output().view(), &yb);
-            let back = model.backward(&trace, d.view());
-            part.add(model.per_example_gradients(&trace, &back, 0..rows.len()).view());
-            part
-        })
+        .fold(
+            || (empty(), vec![0.0; d]),
+            |(mut part, mut row), rows| {
+                let (xb, yb) = batch_of(rows);
+                let trace = model.forward(xb.view());
+                let (_, dl) = softmax_cross_entropy(trace.output().view(), &yb);
+                let back = model.backward(&trace, dl.view());
+                for i in 0..rows.len() {
+                    model.example_gradient_into(&trace, &back, i, &mut row);
+                    part.add_row(&row);
+                }
+                (part, row)
+            },
+        )
+        .map(|(part, _)| part)
         .reduce(empty, |mut a, b| {
             a.absorb(&b);
             a

@@ -187,22 +187,60 @@ impl Mlp {
     /// Per-example gradients of rows `rows` of the batch, as a matrix
     /// (examples × parameters) in the flat layout (module docs).
     pub fn per_example_gradients(&self, trace: &Trace, back: &Backward, rows: std::ops::Range<usize>) -> Array2<f64> {
-        let m = rows.len();
-        let mut g = Array2::zeros((m, self.n_params()));
+        let mut g = Array2::zeros((rows.len(), self.n_params()));
+        for (i, mut row) in rows.zip(g.axis_iter_mut(Axis(0))) {
+            self.example_gradient_into(trace, back, i, row.as_slice_mut().expect("a standard-layout row"));
+        }
+        g
+    }
+
+    /// Example `i`'s gradient written into `out` (length [`Self::n_params`],
+    /// flat layout): per layer the outer product of its input and delta rows,
+    /// then the delta row for the bias. No allocation, so a caller can reuse
+    /// one buffer for a whole batch.
+    pub fn example_gradient_into(&self, trace: &Trace, back: &Backward, i: usize, out: &mut [f64]) {
+        assert_eq!(out.len(), self.n_params(), "gradient buffer length");
         let mut off = 0;
         for (l, layer) in self.layers.iter().enumerate() {
             let (fan_in, fan_out) = layer.w.dim();
-            let a = trace.inputs[l].slice(s![rows.clone(), ..]);
-            let d = back.deltas[l].slice(s![rows.clone(), ..]);
-            for i in 0..m {
-                let mut row = g.row_mut(i);
-                let (ai, di) = (a.row(i), d.row(i));
-                write_outer(row.slice_mut(s![off..off + fan_in * fan_out]), ai, di);
-                row.slice_mut(s![off + fan_in * fan_out..off + fan_in * fan_out + fan_out]).assign(&di);
+            let (a, d) = (trace.inputs[l].row(i), back.deltas[l].row(i));
+            write_outer(&mut out[off..off + fan_in * fan_out], a, d);
+            for (o, &dv) in out[off + fan_in * fan_out..off + fan_in * fan_out + fan_out].iter_mut().zip(d.iter()) {
+                *o = dv;
             }
             off += fan_in * fan_out + fan_out;
         }
-        g
+    }
+
+    /// Each example's squared gradient norm ‖g_i‖², without forming the
+    /// gradients: a dense layer's weight gradient a_iδ_iᵀ has norm ‖a_i‖‖δ_i‖
+    /// and its bias gradient is δ_i, so ‖g_i‖² = Σ_l (‖a_i^l‖² + 1)‖δ_i^l‖²
+    /// (the per-example norm trick of Goodfellow 2015, "Efficient per-example
+    /// gradient computations").
+    pub fn per_example_sq_norms(&self, trace: &Trace, back: &Backward) -> Array1<f64> {
+        let b = trace.inputs[0].nrows();
+        let mut out = Array1::zeros(b);
+        for l in 0..self.layers.len() {
+            let (a, d) = (&trace.inputs[l], &back.deltas[l]);
+            for (i, o) in out.iter_mut().enumerate() {
+                let (ai, di) = (a.row(i), d.row(i));
+                *o += (ai.dot(&ai) + 1.0) * di.dot(&di);
+            }
+        }
+        out
+    }
+
+    /// The weighted sum Σ_i w_i g_i of the per-example gradients (flat
+    /// layout), as one matrix product per layer: inputsᵀ·(w ⊙ deltas).
+    pub fn weighted_gradient(&self, trace: &Trace, back: &Backward, w: ArrayView1<f64>) -> Array1<f64> {
+        let w = w.insert_axis(Axis(1));
+        let mut v = Vec::with_capacity(self.n_params());
+        for l in 0..self.layers.len() {
+            let d = &back.deltas[l] * &w;
+            v.extend(trace.inputs[l].t().dot(&d).iter());
+            v.extend(d.sum_axis(Axis(0)).iter());
+        }
+        Array1::from(v)
     }
 
     /// The gradient summed over the batch's examples, in the flat layout:
@@ -218,9 +256,9 @@ impl Mlp {
     }
 
     /// The WGAN-GP penalty (Gulrajani et al. 2017, eq. 3) of a critic with
-    /// one output, per example x_i: P_i = λ(‖∇ₓD(x_i)‖ − 1)², with its
-    /// gradient with respect to the parameters (examples × parameters, flat
-    /// layout). Returns (penalties, gradients).
+    /// one output, per example x_i: P_i = λ(‖∇ₓD(x_i)‖ − 1)², with the
+    /// gradient of their mean with respect to the parameters (flat layout).
+    /// Returns (penalties, mean gradient).
     ///
     /// With a piecewise-linear activation (ReLU, leaky ReLU) the input
     /// gradient is g = r₁W₁ᵀ, where r_L = 1 and r_l = (r_{l+1}W_{l+1}ᵀ)⊙φ′(z_l)
@@ -228,11 +266,13 @@ impl Mlp {
     /// this linear chain: v₁ = ∂P/∂g = 2λ(‖g‖−1)g/‖g‖, ∂P/∂W_l = v_lᵀr_l and
     /// v_{l+1} = (v_lW_l)⊙φ′(z_l); the biases do not enter g, so their
     /// gradient is zero. (A zero input gradient gets a zero penalty gradient.)
+    /// Summed over the batch, ∂ΣP/∂W_l = V_lᵀR_l: one matrix product per
+    /// layer, never a per-example matrix.
     ///
     /// # Panics
     /// If the network has more than one output or a smooth activation (a
     /// programming error, not user input).
-    pub fn gradient_penalty(&self, x: ArrayView2<f64>, lambda: f64) -> (Array1<f64>, Array2<f64>) {
+    pub fn gradient_penalty(&self, x: ArrayView2<f64>, lambda: f64) -> (Array1<f64>, Array1<f64>) {
         assert_eq!(self.output_dim(), 1, "a critic has one output");
         assert!(self.hidden != Activation::Tanh, "the penalty's gradient assumes a piecewise-linear activation");
         let n = self.layers.len();
@@ -256,20 +296,15 @@ impl Mlp {
                 v.row_mut(i).assign(&(&g.row(i) * k));
             }
         }
-        let mut grads = Array2::zeros((b, self.n_params()));
-        let mut off = 0;
+        let mut grads = Vec::with_capacity(self.n_params());
         for (l, layer) in self.layers.iter().enumerate() {
-            let (fan_in, fan_out) = layer.w.dim();
-            for i in 0..b {
-                let span = s![off..off + fan_in * fan_out];
-                write_outer(grads.row_mut(i).slice_move(span), v.row(i), r[l].row(i));
-            }
-            off += fan_in * fan_out + fan_out;
+            grads.extend((v.t().dot(&r[l]) / b as f64).iter());
+            grads.extend(std::iter::repeat_n(0.0, layer.b.len()));
             if l + 1 < n {
                 v = v.dot(&layer.w) * &masks[l];
             }
         }
-        (penalty, grads)
+        (penalty, Array1::from(grads))
     }
 
     /// The parameters as one flat vector (module docs).
@@ -301,11 +336,16 @@ impl Mlp {
 
 /// Writes the outer product aᵀb into `out` row-major (a weight matrix's
 /// slice of a flat gradient: inputs × outputs).
-fn write_outer(mut out: ndarray::ArrayViewMut1<f64>, a: ArrayView1<f64>, b: ArrayView1<f64>) {
+fn write_outer(out: &mut [f64], a: ArrayView1<f64>, b: ArrayView1<f64>) {
     let k = b.len();
-    for (p, &ap) in a.iter().enumerate() {
-        for (q, &bq) in b.iter().enumerate() {
-            out[p * k + q] = ap * bq;
+    for (chunk, &ap) in out.chunks_exact_mut(k).zip(a.iter()) {
+        if ap == 0.0 {
+            // One-hot inputs: most rows of the outer product are zero.
+            chunk.fill(0.0);
+        } else {
+            for (o, &bq) in chunk.iter_mut().zip(b.iter()) {
+                *o = ap * bq;
+            }
         }
     }
 }
@@ -460,16 +500,30 @@ mod tests {
                 minus.add_scaled(e.view(), -h);
                 let (pp, _) = plus.gradient_penalty(x.view(), lambda);
                 let (pm, _) = minus.gradient_penalty(x.view(), lambda);
-                for i in 0..3 {
-                    let fd = (pp[i] - pm[i]) / (2.0 * h);
-                    assert!(
-                        (grads[[i, p]] - fd).abs() < 1e-5,
-                        "{act:?} param {p} example {i}: {} vs {fd}",
-                        grads[[i, p]]
-                    );
-                }
+                let fd = (pp.mean().expect("rows") - pm.mean().expect("rows")) / (2.0 * h);
+                assert!((grads[p] - fd).abs() < 1e-5, "{act:?} param {p}: {} vs {fd}", grads[p]);
             }
         }
+    }
+
+    #[test]
+    fn ghost_norms_and_weighted_sums_equal_the_per_example_gradients() {
+        let mut rng = DpRng::unsafe_seeded(10);
+        let m = Mlp::new(&[5, 6, 4, 1], Activation::LeakyRelu, &mut rng);
+        // One-hot-like sparse inputs and dense ones.
+        let x = Array2::from_shape_fn((7, 5), |(i, j)| if (i + j) % 3 == 0 { 0.0 } else { 2.0 * unit(&mut rng) - 1.0 });
+        let trace = m.forward(x.view());
+        let back = m.backward(&trace, Array2::from_shape_fn((7, 1), |_| unit(&mut rng) - 0.5).view());
+        let g = m.per_example_gradients(&trace, &back, 0..7);
+        let norms = m.per_example_sq_norms(&trace, &back);
+        let w = Array1::from_shape_fn(7, |_| unit(&mut rng));
+        let weighted = m.weighted_gradient(&trace, &back, w.view());
+        for i in 0..7 {
+            let exact = g.row(i).dot(&g.row(i));
+            assert!((norms[i] - exact).abs() <= 1e-12 * exact.max(1.0), "example {i}: {} vs {exact}", norms[i]);
+        }
+        let expected = g.t().dot(&w);
+        assert!(weighted.iter().zip(&expected).all(|(a, b)| (a - b).abs() < 1e-12));
     }
 
     #[test]

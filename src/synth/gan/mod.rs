@@ -408,33 +408,34 @@ impl Nets {
     }
 }
 
-/// Per-row critic gradients of rows `rows` of the eligible set (rows ×
-/// critic parameters): ∇(−D_x(x⊙m)) and, for DP-MisGAN, ∇(−D_m(m)), one
-/// row per sampled row, each from that row alone (module docs).
-fn real_gradients(nets: &Nets, lay: &Layout, table: &CodedTable, rows: &[usize]) -> Array2<f64> {
+/// Adds the per-row critic gradients of rows `rows` of the eligible set to
+/// `sum`: ∇(−D_x(x⊙m)) and, for DP-MisGAN, ∇(−D_m(m)), one vector per
+/// sampled row (concatenated), each from that row alone (module docs).
+/// `row` is a reused buffer of the critics' parameter count.
+fn add_real_gradients(
+    nets: &Nets,
+    lay: &Layout,
+    table: &CodedTable,
+    rows: &[usize],
+    sum: &mut NoisySum,
+    row: &mut [f64],
+) {
     let n = rows.len();
     let (x, m) = lay.encode(table, rows);
-    let per_row = |d: &Mlp, real: &Array2<f64>| -> Array2<f64> {
+    let pass = |d: &Mlp, real: &Array2<f64>| {
         let trace = d.forward(real.view());
         let back = d.backward(&trace, Array2::from_elem((n, 1), -1.0).view());
-        d.per_example_gradients(&trace, &back, 0..n)
+        (trace, back)
     };
-    let gx = per_row(&nets.dx, &x);
-    match &nets.mask {
-        Some((_, dm)) => ndarray::concatenate(Axis(1), &[gx.view(), per_row(dm, &m).view()]).expect("same rows"),
-        None => gx,
-    }
-}
-
-/// Clips each row of `g` to L2 norm `clip` (a non-finite row becomes zero).
-fn clip_rows(g: &mut Array2<f64>, clip: f64) {
-    for mut row in g.axis_iter_mut(Axis(0)) {
-        let norm = row.dot(&row).sqrt();
-        if !norm.is_finite() {
-            row.fill(0.0);
-        } else if norm > clip {
-            row.mapv_inplace(|v| v * clip / norm);
+    let px = pass(&nets.dx, &x);
+    let pm = nets.mask.as_ref().map(|(_, dm)| (dm, pass(dm, &m)));
+    let nx = nets.dx.n_params();
+    for i in 0..n {
+        nets.dx.example_gradient_into(&px.0, &px.1, i, &mut row[..nx]);
+        if let Some((dm, (trace, back))) = &pm {
+            dm.example_gradient_into(trace, back, i, &mut row[nx..]);
         }
+        sum.add_row(row);
     }
 }
 
@@ -448,17 +449,39 @@ fn clip_rows(g: &mut Array2<f64>, clip: f64) {
 /// rows' clipping budget to their own term.
 fn fake_gradient(nets: &Nets, lay: &Layout, fake: &Fake, o: &GanOptions, rng: &mut DpRng) -> Array1<f64> {
     let n = fake.shown.nrows();
-    let per_row = |d: &Mlp, x: &Array2<f64>| {
+    // Each generated row's vector for both critics, clipped to C, averaged:
+    // norms from the per-example norm trick, the sum as one weighted matrix
+    // product per layer (no per-example gradients are formed).
+    let pass = |d: &Mlp, x: &Array2<f64>| {
         let trace = d.forward(x.view());
         let back = d.backward(&trace, Array2::ones((n, 1)).view());
-        d.per_example_gradients(&trace, &back, 0..n)
+        (trace, back)
     };
-    let mut g = per_row(&nets.dx, &fake.shown);
-    if let (Some((_, dm)), Some(fm)) = (&nets.mask, &fake.m) {
-        g = ndarray::concatenate(Axis(1), &[g.view(), per_row(dm, fm).view()]).expect("rows");
+    let px = pass(&nets.dx, &fake.shown);
+    let pm = match (&nets.mask, &fake.m) {
+        (Some((_, dm)), Some(fm)) => Some((dm, pass(dm, fm))),
+        _ => None,
+    };
+    let mut sq = nets.dx.per_example_sq_norms(&px.0, &px.1);
+    if let Some((dm, (trace, back))) = &pm {
+        sq += &dm.per_example_sq_norms(trace, back);
     }
-    clip_rows(&mut g, o.clip);
-    let mut total = g.mean_axis(Axis(0)).expect("at least one generated row");
+    // Weight 1/n, times C/‖g_i‖ above the clip; a non-finite row counts zero.
+    let w = sq.mapv(|s| {
+        let norm = s.sqrt();
+        if !norm.is_finite() {
+            0.0
+        } else if norm > o.clip {
+            o.clip / norm / n as f64
+        } else {
+            1.0 / n as f64
+        }
+    });
+    let mut total = nets.dx.weighted_gradient(&px.0, &px.1, w.view());
+    if let Some((dm, (trace, back))) = &pm {
+        let gm = dm.weighted_gradient(trace, back, w.view());
+        total = ndarray::concatenate(Axis(0), &[total.view(), gm.view()]).expect("1-d");
+    }
     if o.penalty > 0.0 {
         let mut random = Array2::zeros((n, lay.d));
         for mut row in random.axis_iter_mut(Axis(0)) {
@@ -480,11 +503,11 @@ fn fake_gradient(nets: &Nets, lay: &Layout, fake: &Fake, o: &GanOptions, rng: &m
             out
         };
         let points = mix(&random, &fake.shown, rng);
-        let mut gp = nets.dx.gradient_penalty(points.view(), o.penalty).1.mean_axis(Axis(0)).expect("rows");
+        let mut gp = nets.dx.gradient_penalty(points.view(), o.penalty).1;
         if let (Some((_, dm)), Some(fm)) = (&nets.mask, &fake.m) {
             let coins = Array2::from_shape_simple_fn(fm.raw_dim(), || f64::from(u8::from(unit(rng) < 0.5)));
             let points = mix(&coins, fm, rng);
-            let gpm = dm.gradient_penalty(points.view(), o.penalty).1.mean_axis(Axis(0)).expect("rows");
+            let gpm = dm.gradient_penalty(points.view(), o.penalty).1;
             gp = ndarray::concatenate(Axis(0), &[gp.view(), gpm.view()]).expect("1-d");
         }
         total += &gp;
@@ -627,12 +650,13 @@ pub fn fit(
         let sum = chunks
             .par_iter()
             .fold(
-                || NoisySum::new(critic_parameters, o.clip, sigma),
-                |mut part, rows| {
-                    part.add(real_gradients(&nets, &lay, table, rows).view());
-                    part
+                || (NoisySum::new(critic_parameters, o.clip, sigma), vec![0.0; critic_parameters]),
+                |(mut part, mut row), rows| {
+                    add_real_gradients(&nets, &lay, table, rows, &mut part, &mut row);
+                    (part, row)
                 },
             )
+            .map(|(part, _)| part)
             .reduce(
                 || NoisySum::new(critic_parameters, o.clip, sigma),
                 |mut a, b| {
@@ -819,7 +843,7 @@ mod training_tests {
         for _ in 0..100 {
             let sample = poisson_sample(&mut rng, 3000, 0.1);
             let mut sum = NoisySum::new(np, 1.0, 1e-3);
-            sum.add(real_gradients(&nets, &lay, &table, &sample).view());
+            add_real_gradients(&nets, &lay, &table, &sample, &mut sum, &mut vec![0.0; np]);
             let mut g = sum.release(&mut rng) / 300.0;
             let fake = nets.generate(&lay, 300, 0.5, &mut rng);
             g += &fake_gradient(&nets, &lay, &fake, &o, &mut rng);
