@@ -5,7 +5,7 @@
 
 use datafusion::arrow::array::Array;
 use dpflow::dataset::Dataset;
-use dpflow::missing::{Strategy, StrategyOptions};
+use dpflow::missing::{AmplificationRequest, Missingness, Strategy, StrategyOptions};
 use dpflow::privacy::{Budget, Ledger, PrivacyLoss};
 use dpflow::synth::SynthOptions;
 use dpflow::synth::run::{Mechanism, SynthRequest, run_synth};
@@ -78,9 +78,14 @@ fn ledger(dir: &std::path::Path) -> Ledger {
 async fn kaminoi_charges_its_budget_once_and_writes_complete_rows() {
     let dir = tempfile::tempdir().unwrap();
     let l = ledger(dir.path());
-    let req = request(dir.path(), Mechanism::Kaminoi, Budget::Approx { epsilon: 2.0, delta: 1e-7 });
+    let mut req = request(dir.path(), Mechanism::Kaminoi, Budget::Approx { epsilon: 2.0, delta: 1e-7 });
+    // Declared MCAR: no amplified ε̄, and the record says why (docs/PRIVACY.md §8).
+    req.amplification = Some(AmplificationRequest { missingness: Missingness::Mcar, rates: "0.2".into(), delta: 1e-7 });
     let ctx = dpflow::io::session_context();
     let record = run_synth(&ctx, &req, &|_| {}).await.unwrap();
+    assert!(record.amplification.is_none());
+    let note = record.amplification_note.as_deref().unwrap();
+    assert!(note.contains("no MCAR amplification") && note.contains("PRIVACY.md §8"), "{note}");
     // The ledger: one committed charge of exactly (2, 1e-7).
     let status = l.status("toy").unwrap();
     assert_eq!(status.open_reservations, 0);

@@ -188,6 +188,7 @@ pub struct SynthArgs {
     pub gan_lr: Option<f64>,
     /// Declared missingness mechanism of the input; with --missing-rates, the release
     /// record reports the ground-truth ε̄ under MCAR (000 §5.2); refused for mar/mnar.
+    /// Declare mcar only if every cell is missing independently (columns not missing together).
     #[arg(long, value_enum)]
     pub missingness: Option<dpflow::missing::Missingness>,
     /// Public missing probabilities: one rate for every column, or COL=RATE,... (000 §5.2).
@@ -435,6 +436,9 @@ pub(super) async fn run(a: SynthArgs) -> Result<i32> {
             "ground truth under MCAR: ε̄ = {:.4} (nominal {:.4}, δ = {:.1e}; paper-style factor {:.3})",
             amp.epsilon, amp.nominal_epsilon, amp.delta, amp.linear_factor
         );
+        for c in &amp.caveats {
+            eprintln!("  ε̄ {c}");
+        }
     }
     if let Some(note) = &record.amplification_note {
         eprintln!("no ground-truth amplification: {note}");

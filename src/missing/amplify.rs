@@ -166,7 +166,21 @@ pub struct Amplification {
     pub groups: Vec<Group>,
     /// The public missing rates used.
     pub rates: BTreeMap<String, f64>,
+    /// What ε̄ assumes and how far it holds (docs/PRIVACY.md §4, "What a
+    /// reported ε̄ assumes").
+    #[serde(default)]
+    pub caveats: Vec<String>,
 }
+
+/// The assumption behind every ε̄: each cell missing independently.
+pub const INDEPENDENT_CELLS: &str = "assumes every cell is missing independently of every other cell (MCAR \
+    independent across columns and rows, at the declared rates); if columns tend to be missing together, \
+    this ε̄ overstates privacy, so do not declare mcar then";
+
+/// The caveat of an ε̄ whose amplification sets were chosen by DP selection.
+pub const EX_POST: &str = "ex post: ε̄ is computed for the marginals this run selected, which are DP \
+    output, so it describes this run's outcome and is not a guarantee over runs; the ex-ante guarantee \
+    for the ground truth is the nominal ε";
 
 /// Public per-attribute missing probabilities, indexed like the domain.
 #[derive(Debug, Clone, PartialEq)]
@@ -329,6 +343,7 @@ fn evaluate(
         marginal_linear_factor,
         groups,
         rates: rates.map(),
+        caveats: vec![INDEPENDENT_CELLS.to_string()],
     }
 }
 
@@ -551,6 +566,10 @@ impl Search<'_> {
 /// the earlier ones and imputes it) can amplify one model only; we amplify the
 /// one with the largest saving ε_j(1 − p_j) (the theorem's choice, argmin p_j,
 /// when budgets are equal).
+///
+/// The paper's arithmetic, for its examples only: dpflow's KaminoI reports no
+/// amplification, because it is charged as one RDP filter with no
+/// per-component (ε, δ) to put here (docs/PRIVACY.md §8).
 pub fn column_wise(order: &[usize], costs: &[f64], rates: &Rates) -> Result<Amplification> {
     if order.len() != costs.len() {
         return Err(MissingError::CostCount { attributes: order.len(), costs: costs.len() });

@@ -228,7 +228,16 @@ pub fn amplification_for(
     let mechs = sub_mechanisms(records, names);
     match strategy {
         Strategy::CompleteRow => Ok(amplify::complete_row(&mechs, &rates, request.delta)),
-        Strategy::Adaptive => Ok(amplify::optimal(&mechs, &rates, request.delta)),
+        Strategy::Adaptive => {
+            let mut a = amplify::optimal(&mechs, &rates, request.delta);
+            // A measurement's block depends on which marginals were selected;
+            // with selection steps (records that read no one marginal) in the
+            // run, that choice was DP output (docs/PRIVACY.md §4).
+            if mechs.iter().any(|m| m.attrs.is_empty()) {
+                a.caveats.push(amplify::EX_POST.to_string());
+            }
+            Ok(a)
+        }
         Strategy::Reproduce => Err(MissingError::NoSubsampling("with null as a value every row is read")),
         Strategy::ImputeFirst(_) => Err(MissingError::NoSubsampling("imputation-first reads every row (filled)")),
     }
@@ -268,6 +277,10 @@ mod tests {
         let a = amplification_for(Strategy::Adaptive, &recs, &names, &req).unwrap();
         // Marginal (ε = 0.5) amplified by the block {a, c} (0.8² = 0.64); the selection (0.1) not.
         assert!((a.linear_factor - (0.5 * 0.64 + 0.1) / 0.6).abs() < 1e-12, "{}", a.linear_factor);
+        // The selection chose the marginal: ε̄ is ex post, and assumes independent cells.
+        assert_eq!(a.caveats, vec![amplify::INDEPENDENT_CELLS.to_string(), amplify::EX_POST.to_string()]);
+        let fixed = amplification_for(Strategy::Adaptive, &recs[..1], &names, &req).unwrap();
+        assert_eq!(fixed.caveats, vec![amplify::INDEPENDENT_CELLS.to_string()]);
         let mar = AmplificationRequest { missingness: Missingness::Mar, ..req.clone() };
         assert!(amplification_for(Strategy::Adaptive, &recs, &names, &mar).is_err());
         assert!(amplification_for(Strategy::Reproduce, &recs, &names, &req).is_err());

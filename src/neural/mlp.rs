@@ -18,63 +18,7 @@ use ndarray::{Array1, Array2, ArrayView1, ArrayView2, Axis, s};
 use rand::Rng;
 use serde::{Deserialize, Serialize};
 
-/// A hidden-layer activation.
-#[derive(Debug, Clone, Copy, PartialEq, Serialize, Deserialize)]
-#[serde(rename_all = "snake_case")]
-pub enum Activation {
-    /// max(0, x).
-    Relu,
-    /// max(0.2x, x) (GAN discriminators).
-    LeakyRelu,
-    /// tanh(x).
-    Tanh,
-}
-
-impl Activation {
-    fn apply(self, x: f64) -> f64 {
-        match self {
-            Activation::Relu => x.max(0.0),
-            Activation::LeakyRelu => {
-                if x > 0.0 {
-                    x
-                } else {
-                    0.2 * x
-                }
-            }
-            Activation::Tanh => x.tanh(),
-        }
-    }
-
-    /// The derivative at pre-activation x.
-    fn derivative(self, x: f64) -> f64 {
-        match self {
-            Activation::Relu => {
-                if x > 0.0 {
-                    1.0
-                } else {
-                    0.0
-                }
-            }
-            Activation::LeakyRelu => {
-                if x > 0.0 {
-                    1.0
-                } else {
-                    0.2
-                }
-            }
-            Activation::Tanh => 1.0 - x.tanh().powi(2),
-        }
-    }
-}
-
-/// One dense layer: y = a·W + b.
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
-pub struct Dense {
-    /// Weights, inputs × outputs.
-    pub w: Array2<f64>,
-    /// Biases, one per output.
-    pub b: Array1<f64>,
-}
+pub use dpflow_udfs::neural::{Activation, Dense};
 
 /// A perceptron: dense layers, one activation between them, a linear output.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
@@ -161,7 +105,7 @@ impl Mlp {
 
     /// The outputs for a batch.
     pub fn predict(&self, x: ArrayView2<f64>) -> Array2<f64> {
-        self.forward(x).pre.pop().expect("a network has a layer")
+        dpflow_udfs::neural::predict(&self.layers, self.hidden, x)
     }
 
     /// Backward pass from ∂ℓ_i/∂(output) (batch × outputs), one row per
@@ -231,13 +175,25 @@ impl Mlp {
     }
 
     /// The weighted sum Σ_i w_i g_i of the per-example gradients (flat
-    /// layout), as one matrix product per layer: inputsᵀ·(w ⊙ deltas).
+    /// layout), as one matrix product per layer: inputsᵀ·(w ⊙ deltas). An
+    /// example of weight 0 contributes nothing, even if its values are not
+    /// finite (0·NaN would otherwise poison the sum).
     pub fn weighted_gradient(&self, trace: &Trace, back: &Backward, w: ArrayView1<f64>) -> Array1<f64> {
-        let w = w.insert_axis(Axis(1));
+        let keep = |m: &Array2<f64>, scale: bool| {
+            let mut out = m.clone();
+            for (mut row, &wi) in out.axis_iter_mut(Axis(0)).zip(w.iter()) {
+                if wi == 0.0 {
+                    row.fill(0.0);
+                } else if scale {
+                    row *= wi;
+                }
+            }
+            out
+        };
         let mut v = Vec::with_capacity(self.n_params());
         for l in 0..self.layers.len() {
-            let d = &back.deltas[l] * &w;
-            v.extend(trace.inputs[l].t().dot(&d).iter());
+            let d = keep(&back.deltas[l], true);
+            v.extend(keep(&trace.inputs[l], false).t().dot(&d).iter());
             v.extend(d.sum_axis(Axis(0)).iter());
         }
         Array1::from(v)

@@ -24,7 +24,6 @@ use datafusion::datasource::TableType;
 use datafusion::logical_expr::{Expr, LogicalPlan};
 use datafusion::physical_plan::ExecutionPlan;
 use dpflow_udfs::domain::DecodeMode;
-use dpflow_udfs::synth::SamplingPlan;
 
 /// Largest number of rows one call may ask for.
 pub const MAX_ROWS: i64 = 1_000_000_000;
@@ -100,14 +99,14 @@ impl TableFunctionImpl for SyntheticFunction {
             Some(s) => s,
             None => rand::random(),
         };
-        Ok(Arc::new(SyntheticTable { plan: Arc::new(plan), rows: rows as u64, seed }))
+        Ok(Arc::new(SyntheticTable { plan: Arc::new(plan.into()), rows: rows as u64, seed }))
     }
 }
 
 /// The rows of one `synthetic(...)` call.
 #[derive(Debug)]
 pub struct SyntheticTable {
-    plan: Arc<SamplingPlan>,
+    plan: Arc<dpflow_udfs::synth::Sampler>,
     rows: u64,
     seed: u64,
 }
@@ -115,7 +114,7 @@ pub struct SyntheticTable {
 #[async_trait]
 impl TableProvider for SyntheticTable {
     fn schema(&self) -> SchemaRef {
-        dpflow_udfs::domain::decoded_schema(&self.plan.domain)
+        dpflow_udfs::domain::decoded_schema(self.plan.domain())
     }
 
     fn table_type(&self) -> TableType {

@@ -9,7 +9,7 @@ use datafusion::physical_plan::ExecutionPlan;
 use dpflow_udfs::domain::{DecodeMode, Domain};
 use dpflow_udfs::marginal::NullMode;
 use dpflow_udfs::noise::{DpRng, NoiseDistribution};
-use dpflow_udfs::synth::{ColumnFill, FillPlan, SamplingPlan, SyntheticExec};
+use dpflow_udfs::synth::{ColumnFill, FillPlan, Sampler, SamplingPlan, SyntheticExec};
 use serde::{Deserialize, Serialize};
 
 use super::compress::Compression;
@@ -240,8 +240,13 @@ pub fn plan_for(
 /// A streaming synthetic-data plan for `rows` rows in `partitions` streams
 /// ([`dpflow_udfs::cluster::partitions_for`] the session that runs it). The
 /// rows depend on the seed, not on the partitions.
-pub fn synthetic_exec(plan: SamplingPlan, rows: u64, seed: u64, partitions: usize) -> Result<Arc<dyn ExecutionPlan>> {
-    let exec = SyntheticExec::try_new(Arc::new(plan), rows, partitions.max(1), 1 << 16, seed)
+pub fn synthetic_exec(
+    plan: impl Into<Sampler>,
+    rows: u64,
+    seed: u64,
+    partitions: usize,
+) -> Result<Arc<dyn ExecutionPlan>> {
+    let exec = SyntheticExec::try_new(Arc::new(plan.into()), rows, partitions.max(1), 1 << 16, seed)
         .map_err(|source| SynthError::Generate { source })?;
     Ok(Arc::new(exec))
 }
@@ -257,7 +262,7 @@ pub const SET_COLUMN: &str = "_set";
 /// and the sets still stream one after the other.
 pub async fn write_sets(
     ctx: &SessionContext,
-    plans: Vec<SamplingPlan>,
+    plans: Vec<impl Into<Sampler>>,
     rows: u64,
     out: &str,
     seed: u64,

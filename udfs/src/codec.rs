@@ -17,7 +17,7 @@ use serde::{Deserialize, Serialize};
 use crate::domain::{Domain, DomainOutput, EncodeExec};
 use crate::knn::{KnnDonorExec, KnnSpec};
 use crate::marginal::{MarginalConfig, MarginalExec, MarginalMode, MarginalNode};
-use crate::synth::{FillNullsExec, FillPlan, SamplingPlan, SyntheticExec};
+use crate::synth::{FillNullsExec, FillPlan, Sampler, SyntheticExec};
 
 #[derive(Serialize, Deserialize)]
 #[serde(tag = "node", rename_all = "snake_case")]
@@ -44,7 +44,7 @@ enum PhysicalPayload {
         passthrough: Vec<String>,
     },
     Synthetic {
-        plan: SamplingPlan,
+        plan: Sampler,
         rows: u64,
         partitions: usize,
         chunk_rows: usize,
@@ -127,8 +127,8 @@ impl PhysicalExtensionCodec for DpflowCodec {
                 let domain = domain.reindex().map_err(|e| DataFusionError::Internal(e.to_string()))?;
                 Arc::new(EncodeExec::with_passthrough(input()?, Arc::new(domain), output, passthrough)?)
             }
-            PhysicalPayload::Synthetic { mut plan, rows, partitions, chunk_rows, seed } => {
-                plan.domain = plan.domain.reindex().map_err(|e| DataFusionError::Internal(e.to_string()))?;
+            PhysicalPayload::Synthetic { plan, rows, partitions, chunk_rows, seed } => {
+                let plan = plan.reindex().map_err(|e| DataFusionError::Internal(e.to_string()))?;
                 match inputs.first() {
                     // Its chunk-range table (restricted, on a cluster, to a task's partitions).
                     Some(work) => {

@@ -16,6 +16,7 @@ pub mod domain;
 pub mod dp;
 pub mod knn;
 pub mod marginal;
+pub mod neural;
 pub mod noise;
 pub mod rowsafe;
 pub mod session;

@@ -66,7 +66,10 @@ use crate::synth::kamino::CodedTable;
 use dpflow_udfs::noise::DpRng;
 use dpflow_udfs::noise::discrete::DiscreteGaussian;
 
-use crate::synth::kamino::{COUNTS_SHARE, MAX_PARAMETERS, draw, normalise, sigma_for_rho};
+use crate::synth::kamino::{COUNTS_SHARE, MAX_PARAMETERS, sigma_for_rho};
+use dpflow_udfs::domain::{DecodeMode, Domain};
+use dpflow_udfs::synth::GeneratorPlan;
+use dpflow_udfs::synth::generator::{self, standard_normal_matrix};
 
 /// Public settings of a run.
 #[derive(Debug, Clone, Copy, PartialEq, Serialize, Deserialize)]
@@ -231,31 +234,22 @@ pub struct GanModel {
 }
 
 impl GanModel {
-    /// `rows` synthetic rows (codes per column, no nulls): each column drawn
-    /// from its block's softmax, which is what the Gumbel-softmax output
-    /// the critics saw concentrates on as τ → 0.
-    pub fn sample<R: Rng + ?Sized>(&self, rows: usize, rng: &mut R) -> Vec<Vec<u32>> {
-        let mut cols: Vec<Vec<u32>> = self.sizes.iter().map(|_| Vec::with_capacity(rows)).collect();
-        let mut left = rows;
-        while left > 0 {
-            let n = left.min(4096);
-            left -= n;
-            let z = gaussian_matrix(rng, n, self.generator.input_dim());
-            let logits = self.generator.predict(z.view());
-            for row in logits.axis_iter(Axis(0)) {
-                let mut off = 0;
-                for (c, &k) in self.sizes.iter().enumerate() {
-                    let block = row.slice(s![off..off + k]);
-                    let m = block.fold(f64::NEG_INFINITY, |a, &b| a.max(b));
-                    let mut w: Vec<f64> = block.iter().map(|&v| (v - m).exp()).collect();
-                    // Uniform if the weights are not finite (a data-independent rule).
-                    normalise(&mut w);
-                    cols[c].push(draw(rng, &w) as u32);
-                    off += k;
-                }
-            }
+    /// The released generator as a sampler over `domain` (what
+    /// `SyntheticExec` streams from, in this process or on a cluster).
+    pub fn plan(&self, domain: Domain, decode: DecodeMode) -> GeneratorPlan {
+        GeneratorPlan {
+            domain,
+            layers: self.generator.layers.clone(),
+            hidden: self.generator.hidden,
+            sizes: self.sizes.clone(),
+            decode,
         }
-        cols
+    }
+
+    /// `rows` synthetic rows (codes per column, no nulls): each column drawn
+    /// from its block's softmax ([`dpflow_udfs::synth::generator`]).
+    pub fn sample<R: Rng + ?Sized>(&self, rows: usize, rng: &mut R) -> Vec<Vec<u32>> {
+        generator::sample_levels(&self.generator.layers, self.generator.hidden, &self.sizes, rows, rng)
     }
 }
 
@@ -263,16 +257,6 @@ impl GanModel {
 /// exact in f64, so neither 0 nor 1.
 fn open_unit<R: Rng + ?Sized>(rng: &mut R) -> f64 {
     ((rng.next_u64() >> 12) as f64 + 0.5) / (1u64 << 52) as f64
-}
-
-/// Standard normal draws (Box–Muller): the generators' input, which
-/// carries no privacy noise.
-fn gaussian_matrix<R: Rng + ?Sized>(rng: &mut R, rows: usize, cols: usize) -> Array2<f64> {
-    Array2::from_shape_simple_fn((rows, cols), || {
-        let u1 = 1.0 - unit(rng);
-        let u2 = unit(rng);
-        (-2.0 * u1.ln()).sqrt() * (std::f64::consts::TAU * u2).cos()
-    })
 }
 
 /// What a fit spent and how (all DP output or public).
@@ -381,7 +365,7 @@ impl Layout {
 
 impl Nets {
     fn generate<R: Rng + ?Sized>(&self, lay: &Layout, n: usize, tau: f64, rng: &mut R) -> Fake {
-        let trace_x = self.gx.forward(gaussian_matrix(rng, n, self.gx.input_dim()).view());
+        let trace_x = self.gx.forward(standard_normal_matrix(rng, n, self.gx.input_dim()).view());
         let mut y = trace_x.output().clone();
         // Gumbel-softmax per column block.
         for mut row in y.axis_iter_mut(Axis(0)) {
@@ -397,7 +381,7 @@ impl Nets {
         }
         let (m, trace_m, shown) = match &self.mask {
             Some((gm, _)) => {
-                let trace_m = gm.forward(gaussian_matrix(rng, n, gm.input_dim()).view());
+                let trace_m = gm.forward(standard_normal_matrix(rng, n, gm.input_dim()).view());
                 let m = trace_m.output().mapv(|o| 1.0 / (1.0 + (-o).exp()));
                 let shown = &y * &lay.expand(m.view());
                 (Some(m), Some(trace_m), shown)

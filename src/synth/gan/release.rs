@@ -14,7 +14,7 @@ use super::{GanError, GanFit, GanModel, GanOptions, fit};
 use crate::domain::Domain;
 use crate::missing::Strategy;
 use crate::privacy::{Budget, MechanismRecord, PrivacyLoss};
-use crate::synth::kamino::release::{Spent, read_codes, row_record, write_sets};
+use crate::synth::kamino::release::{Spent, read_codes, row_record};
 use crate::synth::run::{SynthRecord, SynthRequest, TimingRecord, begin_release_loss, budget_check, save_record};
 use crate::synth::{Result, SynthError};
 
@@ -94,8 +94,19 @@ pub(crate) async fn run(
                 .map_err(|e| SynthError::WriteModel { path: path.clone(), source: Box::new(e) })?;
         }
         let rows = req.rows.unwrap_or(fitted.model.rows.round().max(0.0) as u64);
-        let model = fitted.model.clone();
-        let written = write_sets(ctx, req, &domain, rows, move |n, r| model.sample(n, r), &mut rng).await?;
+        // The generator streams through `SyntheticExec` (chunks seeded from
+        // one secret, so a retried task on a cluster regenerates its rows);
+        // m sets from the one model, not noise-aware (the record says so).
+        let m = req.options.multiple;
+        // The sampling seed: a fresh OS draw (from the release's stream only
+        // under --unsafe-seed, so a seeded run repeats), as for the marginal
+        // models in `run.rs`.
+        let seed = match req.unsafe_seed {
+            Some(_) => rand::Rng::next_u64(&mut rng),
+            None => rand::Rng::next_u64(&mut dpflow_udfs::noise::DpRng::from_os()?),
+        };
+        let plans = vec![fitted.model.plan(domain.clone(), req.decode); m];
+        let written = crate::synth::run::write_sets(ctx, plans, rows, &req.out, seed, vec![]).await? / m as u64;
         let seconds = TimingRecord { answers: t_read, fit: t_fit, generate: t2.elapsed().as_secs_f64() };
         Ok::<_, SynthError>((fitted, written, seconds))
     }
@@ -188,7 +199,14 @@ fn record(
     } else {
         format!("{name}: rows with a null in any column were left out (the complete-row baseline)")
     });
-    let amplification_note = format!("{name}: MCAR amplification is not computed for GANs");
+    let amplification_note = if o.missing_aware {
+        format!("{name}: no MCAR amplification: every row is read (with its mask), so nothing is subsampled")
+    } else {
+        format!(
+            "{name}: no MCAR amplification is reported: 000's p·ε is not a bound (ln(1 − p + p·e^ε) ≥ p·ε), and \
+             the run is charged as one RDP filter with no per-component (ε, δ) to amplify (docs/PRIVACY.md §8)"
+        )
+    };
     let spent = Spent { epsilon, epsilon_spent: fitted.epsilon, written, seconds, ledger_charge };
     row_record(req, name, o.missing_aware, spent, mechanisms, notes, outputs, amplification_note)
 }

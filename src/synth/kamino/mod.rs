@@ -54,7 +54,7 @@ use rand::Rng;
 use serde::{Deserialize, Serialize};
 
 use crate::neural::dpsgd::{DpSgdConfig, DpSgdError, train_classifier};
-use crate::neural::mlp::{Activation, Mlp, softmax, unit};
+use crate::neural::mlp::{Activation, Mlp, softmax};
 use crate::privacy::convert::{cdp_rho, public_order};
 use crate::privacy::rdp::{
     RdpError, calibrate_noise_multiplier, compose, epsilon, gaussian_curve, sampled_discrete_gaussian_curve, tau_at,
@@ -489,28 +489,7 @@ fn features(table: &CodedTable, prev: &[usize], rows: &[usize]) -> Array2<f64> {
     x
 }
 
-/// Scales `p` to sum to 1 (uniform if its sum is not positive or not finite).
-pub(crate) fn normalise(p: &mut [f64]) {
-    let z: f64 = p.iter().sum();
-    if z > 0.0 {
-        p.iter_mut().for_each(|v| *v /= z);
-    } else {
-        let u = 1.0 / p.len() as f64;
-        p.iter_mut().for_each(|v| *v = u);
-    }
-}
-
-/// A draw from a probability vector (post-processing: a float uniform).
-pub(crate) fn draw<R: Rng + ?Sized>(rng: &mut R, p: &[f64]) -> usize {
-    let mut u = unit(rng) * p.iter().sum::<f64>();
-    for (i, &v) in p.iter().enumerate() {
-        if u < v {
-            return i;
-        }
-        u -= v;
-    }
-    p.iter().rposition(|&v| v > 0.0).unwrap_or(0)
-}
+pub(crate) use dpflow_udfs::synth::generator::{draw, normalise};
 
 impl KaminoModel {
     /// `rows` synthetic rows, column-major codes in the domain's order
@@ -538,6 +517,7 @@ impl KaminoModel {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::neural::mlp::unit;
     use dpflow_udfs::noise::DpRng;
 
     /// Three columns: a ∈ {0,1,2}; b = a mod 2 with prob. 0.95; c = b with

@@ -174,6 +174,22 @@ pub struct Column {
 }
 
 impl Column {
+    /// A non-nullable categorical column with these values (codes in this
+    /// order), no aliases, and out-of-domain values refused.
+    pub fn categorical(name: &str, values: &[&str]) -> Self {
+        Column {
+            name: name.into(),
+            kind: ColumnKind::Categorical {
+                values: values.iter().map(|s| s.to_string()).collect(),
+                aliases: Default::default(),
+            },
+            nullable: false,
+            null_tokens: vec![],
+            out_of_domain: OutOfDomain::Error,
+            not_applicable_when: None,
+        }
+    }
+
     /// Number of value codes (excluding the null code).
     pub fn size(&self) -> usize {
         match &self.kind {

@@ -25,14 +25,14 @@ use datafusion::physical_plan::stream::RecordBatchStreamAdapter;
 use datafusion::physical_plan::{DisplayAs, DisplayFormatType, ExecutionPlan, PlanProperties};
 use futures::{StreamExt, TryStreamExt};
 
-use super::plan::SamplingPlan;
+use super::sampler::Sampler;
 use crate::domain::decoded_schema;
 use crate::noise::DpRng;
 
 /// Operator generating `rows` synthetic rows, over its table of chunk ranges.
 #[derive(Debug)]
 pub struct SyntheticExec {
-    plan: Arc<SamplingPlan>,
+    plan: Arc<Sampler>,
     rows: u64,
     chunk_rows: usize,
     seed: u64,
@@ -52,13 +52,7 @@ impl SyntheticExec {
     /// `rows` rows in `partitions` streams of chunks of `chunk_rows`: whole
     /// chunks spread evenly over the partitions. The seed drives sampling
     /// only (post-processing of DP outputs: it has no privacy role).
-    pub fn try_new(
-        plan: Arc<SamplingPlan>,
-        rows: u64,
-        partitions: usize,
-        chunk_rows: usize,
-        seed: u64,
-    ) -> Result<Self> {
+    pub fn try_new(plan: Arc<Sampler>, rows: u64, partitions: usize, chunk_rows: usize, seed: u64) -> Result<Self> {
         if chunk_rows == 0 || partitions == 0 {
             return Err(DataFusionError::Plan("chunk size and partitions must be positive".into()));
         }
@@ -84,7 +78,7 @@ impl SyntheticExec {
     /// Over an existing chunk-range table (a plan decoded, or restricted to
     /// some partitions by a scheduler).
     pub fn with_work(
-        plan: Arc<SamplingPlan>,
+        plan: Arc<Sampler>,
         rows: u64,
         chunk_rows: usize,
         seed: u64,
@@ -98,7 +92,7 @@ impl SyntheticExec {
             return Err(DataFusionError::Plan("SyntheticExec: its input is not a chunk-range table".into()));
         }
         let properties = Arc::new(PlanProperties::new(
-            EquivalenceProperties::new(decoded_schema(&plan.domain)),
+            EquivalenceProperties::new(decoded_schema(plan.domain())),
             work.properties().output_partitioning().clone(),
             EmissionType::Incremental,
             Boundedness::Bounded,
@@ -106,8 +100,8 @@ impl SyntheticExec {
         Ok(Self { plan, rows, chunk_rows, seed, work, properties })
     }
 
-    /// The sampling plan.
-    pub fn plan(&self) -> &Arc<SamplingPlan> {
+    /// What it samples from.
+    pub fn plan(&self) -> &Arc<Sampler> {
         &self.plan
     }
 
@@ -119,7 +113,7 @@ impl SyntheticExec {
 
 impl DisplayAs for SyntheticExec {
     fn fmt_as(&self, _t: DisplayFormatType, f: &mut fmt::Formatter) -> fmt::Result {
-        write!(f, "SyntheticExec: rows={}, columns={}", self.rows, self.plan.domain.len())
+        write!(f, "SyntheticExec: rows={}, columns={}", self.rows, self.plan.domain().len())
     }
 }
 
@@ -164,7 +158,7 @@ impl ExecutionPlan for SyntheticExec {
         let last = rows.div_ceil(chunk);
         let plan = self.plan.clone();
         let seed = self.seed;
-        let schema = decoded_schema(&plan.domain);
+        let schema = decoded_schema(plan.domain());
         let ranges = self.work.execute(partition, context)?;
         // The chunk indices this partition's ranges name, in order.
         let chunks = ranges
@@ -201,31 +195,21 @@ impl ExecutionPlan for SyntheticExec {
 mod tests {
     use super::*;
     use crate::domain::DecodeMode;
-    use crate::domain::{Column, ColumnKind, Domain, OutOfDomain};
-    use crate::synth::plan::SamplingStep;
+    use crate::domain::{Column, Domain};
+    use crate::synth::plan::{SamplingPlan, SamplingStep};
     use datafusion::arrow::util::pretty::pretty_format_batches;
 
-    fn plan() -> Arc<SamplingPlan> {
-        let col = |name: &str, values: &[&str]| Column {
-            name: name.into(),
-            kind: ColumnKind::Categorical {
-                values: values.iter().map(|s| s.to_string()).collect(),
-                aliases: Default::default(),
-            },
-            nullable: false,
-            null_tokens: vec![],
-            out_of_domain: OutOfDomain::Error,
-            not_applicable_when: None,
-        };
+    fn plan() -> Arc<Sampler> {
+        let col = Column::categorical;
         let domain = Domain::new(vec![col("a", &["x", "y", "z"]), col("b", &["u", "v"])]).unwrap();
-        Arc::new(SamplingPlan {
+        Arc::new(Sampler::Marginal(SamplingPlan {
             domain,
             steps: vec![
                 SamplingStep { column: 0, parents: vec![], table: vec![0.2, 0.3, 0.5] },
                 SamplingStep { column: 1, parents: vec![0], table: vec![0.9, 0.1, 0.5, 0.5, 0.1, 0.9] },
             ],
             decode: DecodeMode::Uniform,
-        })
+        }))
     }
 
     /// Every row, as text, sorted: the multiset of rows.

@@ -59,6 +59,9 @@ pub enum PlanError {
     /// A model over other columns.
     #[error("fill plan: the model's domain must be the data's without null codes")]
     FillModelDomain,
+    /// A generator network that does not fit its domain.
+    #[error("generator plan: {0}")]
+    Generator(String),
 }
 
 /// One generation step: column `column` given `parents`.
