@@ -177,10 +177,11 @@ pub const INDEPENDENT_CELLS: &str = "assumes every cell is missing independently
     independent across columns and rows, at the declared rates); if columns tend to be missing together, \
     this ε̄ overstates privacy, so do not declare mcar then";
 
-/// The caveat of an ε̄ whose amplification sets were chosen by DP selection.
-pub const EX_POST: &str = "ex post: ε̄ is computed for the marginals this run selected, which are DP \
-    output, so it describes this run's outcome and is not a guarantee over runs; the ex-ante guarantee \
-    for the ground truth is the nominal ε";
+/// The caveat of every adaptive run's ε̄: its amplification sets follow the
+/// measured marginals, which most adaptive mechanisms choose from DP output.
+pub const EX_POST: &str = "ex post when the mechanism chose its marginals from DP output (PrivBayesE, AIME, \
+    MST, MWEM): ε̄ is then computed for the marginals this run selected, so it describes this run's outcome \
+    and is not a guarantee over runs; the ex-ante guarantee for the ground truth is the nominal ε";
 
 /// Public per-attribute missing probabilities, indexed like the domain.
 #[derive(Debug, Clone, PartialEq)]
@@ -379,6 +380,12 @@ fn rdp_amplified(
             }
         }
         let p = g.map_or(1.0, |l| inclusion_probability(phi, &blocks[l]));
+        if p < 1.0 && rho > 0.0 && eps > 0.0 {
+            // A group's pure and zCDP members read one subsample; amplifying
+            // them apart would treat it as two independent ones (review
+            // 2026-11-28). No synthesizer mixes them today: no RDP figure.
+            return f64::INFINITY;
+        }
         for (k, &a) in alphas.iter().enumerate() {
             if rho > 0.0 {
                 curve[k] += if p < 1.0 {

@@ -230,12 +230,12 @@ pub fn amplification_for(
         Strategy::CompleteRow => Ok(amplify::complete_row(&mechs, &rates, request.delta)),
         Strategy::Adaptive => {
             let mut a = amplify::optimal(&mechs, &rates, request.delta);
-            // A measurement's block depends on which marginals were selected;
-            // with selection steps (records that read no one marginal) in the
-            // run, that choice was DP output (docs/PRIVACY.md §4).
-            if mechs.iter().any(|m| m.attrs.is_empty()) {
-                a.caveats.push(amplify::EX_POST.to_string());
-            }
+            // A measurement's block follows the marginals measured, which the
+            // selecting mechanisms choose from DP output (docs/PRIVACY.md
+            // §4.0). The records cannot tell a fixed workload apart (every
+            // adaptive run charges a DP row count that PrivBayesE's selection
+            // reads), so the caveat is always given; it says when it applies.
+            a.caveats.push(amplify::EX_POST.to_string());
             Ok(a)
         }
         Strategy::Reproduce => Err(MissingError::NoSubsampling("with null as a value every row is read")),
@@ -277,10 +277,10 @@ mod tests {
         let a = amplification_for(Strategy::Adaptive, &recs, &names, &req).unwrap();
         // Marginal (ε = 0.5) amplified by the block {a, c} (0.8² = 0.64); the selection (0.1) not.
         assert!((a.linear_factor - (0.5 * 0.64 + 0.1) / 0.6).abs() < 1e-12, "{}", a.linear_factor);
-        // The selection chose the marginal: ε̄ is ex post, and assumes independent cells.
+        // Adaptive: ex post when selected, and independent cells always.
         assert_eq!(a.caveats, vec![amplify::INDEPENDENT_CELLS.to_string(), amplify::EX_POST.to_string()]);
-        let fixed = amplification_for(Strategy::Adaptive, &recs[..1], &names, &req).unwrap();
-        assert_eq!(fixed.caveats, vec![amplify::INDEPENDENT_CELLS.to_string()]);
+        let cr = amplification_for(Strategy::CompleteRow, &recs, &names, &req).unwrap();
+        assert_eq!(cr.caveats, vec![amplify::INDEPENDENT_CELLS.to_string()], "one block whatever is selected");
         let mar = AmplificationRequest { missingness: Missingness::Mar, ..req.clone() };
         assert!(amplification_for(Strategy::Adaptive, &recs, &names, &mar).is_err());
         assert!(amplification_for(Strategy::Reproduce, &recs, &names, &req).is_err());

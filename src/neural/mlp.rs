@@ -480,6 +480,19 @@ mod tests {
         }
         let expected = g.t().dot(&w);
         assert!(weighted.iter().zip(&expected).all(|(a, b)| (a - b).abs() < 1e-12));
+        // A row of weight 0 adds nothing, even when its values are NaN.
+        let mut bad = x.clone();
+        bad.row_mut(3).fill(f64::NAN);
+        let trace = m.forward(bad.view());
+        let back = m.backward(&trace, Array2::from_elem((7, 1), 0.5).view());
+        let mut w0 = w.clone();
+        w0[3] = 0.0;
+        let sum = m.weighted_gradient(&trace, &back, w0.view());
+        let rows = m.per_example_gradients(&trace, &back, 0..7);
+        for (p, v) in sum.iter().enumerate() {
+            let direct: f64 = (0..7).filter(|&i| i != 3).map(|i| w0[i] * rows[[i, p]]).sum();
+            assert!(v.is_finite() && (v - direct).abs() < 1e-12, "parameter {p}: {v} vs {direct}");
+        }
     }
 
     #[test]

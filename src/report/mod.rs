@@ -402,6 +402,9 @@ fn synth_step(h: &mut String, s: &Value, name: &str, input: &ReportInput<'_>) ->
             esc(&text(a, "delta")),
             esc(&text(s, "amplification_scope")),
         );
+        for c in a.get("caveats").and_then(|c| c.as_array()).into_iter().flatten() {
+            let _ = writeln!(h, "<p>ε̄ {}</p>", esc(c.as_str().unwrap_or_default()));
+        }
     }
     let ms: Vec<crate::synth::MeasurementLog> = match s.get("measurements") {
         Some(v) if !v.is_null() => serde_json::from_value(v.clone())

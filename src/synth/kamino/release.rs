@@ -203,12 +203,16 @@ fn record(
     } else {
         format!("{name}: rows with a null in any column were left out (the complete-row baseline)")
     });
-    let amplification_note = format!(
-        "{name}: no MCAR amplification is reported. 000 §5.2 use case 3 (Thm 5.12) gives p·ε for one \
-         classifier, which is not a bound (ln(1 − p + p·e^ε) ≥ p·ε), and this run is charged as one RDP filter \
-         at one order, with no per-component (ε, δ) to amplify; no RDP-filter amplification proof is \
-         implemented (docs/PRIVACY.md §8). The guarantee for the ground truth is the nominal one (000 Thm 5.2)"
-    );
+    let amplification_note = if o.impute {
+        format!(
+            "{name}: no MCAR amplification is reported. 000 §5.2 use case 3 (Thm 5.12) gives p·ε for one \
+             classifier, which is not a bound (ln(1 − p + p·e^ε) ≥ p·ε), and this run is charged as one RDP \
+             filter at one order, with no per-component (ε, δ) to amplify; no RDP-filter amplification proof is \
+             implemented (docs/PRIVACY.md §8). The guarantee for the ground truth is the nominal one (000 Thm 5.2)"
+        )
+    } else {
+        format!("{name}: {}", crate::synth::gan::release::COMPLETE_ROW_NOTE)
+    };
     let spent = Spent { epsilon, epsilon_spent: fitted.epsilon, written, seconds, ledger_charge };
     row_record(req, name, o.impute, spent, mechanisms, notes, vec![req.out.clone()], amplification_note)
 }
