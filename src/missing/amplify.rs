@@ -783,4 +783,19 @@ mod tests {
             assert!((bb - bf).abs() < 1e-9, "b&b {bb} vs brute force {bf} for {mechs:?}");
         }
     }
+
+    /// Review 2026-11-28: a group whose pure and zCDP members read one
+    /// subsample must not have the two parts amplified apart (that treats
+    /// them as independent subsamples); it gets no RDP figure.
+    #[test]
+    fn a_group_mixing_pure_and_zcdp_members_gets_no_rdp_figure() {
+        let rates = Rates::parse(&["a", "b"], "a=0.5").unwrap();
+        let m = |cost| SubMechanism { name: "m".into(), attrs: vec![0], cost };
+        let mechs = vec![m(SubCost::Zcdp { rho: 0.1 }), m(SubCost::Approx { epsilon: 0.5, delta: 0.0 })];
+        let one_group = [Some(0), Some(0)];
+        assert_eq!(rdp_amplified(&mechs, rates.phi(), &[vec![0]], &one_group, 1e-6), f64::INFINITY);
+        // Apart (the zCDP member unamplified) the figure is finite.
+        let apart = [None, Some(0)];
+        assert!(rdp_amplified(&mechs, rates.phi(), &[vec![0]], &apart, 1e-6).is_finite());
+    }
 }

@@ -302,6 +302,36 @@ impl Adam {
     }
 }
 
+/// The exact clipped sum of a step's examples, built on all cores: `add`
+/// adds one chunk's examples to a partial sum through [`NoisySum::add_row`],
+/// writing each into `row`, a reused buffer of `d` coordinates. One partial
+/// sum per worker, not per chunk (memory stays a few d-vectors whatever the
+/// batch); integer sums add exactly, in any order. The noise is drawn by
+/// [`NoisySum::release`].
+pub fn par_noisy_sum<T: Sync>(
+    chunks: &[T],
+    d: usize,
+    clip: f64,
+    sigma: f64,
+    add: impl Fn(&T, &mut NoisySum, &mut [f64]) + Sync,
+) -> NoisySum {
+    let empty = || NoisySum::new(d, clip, sigma);
+    chunks
+        .par_iter()
+        .fold(
+            || (empty(), vec![0.0; d]),
+            |(mut part, mut row), chunk| {
+                add(chunk, &mut part, &mut row);
+                (part, row)
+            },
+        )
+        .map(|(part, _)| part)
+        .reduce(empty, |mut a, b| {
+            a.absorb(&b);
+            a
+        })
+}
+
 /// One DP-SGD step's noisy gradient estimate for softmax cross-entropy on
 /// the sampled rows `batch`, whose features and labels `batch_of` builds
 /// (module docs).
@@ -312,32 +342,17 @@ pub fn noisy_classifier_gradient(
     cfg: &DpSgdConfig,
     rng: &mut DpRng,
 ) -> Array1<f64> {
-    // Chunks on all cores, one partial sum per worker (not per chunk, so
-    // memory does not grow with the batch); integer sums add exactly, in
-    // any order.
-    let d = model.n_params();
-    let empty = || NoisySum::new(d, cfg.clip, cfg.noise_multiplier);
-    let sum = batch
-        .par_chunks(CHUNK)
-        .fold(
-            || (empty(), vec![0.0; d]),
-            |(mut part, mut row), rows| {
-                let (xb, yb) = batch_of(rows);
-                let trace = model.forward(xb.view());
-                let (_, dl) = softmax_cross_entropy(trace.output().view(), &yb);
-                let back = model.backward(&trace, dl.view());
-                for i in 0..rows.len() {
-                    model.example_gradient_into(&trace, &back, i, &mut row);
-                    part.add_row(&row);
-                }
-                (part, row)
-            },
-        )
-        .map(|(part, _)| part)
-        .reduce(empty, |mut a, b| {
-            a.absorb(&b);
-            a
-        });
+    let chunks: Vec<&[usize]> = batch.chunks(CHUNK).collect();
+    let sum = par_noisy_sum(&chunks, model.n_params(), cfg.clip, cfg.noise_multiplier, |rows, part, row| {
+        let (xb, yb) = batch_of(rows);
+        let trace = model.forward(xb.view());
+        let (_, dl) = softmax_cross_entropy(trace.output().view(), &yb);
+        let back = model.backward(&trace, dl.view());
+        for i in 0..rows.len() {
+            model.example_gradient_into(&trace, &back, i, row);
+            part.add_row(row);
+        }
+    });
     sum.release(rng) / cfg.expected_batch
 }
 

@@ -53,10 +53,9 @@ pub mod release;
 
 use ndarray::{Array1, Array2, ArrayView2, Axis, s};
 use rand::Rng;
-use rayon::prelude::*;
 use serde::{Deserialize, Serialize};
 
-use crate::neural::dpsgd::{Adam, CHUNK, NoisySum, poisson_sample};
+use crate::neural::dpsgd::{Adam, CHUNK, NoisySum, par_noisy_sum, poisson_sample};
 use crate::neural::mlp::{Activation, Mlp, Trace, unit};
 use crate::privacy::convert::{cdp_rho, public_order};
 use crate::privacy::rdp::{
@@ -629,25 +628,9 @@ pub fn fit(
         // The critics: real half with DP-SGD, generated half exact.
         let sample = poisson_sample(rng, eligible.len(), rate);
         let chunks: Vec<Vec<usize>> = sample.chunks(CHUNK).map(|c| c.iter().map(|&i| eligible[i]).collect()).collect();
-        // One partial sum per worker, not per chunk (memory stays a few
-        // vectors whatever the sample size); integer sums add exactly.
-        let sum = chunks
-            .par_iter()
-            .fold(
-                || (NoisySum::new(critic_parameters, o.clip, sigma), vec![0.0; critic_parameters]),
-                |(mut part, mut row), rows| {
-                    add_real_gradients(&nets, &lay, table, rows, &mut part, &mut row);
-                    (part, row)
-                },
-            )
-            .map(|(part, _)| part)
-            .reduce(
-                || NoisySum::new(critic_parameters, o.clip, sigma),
-                |mut a, b| {
-                    a.absorb(&b);
-                    a
-                },
-            );
+        let sum = par_noisy_sum(&chunks, critic_parameters, o.clip, sigma, |rows, part, row| {
+            add_real_gradients(&nets, &lay, table, rows, part, row)
+        });
         let mut g = sum.release(rng) / batch;
         let fake = nets.generate(&lay, fake_rows, o.temperature, rng);
         g += &fake_gradient(&nets, &lay, &fake, o, rng);

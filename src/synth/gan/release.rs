@@ -14,7 +14,7 @@ use super::{GanError, GanFit, GanModel, GanOptions, fit};
 use crate::domain::Domain;
 use crate::missing::Strategy;
 use crate::privacy::{Budget, MechanismRecord, PrivacyLoss};
-use crate::synth::kamino::release::{Spent, read_codes, row_record};
+use crate::synth::kamino::release::{COMPLETE_ROW_NOTE, Spent, read_codes, row_record};
 use crate::synth::run::{SynthRecord, SynthRequest, TimingRecord, begin_release_loss, budget_check, save_record};
 use crate::synth::{Result, SynthError};
 
@@ -119,13 +119,6 @@ pub(crate) async fn run(
     save_record(ctx, req, &record).await?;
     Ok(record)
 }
-
-/// Why a complete-row row synthesizer (Kamino, DP-GAN) reports no MCAR ε̄
-/// (000 §5.2 use case 1; docs/PRIVACY.md §8).
-pub(crate) const COMPLETE_ROW_NOTE: &str = "no MCAR amplification is reported (000 §5.2 use case 1): the \
-    counts read every row, and amplifying the rest of the RDP filter by p = Π(1 − φ_j) after two separate \
-    (ε, δ) conversions gains only under heavy missingness (at ε = 3, δ = 1e−9: about 2.9 for p = 0.2, more \
-    than the nominal 3 for p ≥ 0.3); no such figure is computed (docs/PRIVACY.md §8)";
 
 #[allow(clippy::too_many_arguments)]
 fn record(
