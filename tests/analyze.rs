@@ -317,6 +317,10 @@ async fn napsu_mq_writes_m_noise_aware_sets_that_analyze_combines_and_from_recor
     let inference = again.napsu.as_ref().unwrap().inference.as_ref().unwrap();
     assert_eq!(inference.method, Inference::Nuts);
     assert!(inference.max_rhat.unwrap() < 1.05, "{inference:?}");
+    // `nuts` samples the frozen-covariance surrogate and reports its importance correction.
+    let correction = inference.importance.as_ref().unwrap();
+    assert!(correction.pareto_k.is_none_or(|k| k <= correction.k_threshold), "{correction:?}");
+    assert!(correction.ess > 1.0 && correction.failed == 0, "{correction:?}");
     assert_eq!(again.napsu.as_ref().unwrap().from_record.as_deref(), dir.path().join("rec.json").to_str());
     assert_eq!(again.rows, 300);
     let n: usize = ctx.read_parquet(&out2, Default::default()).await.unwrap().count().await.unwrap();

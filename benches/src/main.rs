@@ -178,6 +178,10 @@ enum BenchCommand {
         /// Use NUTS (4 chains, 800 warm-up, 2000 draws, depth 12) instead of Laplace.
         #[arg(long)]
         nuts: bool,
+        /// With --nuts: sample the exact posterior (hours) instead of the importance-corrected
+        /// fixed-covariance surrogate that `--inference nuts` uses.
+        #[arg(long)]
+        nuts_exact: bool,
         /// Queries in place of 003's twelve, e.g. 'age,income;race,income;sex,income' (smaller models).
         #[arg(long)]
         queries: Option<String>,
@@ -345,6 +349,7 @@ async fn run(command: BenchCommand) -> Result<()> {
             repeats,
             m,
             nuts,
+            nuts_exact,
             warmup,
             draws,
             max_iters,
@@ -368,6 +373,7 @@ async fn run(command: BenchCommand) -> Result<()> {
                 repeats,
                 m,
                 nuts,
+                exact: nuts_exact,
                 max_iters,
                 seed,
                 max_std_error: (max_std_error > 0.0).then_some(max_std_error),

@@ -29,9 +29,12 @@ use std::time::Instant;
 
 use dpflow::analyze::design::Block;
 use dpflow::analyze::{EstimatorKind, Rule, combine::combine, estimate::estimate};
+use dpflow::synth::napsu::importance::{check_reliable, sample_corrected};
+use dpflow::synth::napsu::laplace::LogDensity;
 use dpflow::synth::napsu::laplace::{LaplaceOptions, laplace};
 use dpflow::synth::napsu::likelihood::Posterior;
 use dpflow::synth::napsu::nuts::{NutsOptions, sample};
+use dpflow::synth::napsu::surrogate::FixedCovariance;
 use dpflow::synth::napsu::{CanonicalFeatures, MaxEnt};
 use dpflow_udfs::calibrate::analytic_gaussian_sigma;
 use dpflow_udfs::noise::{DiscreteGaussian, DpRng};
@@ -252,6 +255,13 @@ pub struct AdultResult {
     pub gradients: Option<f64>,
     /// Mean leapfrog steps per kept draw (NUTS).
     pub mean_steps: Option<f64>,
+    /// Corrected NUTS: the largest Pareto k̂ of the importance weights.
+    pub max_pareto_k: Option<f64>,
+    /// Corrected NUTS: the smallest effective sample size of the weights.
+    pub min_importance_ess: Option<f64>,
+    /// Corrected NUTS: repeats whose correction k̂ was over its threshold
+    /// (refused, as a release would; counted in `failures`).
+    pub refused: usize,
     /// Seconds for the whole ε.
     pub seconds: f64,
 }
@@ -271,6 +281,10 @@ pub struct AdultReport {
     pub real: Vec<f64>,
     /// Milliseconds per log-density-and-gradient evaluation.
     pub gradient_ms: f64,
+    /// The same for the fixed-covariance surrogate NUTS runs on.
+    pub surrogate_gradient_ms: f64,
+    /// Milliseconds per exact log-density (no gradient): one importance weight.
+    pub value_ms: f64,
     /// Per ε.
     pub results: Vec<AdultResult>,
     /// Peak RSS, MB.
@@ -288,6 +302,9 @@ pub struct Settings {
     pub m: usize,
     /// NUTS (else Laplace).
     pub nuts: Option<NutsOptions>,
+    /// NUTS on the exact posterior (else on the fixed-covariance surrogate,
+    /// importance-corrected, as `--inference nuts` does).
+    pub exact: bool,
     /// Mode-search iterations.
     pub max_iters: u64,
     /// Simulation seed.
@@ -357,7 +374,26 @@ pub fn run(path: &str, epsilons: &[f64], s: &Settings, progress: &dyn Fn(&str)) 
         }
         t.elapsed().as_secs_f64() * 1000.0 / 5.0
     };
-    progress(&format!("{} parameters; one gradient {gradient_ms:.1} ms", me.features.len));
+    let (surrogate_gradient_ms, value_ms) = {
+        let post = Posterior::new(me.clone(), exact.clone(), n as f64, 10.0)?;
+        let theta = vec![0.01; me.features.len];
+        let s = FixedCovariance::new(&post, &theta)?;
+        let t = Instant::now();
+        for _ in 0..50 {
+            s.value_and_gradient(&theta)?;
+        }
+        let g = t.elapsed().as_secs_f64() * 1000.0 / 50.0;
+        let t = Instant::now();
+        for _ in 0..5 {
+            post.log_density(&theta)?;
+        }
+        (g, t.elapsed().as_secs_f64() * 1000.0 / 5.0)
+    };
+    progress(&format!(
+        "{} parameters; one gradient {gradient_ms:.1} ms (surrogate {surrogate_gradient_ms:.2} ms; exact value \
+         {value_ms:.1} ms)",
+        me.features.len
+    ));
     let mut results = Vec::new();
     for &epsilon in epsilons {
         let start = Instant::now();
@@ -369,6 +405,7 @@ pub fn run(path: &str, epsilons: &[f64], s: &Settings, progress: &dyn Fn(&str)) 
         let (mut kept, mut with_interval) = (vec![0.0f64; p], vec![0usize; p]);
         let (mut done, mut failures, mut inference_seconds, mut max_rhat) = (0usize, 0usize, 0.0f64, None::<f64>);
         let (mut gradients, mut steps) = (0u64, 0.0f64);
+        let (mut max_k, mut min_iess, mut refused) = (None::<f64>, None::<f64>, 0usize);
         let mut fit_errors = std::collections::BTreeMap::<String, usize>::new();
         for repeat in 0..repeats {
             let stats: Vec<f64> = exact.iter().map(|c| c + noise.sample(&mut rng) as f64).collect();
@@ -385,7 +422,7 @@ pub fn run(path: &str, epsilons: &[f64], s: &Settings, progress: &dyn Fn(&str)) 
             }
             let thetas: Vec<Vec<f64>> = match nuts {
                 None => (0..m).map(|_| l.draw(&mut rng)).collect(),
-                Some(o) => match sample(&post, &l, o, &mut dprng, progress) {
+                Some(o) if s.exact => match sample(&post, &l, o, &mut dprng, progress) {
                     Ok(d) => {
                         max_rhat = Some(max_rhat.map_or(d.max_rhat(), |r| r.max(d.max_rhat())));
                         gradients += d.gradients;
@@ -394,6 +431,37 @@ pub fn run(path: &str, epsilons: &[f64], s: &Settings, progress: &dyn Fn(&str)) 
                             .into_iter()
                             .map(|i| d.draws[i].clone())
                             .collect()
+                    }
+                    Err(e) => {
+                        failures += 1;
+                        progress(&format!("ε={epsilon} repeat {repeat}: NUTS failed: {e}"));
+                        continue;
+                    }
+                },
+                Some(o) => match sample_corrected(&post, &l, o, &mut dprng, progress) {
+                    Ok(c) => {
+                        let d = &c.nuts;
+                        max_rhat = Some(max_rhat.map_or(d.max_rhat(), |r| r.max(d.max_rhat())));
+                        gradients += d.gradients;
+                        steps += d.mean_steps;
+                        let k = c.correction.pareto_k.unwrap_or(f64::NEG_INFINITY);
+                        max_k = Some(max_k.map_or(k, |x| x.max(k)));
+                        min_iess = Some(min_iess.map_or(c.correction.ess, |x| x.min(c.correction.ess)));
+                        progress(&format!(
+                            "ε={epsilon} repeat {repeat}: R̂ {:.3}, k̂ {k:.3} (threshold {:.2}), importance ESS {:.0} \
+                             of {}",
+                            d.max_rhat(),
+                            c.correction.k_threshold,
+                            c.correction.ess,
+                            d.draws.len()
+                        ));
+                        if let Err(e) = check_reliable(&c.correction, false) {
+                            failures += 1;
+                            refused += 1;
+                            progress(&format!("ε={epsilon} repeat {repeat}: refused: {e}"));
+                            continue;
+                        }
+                        c.resample(m, &mut dprng)?
                     }
                     Err(e) => {
                         failures += 1;
@@ -452,6 +520,9 @@ pub fn run(path: &str, epsilons: &[f64], s: &Settings, progress: &dyn Fn(&str)) 
             max_rhat,
             gradients: nuts.is_some().then(|| gradients as f64 / d),
             mean_steps: nuts.is_some().then(|| steps / d),
+            max_pareto_k: max_k,
+            min_importance_ess: min_iess,
+            refused,
             seconds: start.elapsed().as_secs_f64(),
         });
     }
@@ -463,6 +534,8 @@ pub fn run(path: &str, epsilons: &[f64], s: &Settings, progress: &dyn Fn(&str)) 
         terms: terms(&red),
         real,
         gradient_ms,
+        surrogate_gradient_ms,
+        value_ms,
         results,
         peak_rss_mb: crate::peak_rss_mb(),
     })
@@ -475,7 +548,6 @@ pub fn run(path: &str, epsilons: &[f64], s: &Settings, progress: &dyn Fn(&str)) 
 /// posterior every value is −t²/2; a value far below it is a wall that
 /// forces a small step size (a rare cell whose count grows like e^θ).
 fn probe(post: &Posterior, l: &dpflow::synth::napsu::laplace::Laplace, progress: &dyn Fn(&str)) {
-    use dpflow::synth::napsu::laplace::LogDensity;
     const TS: [f64; 6] = [-4.0, -2.0, -1.0, 1.0, 2.0, 4.0];
     let d = l.mean.len();
     let at = |z: &[f64]| -> f64 { post.value(&l.at(z)).unwrap_or(f64::NEG_INFINITY) };

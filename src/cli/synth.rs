@@ -45,7 +45,9 @@ pub struct SynthArgs {
     /// other mechanisms draw all m from one model, and the record says they are not noise-aware.
     #[arg(long, default_value_t = 1)]
     pub multiple: usize,
-    /// napsu-mq: posterior inference (laplace: seconds; nuts: exact up to Monte Carlo error).
+    /// napsu-mq: posterior inference (laplace: seconds; nuts: minutes, NUTS on the posterior with the
+    /// likelihood's covariance frozen at the mode, importance-weighted to the exact one and checked by
+    /// Pareto k̂; nuts-exact: NUTS on the exact posterior, hours on wide models).
     #[arg(long, value_enum, default_value_t)]
     pub inference: dpflow::synth::napsu::release::Inference,
     /// napsu-mq: most canonical features (parameters) allowed.
@@ -60,8 +62,8 @@ pub struct SynthArgs {
     /// napsu-mq: NUTS kept draws per chain.
     #[arg(long, default_value_t = 2000)]
     pub nuts_draws: u64,
-    /// napsu-mq: publish NUTS draws even when R̂ > 1.05 (post-processing, so it is safe, but the
-    /// intervals may be wrong).
+    /// napsu-mq: publish NUTS draws even when R̂ > 1.05 or the importance k̂ is over its threshold
+    /// (post-processing, so it is safe, but the intervals may be wrong).
     #[arg(long)]
     pub allow_unconverged: bool,
     /// napsu-mq: re-run inference and generation on the noisy statistics saved in this release
@@ -430,6 +432,16 @@ pub(super) async fn run(a: SynthArgs) -> Result<i32> {
             i.gradients.unwrap_or(0),
             i.seconds
         );
+        if let Some(c) = &i.importance {
+            eprintln!(
+                "NUTS ran with the likelihood's covariance frozen at the mode; importance weights to the exact \
+                 posterior: Pareto k̂ {} (reliable below {:.2}), effective sample size {:.0}{}",
+                c.pareto_k.map_or_else(|| "none (equal weights)".to_string(), |k| format!("{k:.3}")),
+                c.k_threshold,
+                c.ess,
+                if c.failed > 0 { format!(", {} draws of weight 0", c.failed) } else { String::new() }
+            );
+        }
     }
     if let Some(amp) = &record.amplification {
         eprintln!(

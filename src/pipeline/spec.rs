@@ -705,7 +705,7 @@ impl Pipeline {
                         napsu.nuts.draws = d;
                     }
                     let nuts_keys = x.nuts_chains.is_some() || x.nuts_warmup.is_some() || x.nuts_draws.is_some();
-                    if nuts_keys && napsu.inference != crate::synth::napsu::release::Inference::Nuts {
+                    if nuts_keys && !napsu.inference.is_nuts() {
                         return Err(err(
                             l,
                             &key("synthesize.nuts_draws"),
@@ -737,7 +737,7 @@ impl Pipeline {
                         let scopes: Vec<Vec<usize>> = parsed.queries.iter().map(|q| q.attrs.clone()).collect();
                         let me = crate::synth::napsu::release::max_ent(&model_domain, &scopes, napsu.max_features)
                             .map_err(|e| err(l, &key(field), e.to_string()))?;
-                        if napsu.inference == crate::synth::napsu::release::Inference::Nuts {
+                        if napsu.inference.is_nuts() {
                             napsu
                                 .nuts
                                 .check(me.features.len)

@@ -87,6 +87,16 @@ impl Posterior {
         self.me.features.len
     }
 
+    /// The Cholesky factor of C(θ) = nΣ(θ) + σ²I and log det C(θ) (the
+    /// covariance [`super::surrogate::FixedCovariance`] freezes).
+    pub(super) fn covariance_factor(
+        &self,
+        theta: &[f64],
+    ) -> Result<(faer::linalg::solvers::Llt<f64>, f64), NapsuError> {
+        let parts = self.parts(&self.me.moments_full(theta))?;
+        Ok((parts.llt, parts.log_det))
+    }
+
     fn parts(&self, m: &Moments) -> Result<Parts, NapsuError> {
         let d = self.me.width;
         let s2 = self.sigma * self.sigma;
@@ -101,7 +111,7 @@ impl Posterior {
         let l = llt.L();
         let log_det = 2.0 * (0..d).map(|i| l[(i, i)].ln()).sum::<f64>();
         let ll = -0.5 * log_det - 0.5 * r.dot(&w);
-        Ok(Parts { ll, w, llt })
+        Ok(Parts { ll, w, llt, log_det })
     }
 
     /// log p(θ | s̃) up to a constant.
@@ -135,7 +145,7 @@ impl Posterior {
         let me = &self.me;
         let f = &me.features;
         let m = me.moments_full(theta);
-        let Parts { ll, w, llt } = self.parts(&m)?;
+        let Parts { ll, w, llt, .. } = self.parts(&m)?;
         let tau2 = self.prior_sd * self.prior_sd;
         let cinv = {
             let inv = llt.inverse();
@@ -220,6 +230,7 @@ struct Parts {
     ll: f64,
     w: DVector<f64>,
     llt: faer::linalg::solvers::Llt<f64>,
+    log_det: f64,
 }
 
 fn union(a: &[usize], b: &[usize]) -> Vec<usize> {

@@ -62,6 +62,17 @@ impl MaxEnt {
     pub fn model(&self, theta: &[f64]) -> GraphicalModel {
         let f = &self.features;
         let mut m = GraphicalModel::uniform(&f.sizes, &f.scopes, 1.0);
+        self.fill_potentials(&mut m, theta);
+        m
+    }
+
+    /// Sets the potentials of `m`, a model from [`MaxEnt::model`] (its
+    /// junction tree reused), to θ's.
+    pub fn fill_potentials(&self, m: &mut GraphicalModel, theta: &[f64]) {
+        let f = &self.features;
+        for p in &mut m.potentials {
+            p.values.iter_mut().for_each(|v| *v = 0.0);
+        }
         for (i, t) in f.subsets.iter().enumerate() {
             let mut phi = Factor::zeros(t, &f.sizes);
             for (cell, v) in phi.values.iter_mut().enumerate() {
@@ -72,7 +83,6 @@ impl MaxEnt {
             }
             m.potentials[f.home[i]].add_assign_sub(&phi);
         }
-        m
     }
 
     /// μ(θ) = E[a(x)] and Σ(θ) = Cov[a(x)].

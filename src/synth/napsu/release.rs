@@ -30,6 +30,7 @@ use serde::{Deserialize, Serialize};
 
 use super::NapsuError;
 use super::canonical::CanonicalFeatures;
+use super::importance::{Correction, check_reliable, sample_corrected};
 use super::laplace::{LaplaceOptions, laplace};
 use super::likelihood::Posterior;
 use super::moments::MaxEnt;
@@ -143,8 +144,24 @@ pub enum Inference {
     /// Normal at the mode with the inverse negative Hessian (003 §4.2): seconds.
     #[default]
     Laplace,
-    /// No-U-Turn sampling, normalised by the Laplace fit (003 §4.2, NOTES §6).
+    /// No-U-Turn sampling, normalised by the Laplace fit (003 §4.2, NOTES §6),
+    /// of the posterior with the likelihood's covariance frozen at the mode
+    /// ([`super::surrogate`]), corrected to the exact posterior by
+    /// importance weights with the Pareto k̂ check ([`super::importance`]):
+    /// minutes.
     Nuts,
+    /// No-U-Turn sampling of the exact posterior (every gradient through
+    /// ∂Σ/∂θ): the reference, hours at Adult's size.
+    #[serde(rename = "nuts-exact")]
+    #[cfg_attr(feature = "cli", value(name = "nuts-exact"))]
+    NutsExact,
+}
+
+impl Inference {
+    /// NUTS of either kind.
+    pub fn is_nuts(self) -> bool {
+        matches!(self, Inference::Nuts | Inference::NutsExact)
+    }
 }
 
 /// Settings of NAPSU-MQ's post-processing.
@@ -154,7 +171,8 @@ pub struct NapsuOptions {
     pub inference: Inference,
     /// Most canonical features (θ's dimension) allowed.
     pub max_features: usize,
-    /// Publish NUTS draws even when R̂ exceeds `nuts.max_rhat`.
+    /// Publish NUTS draws even when R̂ exceeds `nuts.max_rhat`, or the
+    /// importance correction's k̂ its threshold.
     pub allow_unconverged: bool,
     /// The mode search.
     pub laplace: LaplaceOptions,
@@ -201,9 +219,13 @@ pub struct InferenceReport {
     /// NUTS: mean leapfrog steps per kept draw.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub mean_steps: Option<f64>,
-    /// NUTS draws published although R̂ exceeded the limit.
+    /// NUTS draws published although R̂ exceeded the limit (or k̂ its threshold).
     #[serde(default)]
     pub accepted_unconverged: bool,
+    /// `nuts`: the importance correction from the surrogate to the exact
+    /// posterior (Pareto k̂, effective sample size).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub importance: Option<Correction>,
     /// Seconds spent.
     pub seconds: f64,
 }
@@ -219,7 +241,7 @@ pub fn max_ent(domain: &Domain, scopes: &[Vec<usize>], max_features: usize) -> R
 /// anything is charged.
 pub fn checked_model(domain: &Domain, scopes: &[Vec<usize>], opts: &NapsuOptions) -> Result<MaxEnt, NapsuError> {
     let me = max_ent(domain, scopes, opts.max_features)?;
-    if opts.inference == Inference::Nuts {
+    if opts.inference.is_nuts() {
         opts.nuts.check(me.features.len)?;
     }
     Ok(me)
@@ -251,14 +273,28 @@ pub fn posterior_models(
         gradients: None,
         mean_steps: None,
         accepted_unconverged: false,
+        importance: None,
         seconds: 0.0,
     };
     let thetas: Vec<Vec<f64>> = match opts.inference {
         Inference::Laplace => (0..m).map(|_| fit.draw(rng)).collect(),
-        Inference::Nuts => {
-            progress(&format!("napsu-mq: NUTS, {} chains", opts.nuts.chains));
-            let draws = sample(&post, &fit, &opts.nuts, rng, progress)?;
+        Inference::Nuts | Inference::NutsExact => {
+            let exact = opts.inference == Inference::NutsExact;
+            progress(&format!(
+                "napsu-mq: NUTS, {} chains, {}",
+                opts.nuts.chains,
+                if exact { "exact gradients" } else { "covariance frozen at the mode, then importance weights" }
+            ));
+            let (draws, corrected) = if exact {
+                (sample(&post, &fit, &opts.nuts, rng, progress)?, None)
+            } else {
+                let c = sample_corrected(&post, &fit, &opts.nuts, rng, progress)?;
+                (c.nuts.clone(), Some(c))
+            };
             check_converged(&draws, opts.nuts.max_rhat, opts.allow_unconverged)?;
+            if let Some(c) = &corrected {
+                check_reliable(&c.correction, opts.allow_unconverged)?;
+            }
             report.max_rhat = Some(draws.max_rhat());
             report.min_ess = Some(draws.min_ess());
             report.divergences = Some(draws.divergences);
@@ -266,7 +302,9 @@ pub fn posterior_models(
             report.mean_steps = Some(draws.mean_steps);
             // A NaN R̂ is not convergence either.
             report.accepted_unconverged =
-                draws.max_rhat().partial_cmp(&opts.nuts.max_rhat).is_none_or(|o| o == std::cmp::Ordering::Greater);
+                draws.max_rhat().partial_cmp(&opts.nuts.max_rhat).is_none_or(|o| o == std::cmp::Ordering::Greater)
+                    || corrected.as_ref().is_some_and(|c| check_reliable(&c.correction, false).is_err());
+            report.importance = corrected.as_ref().map(|c| c.correction.clone());
             report.draws = draws.draws.len();
             if m > draws.draws.len() {
                 return Err(NapsuError::Numerical(format!(
@@ -274,8 +312,15 @@ pub fn posterior_models(
                     draws.draws.len()
                 )));
             }
-            // m distinct draws at random from the pooled chains (003 Alg. 1 line 5).
-            rand::seq::index::sample(rng, draws.draws.len(), m).into_iter().map(|i| draws.draws[i].clone()).collect()
+            match &corrected {
+                // m draws with probabilities ∝ π/π_s (sampling–importance resampling).
+                Some(c) => c.resample(m, rng)?,
+                // m distinct draws at random from the pooled chains (003 Alg. 1 line 5).
+                None => rand::seq::index::sample(rng, draws.draws.len(), m)
+                    .into_iter()
+                    .map(|i| draws.draws[i].clone())
+                    .collect(),
+            }
         }
     };
     let models = thetas

@@ -95,7 +95,7 @@ impl Synthesizer for NapsuMq {
 
 /// NUTS settings that cannot run, refused before anything is charged.
 fn check_nuts(opts: &NapsuOptions) -> Result<()> {
-    if opts.inference == super::release::Inference::Nuts && (opts.nuts.chains == 0 || opts.nuts.draws < 4) {
+    if opts.inference.is_nuts() && (opts.nuts.chains == 0 || opts.nuts.draws < 4) {
         return Err(super::NapsuError::Query("NUTS needs at least one chain and four draws per chain".into()).into());
     }
     Ok(())
