@@ -29,7 +29,7 @@ use std::time::Instant;
 
 use dpflow::analyze::design::Block;
 use dpflow::analyze::{EstimatorKind, Rule, combine::combine, estimate::estimate};
-use dpflow::synth::napsu::importance::{check_reliable, sample_corrected};
+use dpflow::synth::napsu::importance::{check_enough, check_reliable, sample_corrected};
 use dpflow::synth::napsu::laplace::LogDensity;
 use dpflow::synth::napsu::laplace::{LaplaceOptions, laplace};
 use dpflow::synth::napsu::likelihood::Posterior;
@@ -455,7 +455,9 @@ pub fn run(path: &str, epsilons: &[f64], s: &Settings, progress: &dyn Fn(&str)) 
                             c.correction.ess,
                             d.draws.len()
                         ));
-                        if let Err(e) = check_reliable(&c.correction, false) {
+                        if let Err(e) =
+                            check_reliable(&c.correction, false).and_then(|()| check_enough(&c.correction, m))
+                        {
                             failures += 1;
                             refused += 1;
                             progress(&format!("ε={epsilon} repeat {repeat}: refused: {e}"));

@@ -40,7 +40,9 @@ pub struct Correction {
     pub pareto_k: Option<f64>,
     /// The threshold k̂ was compared with: min(1 − 1/log₁₀ S, 0.7).
     pub k_threshold: f64,
-    /// (Σw)²/Σw²: how many independent exact draws the weighted ones are worth.
+    /// (Σw)²/Σw²: how many independent exact draws the weighted ones would
+    /// be worth if the NUTS draws were independent (an upper bound: they are
+    /// autocorrelated; the chains' own ESS is in the inference report).
     pub ess: f64,
     /// Draws whose exact log-density could not be evaluated (weight 0).
     pub failed: usize,
@@ -89,19 +91,46 @@ impl CorrectedDraws {
     }
 }
 
-/// Refuses a correction whose k̂ exceeds its threshold (unless `allow`).
+/// Refuses a correction whose k̂ exceeds its threshold (an unfittable
+/// tail counts as k̂ = ∞), or with draws where the exact posterior could
+/// not be evaluated (their region would silently lose its mass), unless
+/// `allow`.
 pub fn check_reliable(c: &Correction, allow: bool) -> Result<(), NapsuError> {
-    match c.pareto_k {
-        Some(k) if !allow && k.partial_cmp(&c.k_threshold).is_none_or(|o| o.is_gt()) => {
-            Err(NapsuError::Numerical(format!(
-                "the importance correction from the fast NUTS target to the exact posterior is unreliable (Pareto k̂ \
+    if allow {
+        return Ok(());
+    }
+    if let Some(k) = c.pareto_k
+        && k.partial_cmp(&c.k_threshold).is_none_or(|o| o.is_gt())
+    {
+        return Err(NapsuError::Numerical(format!(
+            "the importance correction from the fast NUTS target to the exact posterior is unreliable (Pareto k̂ \
              {k:.2} > {:.2}); run `--inference nuts-exact` (slower: exact gradients), or accept the draws \
              explicitly",
-                c.k_threshold
-            )))
-        }
-        _ => Ok(()),
+            c.k_threshold
+        )));
     }
+    if c.failed > 0 {
+        return Err(NapsuError::Numerical(format!(
+            "the exact posterior could not be evaluated at {} NUTS draws, so the importance correction would drop \
+             their region; run `--inference nuts-exact`, or accept the draws explicitly",
+            c.failed
+        )));
+    }
+    Ok(())
+}
+
+/// Refuses weighted draws worth fewer than `m` independent ones, even when
+/// the user accepts unreliable ones: the m sets would repeat a few θ, their
+/// between-set variance would collapse and Rubin's rules break.
+pub fn check_enough(c: &Correction, m: usize) -> Result<(), NapsuError> {
+    if c.ess.partial_cmp(&(m as f64)).is_none_or(|o| o.is_lt()) {
+        return Err(NapsuError::Numerical(format!(
+            "the importance-weighted NUTS draws are worth {:.0} independent draws, fewer than the {m} synthetic \
+             sets; ask for more NUTS draws or fewer sets, or run `--inference nuts-exact`",
+            c.ess
+        )));
+    }
+    Ok(())
 }
 
 /// w_i / max w (0 for −∞).
@@ -126,21 +155,29 @@ pub fn diagnose(log_weights: &[f64]) -> Result<Correction, NapsuError> {
 }
 
 /// k̂ of the largest M = ⌈min(S/5, 3√S)⌉ weights (exceedances over the
-/// (M+1)-th largest), or `None` when they are all equal.
+/// (M+1)-th largest); `None` when all positive weights are equal (no tail:
+/// the surrogate was exact on the draws); ∞ when the tail cannot be fitted
+/// (fewer than 5 draws in it, or its top weights tied: a stuck chain), as
+/// loo does.
 pub fn pareto_k(weights: &[f64]) -> Option<f64> {
+    let positive: Vec<f64> = weights.iter().copied().filter(|w| *w > 0.0).collect();
+    if positive.iter().all(|w| *w == positive[0]) {
+        return None;
+    }
     let s = weights.len();
     let m = ((s as f64 / 5.0).min(3.0 * (s as f64).sqrt()).ceil() as usize).min(s.saturating_sub(1));
     if m < 5 {
-        return None;
+        return Some(f64::INFINITY);
     }
     let mut sorted = weights.to_vec();
     sorted.sort_by(f64::total_cmp);
     let threshold = sorted[s - m - 1];
     let tail: Vec<f64> = sorted[s - m..].iter().map(|w| w - threshold).collect();
     if tail[m - 1] <= 0.0 {
-        return None;
+        return Some(f64::INFINITY);
     }
-    Some(gpd_shape(&tail))
+    let k = gpd_shape(&tail);
+    Some(if k.is_nan() { f64::INFINITY } else { k })
 }
 
 /// The shape ξ of a generalised Pareto fitted to `x` (ascending, ≥ 0) by
@@ -225,6 +262,22 @@ mod tests {
         }
         let flat = diagnose(&[0.5; 1000]).unwrap();
         assert_eq!(flat.pareto_k, None);
+        assert!(check_enough(&flat, 1000).is_ok() && check_enough(&flat, 1001).is_err());
+        // Too few draws for a tail, or a tied top (a stuck chain): k̂ = ∞, refused unless accepted.
+        let mut few = vec![-30.0; 20];
+        few[0] = 0.0;
+        let few = diagnose(&few).unwrap();
+        assert_eq!(few.pareto_k, Some(f64::INFINITY));
+        assert!(check_reliable(&few, false).is_err() && check_reliable(&few, true).is_ok());
+        let mut tied = vec![-5.0; 1000];
+        tied.iter_mut().take(500).for_each(|l| *l = 0.0);
+        assert_eq!(diagnose(&tied).unwrap().pareto_k, Some(f64::INFINITY));
+        // Draws the exact posterior could not score: refused unless accepted.
+        let mut lost = vec![0.0; 1000];
+        lost[3] = f64::NEG_INFINITY;
+        let lost = diagnose(&lost).unwrap();
+        assert_eq!((lost.pareto_k, lost.failed), (None, 1));
+        assert!(check_reliable(&lost, false).is_err() && check_reliable(&lost, true).is_ok());
         assert!((flat.ess - 1000.0).abs() < 1e-9);
         assert!(diagnose(&[f64::NEG_INFINITY; 10]).is_err());
     }

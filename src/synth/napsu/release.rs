@@ -30,7 +30,7 @@ use serde::{Deserialize, Serialize};
 
 use super::NapsuError;
 use super::canonical::CanonicalFeatures;
-use super::importance::{Correction, check_reliable, sample_corrected};
+use super::importance::{Correction, check_enough, check_reliable, sample_corrected};
 use super::laplace::{LaplaceOptions, laplace};
 use super::likelihood::Posterior;
 use super::moments::MaxEnt;
@@ -151,7 +151,9 @@ pub enum Inference {
     /// minutes.
     Nuts,
     /// No-U-Turn sampling of the exact posterior (every gradient through
-    /// ∂Σ/∂θ): the reference, hours at Adult's size.
+    /// ∂Σ/∂θ): the reference, hours at Adult's size. Records written before
+    /// 2026-11-28 say `nuts` for this sampler; they have no `importance`
+    /// field.
     #[serde(rename = "nuts-exact")]
     #[cfg_attr(feature = "cli", value(name = "nuts-exact"))]
     NutsExact,
@@ -285,13 +287,17 @@ pub fn posterior_models(
                 opts.nuts.chains,
                 if exact { "exact gradients" } else { "covariance frozen at the mode, then importance weights" }
             ));
-            let (draws, corrected) = if exact {
-                (sample(&post, &fit, &opts.nuts, rng, progress)?, None)
+            let (exact_draws, corrected) = if exact {
+                (Some(sample(&post, &fit, &opts.nuts, rng, progress)?), None)
             } else {
-                let c = sample_corrected(&post, &fit, &opts.nuts, rng, progress)?;
-                (c.nuts.clone(), Some(c))
+                (None, Some(sample_corrected(&post, &fit, &opts.nuts, rng, progress)?))
             };
-            check_converged(&draws, opts.nuts.max_rhat, opts.allow_unconverged)?;
+            let draws = match (&exact_draws, &corrected) {
+                (Some(d), _) => d,
+                (None, Some(c)) => &c.nuts,
+                (None, None) => return Err(NapsuError::Numerical("no NUTS sampler ran".into())),
+            };
+            check_converged(draws, opts.nuts.max_rhat, opts.allow_unconverged)?;
             if let Some(c) = &corrected {
                 check_reliable(&c.correction, opts.allow_unconverged)?;
             }
@@ -314,7 +320,10 @@ pub fn posterior_models(
             }
             match &corrected {
                 // m draws with probabilities ∝ π/π_s (sampling–importance resampling).
-                Some(c) => c.resample(m, rng)?,
+                Some(c) => {
+                    check_enough(&c.correction, m)?;
+                    c.resample(m, rng)?
+                }
                 // m distinct draws at random from the pooled chains (003 Alg. 1 line 5).
                 None => rand::seq::index::sample(rng, draws.draws.len(), m)
                     .into_iter()
