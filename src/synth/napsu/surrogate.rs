@@ -20,7 +20,7 @@
 //! the block k of Σ(θ)w is Σ_{x ∖ S_k} p(x)(E[f | x_{S_k}] − E f): the
 //! conditional expectation of an additive function at every clique of the
 //! junction tree, which two passes over the calibrated tree give
-//! ([`conditional_expectations`]). So a gradient costs one belief
+//! (`conditional_expectations`). So a gradient costs one belief
 //! propagation, two passes of the same size and two triangular solves,
 //! with no joint marginal of a pair of scopes.
 //!
