@@ -139,6 +139,12 @@ impl NotApplicable {
         Ok(RecordBatch::try_new(self.schema.clone(), columns)?)
     }
 
+    /// The rule, over the domain's decoded schema (`decoded_schema`); a
+    /// null on a row where it holds is not applicable (see [`Self::mask`]).
+    pub fn rule(&self) -> Arc<dyn PhysicalExpr> {
+        self.rule.clone()
+    }
+
     /// The column's position in the domain.
     pub fn position(&self) -> usize {
         self.position

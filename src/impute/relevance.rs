@@ -18,65 +18,17 @@
 #[cfg(any(test, feature = "bench-internals"))]
 use dpflow_udfs::knn::L1Report;
 
-use super::spec::{Predicate, QueryKind, QuerySpec};
+#[cfg(any(test, feature = "bench-internals"))]
+use super::spec::Predicate;
+#[cfg(test)]
+use super::spec::{QueryKind, QuerySpec};
 #[cfg(any(test, feature = "bench-internals"))]
 use super::{Imputed, Result};
 
-/// How one released number is noised (a public decision: from the spec and
-/// the imputed columns only).
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum PartNoise {
-    /// Reads an imputed column: smooth sensitivity, generalized Cauchy.
-    Smooth,
-    /// Reads no imputed column: global sensitivity, discrete Laplace.
-    Global,
-}
-
-/// One released number of a query: the predicates that decide membership
-/// and the value it reads.
-pub(crate) struct Part<'a> {
-    /// Conjunctions of predicates a row must pass to count (or be averaged).
-    pub predicates: Vec<&'a Predicate>,
-    /// The column averaged (means and variances).
-    pub value: Option<&'a str>,
-}
-
-impl Part<'_> {
-    /// The columns this number reads.
-    fn reads(&self) -> impl Iterator<Item = &str> {
-        self.predicates.iter().map(|p| p.column.as_str()).chain(self.value)
-    }
-
-    /// Smooth when it reads an imputed column.
-    pub fn noise(&self, imputed: &[String]) -> PartNoise {
-        if self.reads().any(|c| imputed.iter().any(|a| a == c)) { PartNoise::Smooth } else { PartNoise::Global }
-    }
-}
-
-/// The released numbers of a query, in release order (`QueryKind::part_names`).
-pub(crate) fn parts(q: &QuerySpec) -> Vec<Part<'_>> {
-    let base: Vec<&Predicate> = q.predicate.iter().collect();
-    match &q.kind {
-        QueryKind::Count => vec![Part { predicates: base, value: None }],
-        QueryKind::Proportion { numerator } => {
-            let num = base.iter().copied().chain(numerator).collect();
-            vec![Part { predicates: base, value: None }, Part { predicates: num, value: None }]
-        }
-        QueryKind::Mean { value, .. } => {
-            vec![Part { predicates: base.clone(), value: None }, Part { predicates: base, value: Some(value) }]
-        }
-        QueryKind::Variance { value, .. } => vec![
-            Part { predicates: base.clone(), value: None },
-            Part { predicates: base.clone(), value: Some(value) },
-            Part { predicates: base, value: Some(value) },
-        ],
-    }
-}
-
-/// The noise of each released number of `q` (public: spec and imputed columns).
-pub fn part_noises(q: &QuerySpec, imputed: &[String]) -> Vec<PartNoise> {
-    parts(q).iter().map(|p| p.noise(imputed)).collect()
-}
+#[cfg(any(test, feature = "bench-internals"))]
+use dpflow_udfs::knn::query::Part;
+pub(crate) use dpflow_udfs::knn::query::parts;
+pub use dpflow_udfs::knn::query::{PartNoise, part_noises};
 
 #[cfg(any(test, feature = "bench-internals"))]
 #[cfg_attr(not(test), allow(dead_code))]

@@ -1,94 +1,13 @@
 //! The `dpflow impute` spec: what to impute, how to match donors, and which
 //! statistics to release.
 
-use serde::{Deserialize, Serialize};
+use serde::Deserialize;
 
 use super::error::{ImputeError, Result};
 use crate::domain::{ColumnKind, Domain};
 use dpflow_udfs::knn::{AttrKind, KnnConfig, MatchAttr, Metric};
 
-/// A row filter on one column: a closed numeric range or a set of labels.
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
-pub struct Predicate {
-    /// Column.
-    pub column: String,
-    /// Lower bound (inclusive).
-    pub lo: Option<f64>,
-    /// Upper bound (inclusive).
-    pub hi: Option<f64>,
-    /// Accepted category codes.
-    pub codes: Option<Vec<f64>>,
-}
-
-impl Predicate {
-    /// Whether a value passes (null never does).
-    pub fn matches(&self, v: Option<f64>) -> bool {
-        let Some(v) = v else { return false };
-        if let Some(c) = &self.codes {
-            return c.contains(&v);
-        }
-        self.lo.is_none_or(|l| v >= l) && self.hi.is_none_or(|h| v <= h)
-    }
-}
-
-/// The statistic of a query.
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
-pub enum QueryKind {
-    /// Number of rows in the subpopulation.
-    Count,
-    /// Share of the subpopulation also matching `numerator`.
-    Proportion {
-        /// The numerator's filter.
-        numerator: Vec<Predicate>,
-    },
-    /// Mean of a clamped value.
-    Mean {
-        /// Column.
-        value: String,
-        /// Public lower bound.
-        lo: f64,
-        /// Public upper bound.
-        hi: f64,
-    },
-    /// Sample variance of a clamped value.
-    Variance {
-        /// Column.
-        value: String,
-        /// Lower bound.
-        lo: f64,
-        /// Upper bound.
-        hi: f64,
-    },
-}
-
-impl QueryKind {
-    /// The numbers a query of this kind releases, in order (the count of the
-    /// subpopulation comes first: 004 Cor 5.2/5.5/5.7 divide by it).
-    pub fn part_names(&self) -> &'static [&'static str] {
-        match self {
-            QueryKind::Count => &["count"],
-            QueryKind::Proportion { .. } => &["count", "numerator count"],
-            QueryKind::Mean { .. } => &["count", "mean"],
-            QueryKind::Variance { .. } => &["count", "mean", "variance"],
-        }
-    }
-
-    /// How many numbers a query of this kind releases.
-    pub fn released_numbers(&self) -> usize {
-        self.part_names().len()
-    }
-}
-
-/// One query.
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
-pub struct QuerySpec {
-    /// Name.
-    pub name: String,
-    /// Statistic.
-    pub kind: QueryKind,
-    /// Subpopulation.
-    pub predicate: Vec<Predicate>,
-}
+pub use dpflow_udfs::knn::query::{Predicate, QueryKind, QuerySpec};
 
 /// The noise of one released number (see `crate::impute::smooth_calibration`).
 #[derive(Debug, Clone, Copy, PartialEq)]

@@ -1,166 +1,37 @@
-//! kNN imputation streamed over record batches (issue 19 item 3): two
-//! passes over the input in file order, with memory bounded by the donor
-//! classes and the donees, never by the rows.
+//! kNN imputation streamed over record batches (issue 19 item 3), in
+//! partitions of the input (issue 21): two passes, with memory bounded by the
+//! donor classes and the donees, never by the rows.
 //!
-//! The donor rule is 004 Def. 4.1 with the cyclic tie-break of
-//! `dpflow_udfs::knn` (k = 1): a donee x takes, among the donors of the
-//! nearest donor classes (its *level*), the first whose identifier follows
-//! x's, wrapping around. Identifiers are row numbers, so in a pass in file
-//! order a donee's donor is the first donor of its level that arrives after
-//! it, or, if none does, the first donor of its level in the file.
+//! The donor search, the aggregation and the merge are
+//! [`dpflow_udfs::knn::pass`] (its module doc states the rule and why the
+//! partitioned passes choose exactly the donors of one pass in file order);
+//! each pass is one [`KnnPassExec`] over the raw scan, run where the session
+//! says: on this machine's cores, or one task per partition on a cluster's
+//! executors, which return classes, partial aggregates and donee intervals,
+//! never rows. Here: the levels of the donee classes between the passes, the
+//! merge, and L1_R(D) of every released number.
 //!
-//! - **Pass 1** builds the class index: the key of every row that takes
-//!   part (a donor, complete on the imputed columns, or a donee, with an
-//!   unknown cell), and per class its donors, donees and first donor row.
-//!   Then each donee class gets its level and nearest donor distance dmin.
-//! - **Pass 2** streams the rows again. A donee waits in its class's queue;
-//!   a donor resolves the queues of every class whose level it is in; a
-//!   donee still waiting at the end takes its level's first donor (whose
-//!   values were kept: one row per class). Every row is added to the
-//!   queries' aggregates as soon as its values are known, and each donee
-//!   leaves (identifier, donor identifier) in its class for the L1_R(D) of
-//!   every number whose R it is in.
-//!
-//! Memory: the class index, one row per class, 16 bytes per donee per
-//! released number that reads an imputed column (004 §6.2's cases (b)–(c)
-//! need every donee's interval), and the donees waiting for a donor.
+//! The partitions must be contiguous stretches of the input in file order,
+//! since identifiers are row numbers: a scan DataFusion splits any other way
+//! is read as one partition instead ([`in_file_order`]).
 //!
 //! The result is the same [`Summary`] as the in-memory imputation's
 //! (`Imputed::summarize` in `reference.rs`), exactly: sums are exact
 //! integers on a public grid, so the order in which donees are added does
-//! not matter (tested).
+//! not matter (tested, with the input split into partitions and batches).
 
-use std::collections::HashMap;
+use std::sync::Arc;
 
-use dpflow_udfs::knn::{ClassView, KnnConfig, KnnError, PartDonees};
+use dpflow_udfs::knn::pass::{ClassCount, Compiled, KnnIndex, KnnRead, NONE, merge_classes, merge_partials};
+use dpflow_udfs::knn::{ClassView, KnnConfig, KnnError, KnnPassExec, KnnStage, PartDonees};
 use rayon::prelude::*;
 
 use super::spec::{Imputation, QuerySpec};
-use super::summary::{Aggregates, Columns, CompiledQuery, QuerySummary, RowView, Summary};
-use super::{ImputeError, Result, batch_values, read_in_order};
+use super::summary::{Columns, QuerySummary, Summary};
+use super::{ImputeError, Result};
 use crate::dataset::Dataset;
-use datafusion::arrow::array::{AsArray, RecordBatch};
-use datafusion::arrow::datatypes::UInt32Type;
 use datafusion::execution::context::SessionContext;
-
-/// No row: the first donor of a class without donors.
-const NONE: u64 = u64::MAX;
-
-/// What pass 1 learns of one class.
-#[derive(Clone)]
-struct Class {
-    donors: u64,
-    donees: u64,
-    /// Row of its first donor ([`NONE`] without donors).
-    first_donor: u64,
-}
-
-/// The class index: keys, per-class counts, and each donee class's level.
-struct Index {
-    id: HashMap<Vec<u32>, u32>,
-    keys: Vec<Vec<u32>>,
-    classes: Vec<Class>,
-    /// Nearest donor distance per class (∞ without a donor anywhere; set for donee classes).
-    dmin: Vec<f64>,
-    /// Per donor class: the donee classes whose level holds it.
-    watchers: Vec<Vec<u32>>,
-    /// Per donee class: the class of its level's first donor (None: no donor anywhere).
-    wrap: Vec<Option<u32>>,
-}
-
-/// How one row of a batch takes part.
-#[derive(Clone, Copy, PartialEq, Eq)]
-enum Role {
-    Donor,
-    Donee,
-    None,
-}
-
-/// Reads what the donor search needs of a batch: the match keys, and which
-/// rows are donors and donees.
-struct Roles<'a> {
-    imp: &'a Imputation,
-    /// Positions of the matching columns in the domain.
-    match_pos: Vec<usize>,
-}
-
-impl Roles<'_> {
-    /// The grouped key of row `r`.
-    fn key(&self, codes: &RecordBatch, r: usize, key: &mut [u32]) {
-        for ((k, &p), (_, g)) in key.iter_mut().zip(&self.match_pos).zip(&self.imp.grouping) {
-            *k = codes.column(p).as_primitive::<UInt32Type>().value(r) / g;
-        }
-    }
-
-    /// Each row's role, from the imputed columns' values and unknown cells.
-    fn roles(&self, a_observed: &[&[Option<f64>]], a_unknown: &[&[bool]], rows: usize) -> Vec<Role> {
-        (0..rows)
-            .map(|r| {
-                if a_observed.iter().all(|c| c[r].is_some()) {
-                    Role::Donor
-                } else if a_unknown.iter().any(|c| c[r]) {
-                    Role::Donee
-                } else {
-                    Role::None
-                }
-            })
-            .collect()
-    }
-}
-
-/// One batch's columns as numbers, with unknown cells marked.
-struct BatchColumns {
-    observed: Vec<Vec<Option<f64>>>,
-    unknown: Vec<Vec<bool>>,
-}
-
-/// Reads `names` of a batch; a cell is unknown when it is null, in an
-/// imputed column, and not not-applicable.
-fn read_columns(
-    ds: &Dataset,
-    names: &[String],
-    imputed: &[String],
-    rules: &HashMap<String, crate::domain::NotApplicable>,
-    t: &RecordBatch,
-    c: &RecordBatch,
-) -> Result<BatchColumns> {
-    let mut observed = Vec::with_capacity(names.len());
-    let mut unknown = Vec::with_capacity(names.len());
-    for name in names {
-        let v = batch_values(ds.domain(), name, t, c, false)?;
-        let u = if imputed.contains(name) {
-            let na = rules.get(name).map(|rule| rule.mask(t)).transpose()?;
-            v.iter().enumerate().map(|(r, x)| x.is_none() && !na.as_ref().is_some_and(|m| m[r])).collect()
-        } else {
-            vec![false; v.len()]
-        };
-        observed.push(v);
-        unknown.push(u);
-    }
-    Ok(BatchColumns { observed, unknown })
-}
-
-/// A donee waiting for its donor.
-struct Waiting {
-    row: u64,
-    observed: Box<[Option<f64>]>,
-    unknown: Box<[bool]>,
-}
-
-/// The L1 bookkeeping of pass 2, per flat part: the smooth numbers of every
-/// query in order.
-struct Donees {
-    /// Per flat part, per class: the donees of R as (identifier, donor identifier or NaN).
-    per_part: Vec<Vec<Vec<(f64, f64)>>>,
-    /// Per flat part: |R|.
-    inside: Vec<u64>,
-    /// Donees seen.
-    seen: u64,
-    /// Per flat part: the most donees of R one donor serves, over donors whose count is final.
-    remove_donor: Vec<u64>,
-    /// Per class: the donees served by its first donor, per flat part (wrap-around donees arrive last).
-    first_load: Vec<Option<Vec<u64>>>,
-}
+use datafusion::physical_plan::{ExecutionPlan, ExecutionPlanProperties};
 
 /// The streamed imputation's summary of `queries` (the release paths' entry).
 pub(crate) async fn summarize(
@@ -175,232 +46,153 @@ pub(crate) async fn summarize(
     }
     let domain = ds.domain();
     let cols = Columns::of(&imp.columns, queries);
-    let a_pos: Vec<usize> = imp.columns.iter().map(|a| cols.position(a)).collect();
-    let mut rules = HashMap::new();
+    let mut rules = Vec::new();
     for name in &imp.columns {
         if let Some(rule) = crate::domain::NotApplicable::compile(domain, name)? {
-            rules.insert(name.clone(), rule);
+            rules.push((name.clone(), rule.rule()));
         }
     }
-    let match_pos = imp
-        .grouping
-        .iter()
-        .map(|(c, _)| domain.position(c).ok_or_else(|| crate::dataset::DatasetError::UnknownColumn(c.clone())))
-        .collect::<std::result::Result<Vec<_>, _>>()?;
-    let roles = Roles { imp, match_pos };
-
-    let (index, rows) = class_index(ctx, ds, imp, &rules, &roles).await?;
-    let mut key = vec![0u32; imp.grouping.len()];
-
-    // Pass 2: stream, impute, aggregate.
-    let compiled: Vec<CompiledQuery<'_>> = queries.iter().map(|q| CompiledQuery::new(q, &cols, &imp.columns)).collect();
-    let flat: Vec<(usize, usize)> =
-        compiled.iter().enumerate().flat_map(|(qi, q)| (0..q.smooth_parts().count()).map(move |k| (qi, k))).collect();
-    let nflat = flat.len();
-    let nclass = index.keys.len();
-    let mut aggs = vec![(Aggregates::default(), Aggregates::default()); queries.len()];
-    let mut donees = Donees {
-        per_part: vec![vec![Vec::new(); nclass]; nflat],
-        inside: vec![0; nflat],
-        seen: 0,
-        remove_donor: vec![0; nflat],
-        first_load: vec![None; nclass],
+    for (c, _) in &imp.grouping {
+        if domain.position(c).is_none() {
+            return Err(crate::dataset::DatasetError::UnknownColumn(c.clone()).into());
+        }
+    }
+    let scan = scan_in_file_order(ctx, ds).await?;
+    let read = KnnRead {
+        domain: domain.clone(),
+        columns: cols.names.clone(),
+        imputed: imp.columns.clone(),
+        grouping: imp.grouping.clone(),
+        groups: dpflow_udfs::knn::file_groups(&scan),
     };
-    let mut waiting: Vec<Vec<Waiting>> = (0..nclass).map(|_| Vec::new()).collect();
-    let mut first_values: Vec<Option<Box<[f64]>>> = vec![None; nclass];
-    let mut load = vec![0u64; nflat];
-    let mut after = vec![None; cols.names.len()];
-    let mut observed = vec![None; cols.names.len()];
-    let mut unknown = vec![false; cols.names.len()];
-    let mut row = 0u64;
-    // A donee's values once its donor is known (None: no donor anywhere), added to every aggregate.
-    let finish = |w: &Waiting,
-                  class: u32,
-                  donor: Option<(u64, &[f64])>,
-                  load: &mut [u64],
-                  aggs: &mut [(Aggregates, Aggregates)],
-                  donees: &mut Donees| {
-        let mut after = w.observed.to_vec();
-        for (j, &p) in a_pos.iter().enumerate() {
-            if w.unknown[p] {
-                after[p] = donor.map(|(_, v)| v[j]);
-            }
-        }
-        let view = RowView { after: &after, observed: &w.observed, unknown: &w.unknown, donee: true };
-        for (q, (imp_agg, ign)) in compiled.iter().zip(aggs.iter_mut()) {
-            q.add(&view, imp_agg, ign);
-        }
-        let interval = (w.row as f64, donor.map_or(f64::NAN, |(r, _)| r as f64));
-        let served = u64::from(donor.is_some());
-        let mut enter = |f: usize| {
-            donees.per_part[f][class as usize].push(interval);
-            donees.inside[f] += 1;
-            load[f] += served;
-        };
-        for (f, &(qi, k)) in flat.iter().enumerate() {
-            if compiled[qi].relevant(k, &view) {
-                enter(f);
-            }
-        }
-        donees.seen += 1;
-    };
-    read_in_order(ctx, ds, |t, c| {
-        let b = read_columns(ds, &cols.names, &imp.columns, &rules, t, c)?;
-        let a_obs: Vec<&[Option<f64>]> = a_pos.iter().map(|&p| b.observed[p].as_slice()).collect();
-        let a_unk: Vec<&[bool]> = a_pos.iter().map(|&p| b.unknown[p].as_slice()).collect();
-        for (r, role) in roles.roles(&a_obs, &a_unk, t.num_rows()).into_iter().enumerate() {
-            let this = row + r as u64;
-            if this >= rows {
-                return Err(ImputeError::Internal("the imputation input changed between its two reads"));
-            }
-            for i in 0..cols.names.len() {
-                observed[i] = b.observed[i][r];
-                unknown[i] = b.unknown[i][r];
-            }
-            let class = if role == Role::None {
-                None
-            } else {
-                roles.key(c, r, &mut key);
-                let k = *index
-                    .id
-                    .get(key.as_slice())
-                    .ok_or(ImputeError::Internal("the imputation input changed between its two reads"))?;
-                Some(k)
-            };
-            match (role, class) {
-                (Role::Donor, Some(k)) => {
-                    let values: Box<[f64]> = a_pos.iter().map(|&p| observed[p].expect("a donor is complete")).collect();
-                    load.iter_mut().for_each(|l| *l = 0);
-                    for &w in &index.watchers[k as usize] {
-                        for d in std::mem::take(&mut waiting[w as usize]) {
-                            finish(&d, w, Some((this, &*values)), &mut load, &mut aggs, &mut donees);
-                        }
-                    }
-                    if index.classes[k as usize].first_donor == this {
-                        first_values[k as usize] = Some(values);
-                        donees.first_load[k as usize] = Some(load.clone());
-                    } else {
-                        donees.remove_donor.iter_mut().zip(&load).for_each(|(m, l)| *m = (*m).max(*l));
-                    }
-                }
-                (Role::Donee, Some(k)) => {
-                    let w = Waiting { row: this, observed: observed.clone().into(), unknown: unknown.clone().into() };
-                    if index.wrap[k as usize].is_some() {
-                        waiting[k as usize].push(w);
-                    } else {
-                        // No donor anywhere: its unknown cells stay null.
-                        finish(&w, k, None, &mut load, &mut aggs, &mut donees);
-                    }
-                    continue;
-                }
-                _ => {}
-            }
-            // A donor or a row that takes no part: its values as read.
-            after.copy_from_slice(&observed);
-            let view = RowView { after: &after, observed: &observed, unknown: &unknown, donee: false };
-            for (q, (imp_agg, ign)) in compiled.iter().zip(aggs.iter_mut()) {
-                q.add(&view, imp_agg, ign);
-            }
-        }
-        row += t.num_rows() as u64;
-        Ok(())
-    })
-    .await?;
-    if row != rows {
+
+    // Pass 1: the class index.
+    let pass = Arc::new(KnnPassExec::try_new(scan.clone(), read.clone(), rules.clone(), KnnStage::Classes)?);
+    let counts = KnnPassExec::decode(&dpflow_udfs::cluster::collect(pass, ctx).await?)?.classes;
+    if counts.len() != scan.output_partitioning().partition_count() {
+        return Err(ImputeError::Internal("a partition of the imputation's first pass is missing"));
+    }
+    let rows: Vec<u64> = counts.iter().map(|c| c.rows).collect();
+    let (classes, offsets) = merge_classes(&counts);
+    drop(counts);
+    let levels = levels(&imp.knn, &classes);
+    let index = Arc::new(KnnIndex {
+        queries: queries.to_vec(),
+        keys: classes.iter().map(|c| c.key.clone()).collect(),
+        watchers: levels.watchers,
+        has_level: levels.wrap.iter().map(Option::is_some).collect(),
+        offsets,
+        rows,
+    });
+
+    // Pass 2: impute and aggregate per partition, then merge in file order.
+    let pass = Arc::new(KnnPassExec::try_new(scan, read.clone(), rules, KnnStage::Impute(index.clone()))?);
+    let out = KnnPassExec::decode(&dpflow_udfs::cluster::collect(pass, ctx).await?)?;
+    let compiled = Compiled::new(queries, &read);
+    let first_donor: Vec<u64> = classes.iter().map(|c| c.first_donor).collect();
+    let merged = merge_partials(&compiled, &index, &first_donor, &levels.wrap, out.partials, out.intervals)?;
+    let total: u64 = classes.iter().map(|c| c.donees).sum();
+    if total != merged.seen {
         return Err(ImputeError::Internal("the imputation input changed between its two reads"));
     }
-    // Donees still waiting wrap around to their level's first donor.
-    for (k, queue) in waiting.iter_mut().enumerate() {
-        let Some(d) = index.wrap[k] else { continue };
-        let d = d as usize;
-        let mut load = donees.first_load[d].take().unwrap_or_else(|| vec![0; nflat]);
-        let values = first_values[d].clone().ok_or(ImputeError::Internal("a first donor was not seen again"))?;
-        for w in std::mem::take(queue) {
-            finish(&w, k as u32, Some((index.classes[d].first_donor, &values)), &mut load, &mut aggs, &mut donees);
-        }
-        donees.first_load[d] = Some(load);
-    }
-    for load in donees.first_load.iter().flatten() {
-        donees.remove_donor.iter_mut().zip(load).for_each(|(m, l)| *m = (*m).max(*l));
-    }
+
     // L1_R(D) of every smooth number.
-    let has_donor: Vec<bool> = index.classes.iter().map(|c| c.donors > 0).collect();
-    let view = ClassView { classes: &index.keys, has_donor: &has_donor, dmin: &index.dmin };
-    let asked: Vec<PartDonees<'_>> = donees
+    let has_donor: Vec<bool> = classes.iter().map(|c| c.donors > 0).collect();
+    let view = ClassView { classes: &index.keys, has_donor: &has_donor, dmin: &levels.dmin };
+    let asked: Vec<PartDonees<'_>> = merged
         .per_part
         .iter()
-        .zip(&donees.remove_donor)
+        .zip(&merged.remove_donor)
         .map(|(d, &remove_donor)| PartDonees { donees: d, remove_donor })
         .collect();
     let l1s = view.l1_many(&imp.knn, &asked, enumerate_limit, true);
     let mut out = Vec::with_capacity(queries.len());
     let mut f = 0;
-    for (q, (imputed, ignore)) in compiled.iter().zip(aggs) {
+    for (q, (imputed, ignore)) in compiled.queries().iter().zip(merged.aggs) {
         let mut l1 = vec![None; q.parts()];
         let mut donees_inside = vec![0u64; q.parts()];
         for i in q.smooth_parts() {
             l1[i] = Some(l1s[f]);
-            donees_inside[i] = donees.inside[f];
+            donees_inside[i] = merged.inside[f];
             f += 1;
         }
         out.push(QuerySummary { imputed, ignore, l1, donees_inside });
     }
-    let total: u64 = index.classes.iter().map(|c| c.donees).sum();
-    if total != donees.seen {
-        return Err(ImputeError::Internal("the imputation input changed between its two reads"));
-    }
     Ok(Summary { queries: out, donees: total })
 }
 
-/// Pass 1: the class index of the rows that take part, and the number of rows.
-async fn class_index(
-    ctx: &SessionContext,
-    ds: &Dataset,
-    imp: &Imputation,
-    rules: &HashMap<String, crate::domain::NotApplicable>,
-    roles: &Roles<'_>,
-) -> Result<(Index, u64)> {
-    let mut id: HashMap<Vec<u32>, u32> = HashMap::new();
-    let mut keys: Vec<Vec<u32>> = Vec::new();
-    let mut classes: Vec<Class> = Vec::new();
-    let mut row = 0u64;
-    let mut key = vec![0u32; imp.grouping.len()];
-    read_in_order(ctx, ds, |t, c| {
-        let b = read_columns(ds, &imp.columns, &imp.columns, rules, t, c)?;
-        let obs: Vec<&[Option<f64>]> = b.observed.iter().map(Vec::as_slice).collect();
-        let unk: Vec<&[bool]> = b.unknown.iter().map(Vec::as_slice).collect();
-        for (r, role) in roles.roles(&obs, &unk, t.num_rows()).into_iter().enumerate() {
-            if role != Role::None {
-                roles.key(c, r, &mut key);
-                let k = match id.get(key.as_slice()) {
-                    Some(&k) => k as usize,
-                    None => {
-                        id.insert(key.clone(), classes.len() as u32);
-                        keys.push(key.clone());
-                        classes.push(Class { donors: 0, donees: 0, first_donor: NONE });
-                        classes.len() - 1
-                    }
-                };
-                let class = &mut classes[k];
-                if role == Role::Donor {
-                    class.donors += 1;
-                    if class.first_donor == NONE {
-                        class.first_donor = row + r as u64;
-                    }
-                } else {
-                    class.donees += 1;
-                }
-            }
-        }
-        row += t.num_rows() as u64;
-        Ok(())
-    })
-    .await?;
-    Ok((levels(&imp.knn, id, keys, classes), row))
+/// The raw scan of `ds` in partitions that are contiguous stretches of its
+/// files in order, as the session splits it; one partition in file order
+/// when the session would split it otherwise.
+async fn scan_in_file_order(ctx: &SessionContext, ds: &Dataset) -> Result<Arc<dyn ExecutionPlan>> {
+    let plan = ds.raw(ctx).await?.create_physical_plan().await?;
+    if plan.output_partitioning().partition_count() == 1 || in_file_order(&plan) {
+        return Ok(plan);
+    }
+    let ordered = super::ordered_context(ctx);
+    Ok(ds.raw(&ordered).await?.create_physical_plan().await?)
 }
 
-/// Each donee class's level and dmin, and the index's watcher lists (k = 1).
-fn levels(cfg: &KnnConfig, id: HashMap<Vec<u32>, u32>, keys: Vec<Vec<u32>>, classes: Vec<Class>) -> Index {
+/// Whether the partitions of `plan` are contiguous stretches of its files in
+/// the files' order: a chain of order-keeping operators over one file scan
+/// whose file groups, read one after another, visit each file once, its
+/// byte ranges in increasing order (file listings and ranges are public).
+pub(crate) fn in_file_order(plan: &Arc<dyn ExecutionPlan>) -> bool {
+    use datafusion::datasource::physical_plan::FileScanConfig;
+    use datafusion::datasource::source::DataSourceExec;
+    let n = plan.output_partitioning().partition_count();
+    let mut node = plan.clone();
+    loop {
+        if let Some(scan) = node.downcast_ref::<DataSourceExec>() {
+            let Some(conf) = scan.data_source().downcast_ref::<FileScanConfig>() else { return false };
+            if conf.file_groups.len() != n {
+                return false;
+            }
+            let mut seen = std::collections::HashSet::new();
+            let mut last: Option<(&object_store::path::Path, i64)> = None;
+            for f in conf.file_groups.iter().flat_map(|g| g.files()) {
+                let (loc, start) = (&f.object_meta.location, f.range.as_ref().map_or(0, |r| r.start));
+                match last {
+                    Some((l, s)) if l == loc => {
+                        if start <= s {
+                            return false;
+                        }
+                    }
+                    _ => {
+                        if !seen.insert(loc) {
+                            return false;
+                        }
+                    }
+                }
+                last = Some((loc, start));
+            }
+            return true;
+        }
+        let children = node.children();
+        let [child] = children.as_slice() else { return false };
+        if child.output_partitioning().partition_count() != n
+            || !node.maintains_input_order().first().copied().unwrap_or(false)
+        {
+            return false;
+        }
+        let child = (*child).clone();
+        node = child;
+    }
+}
+
+/// Each donee class's level: its nearest donor distance dmin, the donor
+/// classes at that distance (as watcher lists), and the class of the level's
+/// first donor in the file (k = 1).
+struct Levels {
+    /// Nearest donor distance per class (∞ without a donor anywhere; set for donee classes).
+    dmin: Vec<f64>,
+    /// Per donor class: the donee classes whose level holds it.
+    watchers: Vec<Vec<u32>>,
+    /// Per donee class: the class of its level's first donor (None: no donor anywhere).
+    wrap: Vec<Option<u32>>,
+}
+
+fn levels(cfg: &KnnConfig, classes: &[ClassCount]) -> Levels {
     let donor_classes: Vec<usize> = (0..classes.len()).filter(|&c| classes[c].donors > 0).collect();
     // Per class with donees: (dmin, level); the distances of all pairs, on all cores.
     let found: Vec<(f64, Vec<u32>)> = (0..classes.len())
@@ -412,7 +204,7 @@ fn levels(cfg: &KnnConfig, id: HashMap<Vec<u32>, u32>, keys: Vec<Vec<u32>>, clas
             let mut nearest = f64::INFINITY;
             let mut level = Vec::new();
             for &d in &donor_classes {
-                let x = cfg.distance(&keys[c], &keys[d]);
+                let x = cfg.distance(&classes[c].key, &classes[d].key);
                 if x < nearest {
                     nearest = x;
                     level.clear();
@@ -429,12 +221,16 @@ fn levels(cfg: &KnnConfig, id: HashMap<Vec<u32>, u32>, keys: Vec<Vec<u32>>, clas
     let mut dmin = vec![f64::INFINITY; classes.len()];
     for (c, (d, level)) in found.into_iter().enumerate() {
         dmin[c] = d;
-        wrap[c] = level.iter().copied().min_by_key(|&l| classes[l as usize].first_donor);
+        wrap[c] = level
+            .iter()
+            .copied()
+            .filter(|&l| classes[l as usize].first_donor != NONE)
+            .min_by_key(|&l| classes[l as usize].first_donor);
         for l in level {
             watchers[l as usize].push(c as u32);
         }
     }
-    Index { id, keys, classes, dmin, watchers, wrap }
+    Levels { dmin, watchers, wrap }
 }
 
 #[cfg(test)]
@@ -507,6 +303,7 @@ queries:
     #[tokio::test]
     async fn the_streamed_summary_equals_the_in_memory_imputation() {
         let mut rng = SmallRng::seed_from_u64(19);
+        let mut split = false;
         for trial in 0..40 {
             let dir = tempfile::tempdir().unwrap();
             let n = rng.random_range(1..400);
@@ -516,7 +313,25 @@ queries:
             let spec = ImputeSpec::load(dir.path().join("spec.yaml").to_str().unwrap()).unwrap();
             let ds = Dataset::open("t", &spec.input, None, &spec.domain).unwrap();
             let batch = [3, 17, 8192][trial % 3];
-            let ctx = SessionContext::new_with_config(datafusion::prelude::SessionConfig::new().with_batch_size(batch));
+            // The input split into 1–5 byte ranges (partitions), so donees wait across
+            // partitions and batches, and wrap around.
+            let partitions = 1 + trial % 5;
+            let config = datafusion::prelude::SessionConfig::new()
+                .with_batch_size(batch)
+                .with_target_partitions(partitions)
+                .with_repartition_file_scans(true)
+                .with_repartition_file_min_size(1);
+            let ctx = SessionContext::new_with_config(config);
+            let plan = Dataset::open("t", &spec.input, None, &spec.domain)
+                .unwrap()
+                .raw(&ctx)
+                .await
+                .unwrap()
+                .create_physical_plan()
+                .await
+                .unwrap();
+            assert!(in_file_order(&plan), "trial {trial}: a CSV split into byte ranges is in file order");
+            split |= plan.output_partitioning().partition_count() > 1;
             // 4 × 3 keys: enumerated exactly, or bounded by N₀ (a limit below the space size).
             for limit in [u64::MAX, 5] {
                 let want = crate::impute::prepare_on(&ctx, &ds, &spec.imputation, &spec.queries).await.unwrap();
@@ -532,5 +347,44 @@ queries:
                 assert_same(trial, &got, &want);
             }
         }
+        assert!(split, "no trial split its input into partitions");
+    }
+
+    /// Issue 21: on a standalone Ballista cluster each partition's pass runs
+    /// as a task (the not-applicable rule travels as a protobuf expression),
+    /// and the summary equals this process's, read as one partition and as
+    /// many.
+    #[cfg(feature = "cluster")]
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn a_standalone_cluster_imputes_what_this_process_does() {
+        use crate::io::{ClusterSpec, session_context, session_context_on};
+        let mut rng = SmallRng::seed_from_u64(21);
+        let dir = tempfile::tempdir().unwrap();
+        // About 3 MB: the cluster's session splits it into byte ranges.
+        std::fs::write(dir.path().join("t.csv"), table(&mut rng, 150_000)).unwrap();
+        std::fs::write(dir.path().join("d.yaml"), DOMAIN).unwrap();
+        std::fs::write(dir.path().join("spec.yaml"), SPEC).unwrap();
+        let spec = ImputeSpec::load(dir.path().join("spec.yaml").to_str().unwrap()).unwrap();
+        let ds = Dataset::open("t", &spec.input, None, &spec.domain).unwrap();
+        let target = ClusterSpec::parse("standalone", Some(5)).unwrap().connect().await.unwrap();
+        let cluster = session_context_on(Some(&target));
+        let plan = ds.raw(&cluster).await.unwrap().create_physical_plan().await.unwrap();
+        assert!(plan.output_partitioning().partition_count() > 1, "the cluster reads the input in one task");
+        assert!(in_file_order(&plan));
+
+        let local = session_context();
+        let ordered = crate::impute::ordered_context(&local);
+        let want = summarize(&ordered, &ds, &spec.imputation, &spec.queries, 5).await.unwrap();
+        assert!(want.donees > 10_000, "not vacuous: {} donees", want.donees);
+        let before = target.jobs_submitted();
+        let got = summarize(&cluster, &ds, &spec.imputation, &spec.queries, 5).await.unwrap();
+        assert_eq!(target.jobs_submitted(), before + 2, "one job per pass");
+        assert_same(0, &got, &want);
+        let split = local.state().config().clone().with_target_partitions(7).with_repartition_file_min_size(1);
+        let split = SessionContext::new_with_state(
+            datafusion::execution::SessionStateBuilder::new_from_existing(local.state()).with_config(split).build(),
+        );
+        let got = summarize(&split, &ds, &spec.imputation, &spec.queries, 5).await.unwrap();
+        assert_same(1, &got, &want);
     }
 }

@@ -15,7 +15,8 @@ use datafusion_proto::physical_plan::{PhysicalExtensionCodec, PhysicalProtoConve
 use serde::{Deserialize, Serialize};
 
 use crate::domain::{Domain, DomainOutput, EncodeExec};
-use crate::knn::{KnnDonorExec, KnnSpec};
+use crate::knn::pass::KnnRead;
+use crate::knn::{KnnDonorExec, KnnPassExec, KnnSpec, KnnStage};
 use crate::marginal::{MarginalConfig, MarginalExec, MarginalMode, MarginalNode};
 use crate::synth::{FillNullsExec, FillPlan, Sampler, SyntheticExec};
 
@@ -55,6 +56,12 @@ enum PhysicalPayload {
     },
     Knn {
         spec: KnnSpec,
+    },
+    KnnPass {
+        read: KnnRead,
+        /// Per imputed column with a rule: (column, the rule as a protobuf `PhysicalExprNode`).
+        rules: Vec<(String, Vec<u8>)>,
+        stage: KnnStage,
     },
 }
 
@@ -114,7 +121,7 @@ impl PhysicalExtensionCodec for DpflowCodec {
         &self,
         buf: &[u8],
         inputs: &[Arc<dyn ExecutionPlan>],
-        _ctx: &TaskContext,
+        ctx: &TaskContext,
         _proto_converter: &dyn PhysicalProtoConverterExtension,
     ) -> Result<Arc<dyn ExecutionPlan>> {
         let payload: PhysicalPayload = serde_json::from_slice(buf).map_err(enc_err)?;
@@ -145,6 +152,25 @@ impl PhysicalExtensionCodec for DpflowCodec {
                 Arc::new(FillNullsExec::try_new(input()?, Arc::new(plan))?)
             }
             PhysicalPayload::Knn { spec } => Arc::new(KnnDonorExec::try_new(input()?, spec)?),
+            PhysicalPayload::KnnPass { mut read, rules, stage } => {
+                read.domain = read.domain.reindex().map_err(|e| DataFusionError::Internal(e.to_string()))?;
+                let schema = crate::domain::decoded_schema(&read.domain);
+                let rules = rules
+                    .into_iter()
+                    .map(|(name, bytes)| {
+                        let node =
+                            <datafusion_proto::protobuf::PhysicalExprNode as prost::Message>::decode(bytes.as_slice())
+                                .map_err(|e| {
+                                    DataFusionError::Internal(format!("dpflow codec: a rule of {name:?}: {e}"))
+                                })?;
+                        let expr = datafusion_proto::physical_plan::from_proto::parse_physical_expr(
+                            &node, ctx, &schema, self,
+                        )?;
+                        Ok((name, expr))
+                    })
+                    .collect::<Result<Vec<_>>>()?;
+                Arc::new(KnnPassExec::try_new(input()?, read, rules, stage)?)
+            }
         })
     }
 
@@ -169,6 +195,16 @@ impl PhysicalExtensionCodec for DpflowCodec {
             PhysicalPayload::Fill { plan: f.plan().as_ref().clone() }
         } else if let Some(k) = node.downcast_ref::<KnnDonorExec>() {
             PhysicalPayload::Knn { spec: k.spec().clone() }
+        } else if let Some(k) = node.downcast_ref::<KnnPassExec>() {
+            let rules = k
+                .rules()
+                .iter()
+                .map(|(name, expr)| {
+                    let node = datafusion_proto::physical_plan::to_proto::serialize_physical_expr(expr, self)?;
+                    Ok((name.clone(), prost::Message::encode_to_vec(&node)))
+                })
+                .collect::<Result<Vec<_>>>()?;
+            PhysicalPayload::KnnPass { read: k.read().clone(), rules, stage: k.stage().clone() }
         } else {
             return Err(DataFusionError::NotImplemented(format!(
                 "dpflow codec cannot encode operator {}",

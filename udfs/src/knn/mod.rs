@@ -4,6 +4,9 @@
 
 mod exec;
 mod index;
+pub mod pass;
+mod pass_exec;
+pub mod query;
 #[cfg(test)]
 mod tests;
 
@@ -12,3 +15,4 @@ pub use index::{
     Assignment, AttrKind, ClassView, KnnConfig, KnnError, KnnRecords, L1Report, MatchAttr, Metric, PartDonees,
     max_cyclic_coverage,
 };
+pub use pass_exec::{GroupId, KnnPassExec, KnnPassOutput, KnnStage, file_groups};
