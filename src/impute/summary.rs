@@ -15,9 +15,11 @@
 
 use dpflow_udfs::knn::L1Report;
 
+pub(crate) use dpflow_udfs::knn::query::Columns;
 #[cfg_attr(feature = "bench-internals", visibility::make(pub))]
 pub(crate) use dpflow_udfs::knn::query::{Aggregates, ValueGrid};
-pub(crate) use dpflow_udfs::knn::query::{Columns, CompiledQuery, RowView};
+#[cfg(any(test, feature = "bench-internals"))]
+pub(crate) use dpflow_udfs::knn::query::{CompiledQuery, RowView};
 
 /// One query's summary.
 #[derive(Clone, PartialEq)]

@@ -249,7 +249,7 @@ fn conform(typed: &RecordBatch, schema: &SchemaRef) -> Result<RecordBatch> {
 
 /// Pass 1 of one partition: its rows, and per class (in the order of first
 /// appearance) its donors, donees and first donor.
-#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+#[derive(Clone, Default, PartialEq, Serialize, Deserialize)]
 pub struct ClassCounts {
     /// Rows of the partition (after the domain's policies).
     pub rows: u64,
@@ -258,7 +258,7 @@ pub struct ClassCounts {
 }
 
 /// What pass 1 learns of one class.
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[derive(Clone, PartialEq, Serialize, Deserialize)]
 pub struct ClassCount {
     /// The grouped match key.
     pub key: Vec<u32>,
@@ -270,6 +270,8 @@ pub struct ClassCount {
     /// partition in a [`ClassCounts`], in the file after [`merge_classes`].
     pub first_donor: u64,
 }
+
+crate::protected_debug!(ClassCounts, ClassCount, KnnIndex, Waiting, FirstDonor, Partial);
 
 /// Pass 1 over one partition's batches.
 #[derive(Default)]
@@ -352,7 +354,7 @@ pub fn merge_classes(parts: &[ClassCounts]) -> (Vec<ClassCount>, Vec<u64>) {
 
 /// What pass 2 needs of the whole file (public spec, the queries, and the
 /// class index that pass 1 built).
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[derive(Clone, PartialEq, Serialize, Deserialize)]
 pub struct KnnIndex {
     /// The queries.
     pub queries: Vec<QuerySpec>,
@@ -369,7 +371,7 @@ pub struct KnnIndex {
 }
 
 /// A donee whose donor is not known yet.
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[derive(Clone, PartialEq, Serialize, Deserialize)]
 pub struct Waiting {
     /// Its class.
     pub class: u32,
@@ -382,7 +384,7 @@ pub struct Waiting {
 }
 
 /// A partition's first donor of one class.
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[derive(Clone, PartialEq, Serialize, Deserialize)]
 pub struct FirstDonor {
     /// Its class.
     pub class: u32,
@@ -395,7 +397,7 @@ pub struct FirstDonor {
 }
 
 /// One partition's pass 2, except its donees' intervals.
-#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+#[derive(Clone, Default, PartialEq, Serialize, Deserialize)]
 pub struct Partial {
     /// The partition.
     pub partition: usize,
@@ -618,8 +620,24 @@ pub struct Merged {
     pub remove_donor: Vec<u64>,
 }
 
-/// Merges the partitions' partials (in any order; sorted here) and
-/// intervals: carried donees find their donors among later partitions'
+/// An empty home for the donees' intervals of every smooth number and class
+/// ([`push_interval`] fills it as the partitions' intervals arrive).
+pub fn interval_table(compiled: &Compiled<'_>, index: &KnnIndex) -> Vec<Vec<Vec<(f64, f64)>>> {
+    vec![vec![Vec::new(); index.keys.len()]; compiled.smooth_numbers()]
+}
+
+/// Files one interval in an [`interval_table`].
+pub fn push_interval(per_part: &mut [Vec<Vec<(f64, f64)>>], (f, class, x, y): Interval) -> Result<()> {
+    per_part
+        .get_mut(f as usize)
+        .and_then(|p| p.get_mut(class as usize))
+        .ok_or_else(|| internal("an interval names an unknown number or class"))?
+        .push((x, y));
+    Ok(())
+}
+
+/// Merges the partitions' partials (in any order; sorted here) into the
+/// intervals that arrived with them (`per_part`): carried donees find their donors among later partitions'
 /// first donors, and the last wrap around to their level's first donor.
 /// `first_donor` is each class's first donor in the file ([`merge_classes`]);
 /// `wrap` each donee class's level's first donor class.
@@ -629,7 +647,7 @@ pub fn merge_partials(
     first_donor: &[u64],
     wrap: &[Option<u32>],
     mut partials: Vec<Partial>,
-    intervals: impl IntoIterator<Item = Interval>,
+    per_part: Vec<Vec<Vec<(f64, f64)>>>,
 ) -> Result<Merged> {
     let nclass = index.keys.len();
     let nflat = compiled.smooth_numbers();
@@ -637,24 +655,17 @@ pub fn merge_partials(
     if partials.len() != index.offsets.len() || partials.iter().enumerate().any(|(i, p)| p.partition != i) {
         return Err(internal("a partition of the imputation's second pass is missing or repeated"));
     }
+    if per_part.len() != nflat || per_part.iter().any(|p| p.len() != nclass) {
+        return Err(internal("the donee intervals are not laid out by number and class"));
+    }
     let mut m = Merged {
         aggs: vec![Default::default(); compiled.queries.len()],
-        per_part: vec![vec![Vec::new(); nclass]; nflat],
+        per_part,
         inside: vec![0; nflat],
         seen: 0,
         remove_donor: vec![0; nflat],
     };
-    let push = |per_part: &mut Vec<Vec<Vec<(f64, f64)>>>, (f, class, x, y): Interval| -> Result<()> {
-        per_part
-            .get_mut(f as usize)
-            .and_then(|p| p.get_mut(class as usize))
-            .ok_or_else(|| internal("an interval names an unknown number or class"))?
-            .push((x, y));
-        Ok(())
-    };
-    for iv in intervals {
-        push(&mut m.per_part, iv)?;
-    }
+    let push = |per_part: &mut Vec<Vec<Vec<(f64, f64)>>>, iv: Interval| push_interval(per_part, iv);
     let mut pending: Vec<Vec<Waiting>> = (0..nclass).map(|_| Vec::new()).collect();
     let mut first_load: Vec<Option<Vec<u64>>> = vec![None; nclass];
     let mut first_values: Vec<Option<Vec<f64>>> = vec![None; nclass];
@@ -718,6 +729,9 @@ pub fn merge_partials(
     for load in first_load.iter().flatten() {
         m.remove_donor.iter_mut().zip(load).for_each(|(a, b)| *a = (*a).max(*b));
     }
+    if m.per_part.iter().zip(&m.inside).any(|(p, &n)| p.iter().map(|c| c.len() as u64).sum::<u64>() != n) {
+        return Err(internal("the donee intervals do not match the partitions' counts"));
+    }
     Ok(m)
 }
 
@@ -727,4 +741,21 @@ fn add_aggs(a: &mut Aggregates, b: &Aggregates) {
     a.values += b.values;
     a.units += b.units;
     a.units_sq += b.units_sq;
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn partials_cross_json_bit_for_bit() {
+        // Values a two-step decimal parse rounds wrong (serde_json without float_roundtrip).
+        let odd = [0.9999999999999999, 12.753451286971085, 1e-310, f64::MAX, 0.1 + 0.2];
+        let w = Waiting { class: 3, row: 7, observed: odd.iter().map(|&x| Some(x)).collect(), unknown: vec![false; 5] };
+        let back: Waiting = serde_json::from_slice(&serde_json::to_vec(&w).unwrap()).unwrap();
+        assert!(back.observed.iter().zip(&odd).all(|(b, o)| b.unwrap().to_bits() == o.to_bits()));
+        let f = FirstDonor { class: 1, row: 2, values: odd.to_vec(), load: vec![4] };
+        let back: FirstDonor = serde_json::from_slice(&serde_json::to_vec(&f).unwrap()).unwrap();
+        assert!(back.values.iter().zip(&odd).all(|(b, o)| b.to_bits() == o.to_bits()));
+    }
 }

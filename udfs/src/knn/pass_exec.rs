@@ -26,7 +26,10 @@ use datafusion::physical_plan::{DisplayAs, DisplayFormatType, ExecutionPlan, Exe
 use futures::{StreamExt, TryStreamExt};
 use serde::{Deserialize, Serialize};
 
-use super::pass::{ClassCounter, ClassCounts, Compiled, Imputer, Interval, KnnIndex, KnnRead, Partial, Reader, Rule};
+use super::pass::{
+    ClassCount, ClassCounter, ClassCounts, Compiled, FirstDonor, Imputer, Interval, KnnIndex, KnnRead, Partial, Reader,
+    Rule, Waiting,
+};
 
 /// Which pass a [`KnnPassExec`] runs.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
@@ -37,23 +40,79 @@ pub enum KnnStage {
     Impute(Arc<KnnIndex>),
 }
 
-/// What a partition of [`KnnPassExec`] returned.
-#[derive(Debug, Default)]
+/// What the partitions of a [`KnnPassExec`] returned, gathered batch by
+/// batch ([`KnnPassExec::decode`]); the donees' intervals go to a sink as
+/// they arrive.
+#[derive(Default)]
 pub struct KnnPassOutput {
-    /// Pass 1: per partition (in partition order), its counts.
-    pub classes: Vec<ClassCounts>,
-    /// Pass 2: per partition, its partial (in the order they arrived).
-    pub partials: Vec<Partial>,
-    /// Pass 2: the donees' intervals.
-    pub intervals: Vec<Interval>,
+    /// Pass 1: per partition, its rows and its classes' chunks (by sequence number).
+    rows: std::collections::BTreeMap<usize, u64>,
+    classes: Vec<(usize, u32, Vec<ClassCount>)>,
+    /// Pass 2: per partition, its partial (without firsts and carried donees).
+    partials: Vec<Partial>,
+    firsts: Vec<(usize, Vec<FirstDonor>)>,
+    carried: Vec<(usize, Vec<Waiting>)>,
 }
 
-/// A partition's last row.
+crate::protected_debug!(KnnPassOutput);
+
+impl KnnPassOutput {
+    /// Pass 1: per partition in partition order, its counts (`partitions`
+    /// of them, each reported once).
+    pub fn classes(mut self, partitions: usize) -> Result<Vec<ClassCounts>> {
+        if self.rows.len() != partitions || self.rows.keys().enumerate().any(|(i, &p)| p != i) {
+            return Err(internal("a partition of the imputation's first pass is missing"));
+        }
+        self.classes.sort_by_key(|(p, seq, _)| (*p, *seq));
+        let mut out: Vec<ClassCounts> =
+            self.rows.values().map(|&rows| ClassCounts { rows, classes: Vec::new() }).collect();
+        for (p, _, chunk) in self.classes {
+            out.get_mut(p).ok_or_else(|| internal("a class chunk of an unknown partition"))?.classes.extend(chunk);
+        }
+        Ok(out)
+    }
+
+    /// Pass 2: the partitions' partials, with their first donors and carried donees in row order.
+    pub fn partials(self) -> Result<Vec<Partial>> {
+        let mut partials = self.partials;
+        let at = |partials: &mut Vec<Partial>, p: usize| -> Result<usize> {
+            partials.iter().position(|x| x.partition == p).ok_or_else(|| internal("a chunk of an unknown partition"))
+        };
+        for (p, chunk) in self.firsts {
+            let i = at(&mut partials, p)?;
+            partials[i].firsts.extend(chunk);
+        }
+        for (p, chunk) in self.carried {
+            let i = at(&mut partials, p)?;
+            partials[i].carried.extend(chunk);
+        }
+        for x in &mut partials {
+            x.firsts.sort_by_key(|f| f.row);
+            x.carried.sort_by_key(|w| w.row);
+        }
+        Ok(partials)
+    }
+}
+
+/// A partition's rows other than intervals: JSON, in chunks of at most
+/// [`CHUNK`] items, so that no value of the binary column nears a message
+/// limit (Ballista's Flight messages: 16 MiB by default).
 #[derive(Serialize, Deserialize)]
 enum Meta {
-    Classes(ClassCounts),
+    /// Pass 1: the partition's rows.
+    Rows(u64),
+    /// Pass 1: a chunk of its classes, in order.
+    Classes(u32, Vec<ClassCount>),
+    /// Pass 2: its partial, without first donors and carried donees.
     Partial(Partial),
+    /// Pass 2: a chunk of its first donors.
+    Firsts(Vec<FirstDonor>),
+    /// Pass 2: a chunk of its carried donees.
+    Carried(Vec<Waiting>),
 }
+
+/// Items per JSON chunk.
+const CHUNK: usize = 2048;
 
 /// The operator.
 #[derive(Debug)]
@@ -109,45 +168,57 @@ impl KnnPassExec {
         &self.stage
     }
 
-    /// Reads the output batches of every partition back.
-    pub fn decode(batches: &[RecordBatch]) -> Result<KnnPassOutput> {
-        let bad = || DataFusionError::Internal("a kNN pass returned a batch it does not write".into());
-        let mut out = KnnPassOutput::default();
-        let mut classes: Vec<(usize, ClassCounts)> = Vec::new();
-        for b in batches {
-            if b.num_columns() != 6 {
-                return Err(bad());
+    /// Reads one output batch into `out`; its intervals go to `intervals`.
+    pub fn decode(
+        batch: &RecordBatch,
+        out: &mut KnnPassOutput,
+        intervals: &mut dyn FnMut(Interval) -> Result<()>,
+    ) -> Result<()> {
+        let bad = || internal("a kNN pass returned a batch it does not write");
+        if batch.num_columns() != 6 {
+            return Err(bad());
+        }
+        let part = batch.column(0).as_primitive_opt::<UInt32Type>().ok_or_else(bad)?;
+        let number = batch.column(1).as_primitive_opt::<UInt32Type>().ok_or_else(bad)?;
+        let class = batch.column(2).as_primitive_opt::<UInt32Type>().ok_or_else(bad)?;
+        let donee = batch.column(3).as_primitive_opt::<Float64Type>().ok_or_else(bad)?;
+        let donor = batch.column(4).as_primitive_opt::<Float64Type>().ok_or_else(bad)?;
+        let meta = batch.column(5).as_binary_opt::<i32>().ok_or_else(bad)?;
+        for r in 0..batch.num_rows() {
+            if !meta.is_valid(r) {
+                intervals((number.value(r), class.value(r), donee.value(r), donor.value(r)))?;
+                continue;
             }
-            let part = b.column(0).as_primitive_opt::<UInt32Type>().ok_or_else(bad)?;
-            let number = b.column(1).as_primitive_opt::<UInt32Type>().ok_or_else(bad)?;
-            let class = b.column(2).as_primitive_opt::<UInt32Type>().ok_or_else(bad)?;
-            let donee = b.column(3).as_primitive_opt::<Float64Type>().ok_or_else(bad)?;
-            let donor = b.column(4).as_primitive_opt::<Float64Type>().ok_or_else(bad)?;
-            let meta = b.column(5).as_binary_opt::<i32>().ok_or_else(bad)?;
-            for r in 0..b.num_rows() {
-                if meta.is_valid(r) {
-                    let p = part.value(r) as usize;
-                    let json = meta.value(r);
-                    let err = |e: serde_json::Error| DataFusionError::Internal(format!("a kNN pass's partial: {e}"));
-                    match serde_json::from_slice::<Meta>(json).map_err(err)? {
-                        Meta::Partial(partial) => out.partials.push(partial),
-                        Meta::Classes(counts) => classes.push((p, counts)),
+            let p = part.value(r) as usize;
+            // The parser's message can quote the text: withheld.
+            let parsed = serde_json::from_slice::<Meta>(meta.value(r)).map_err(|_| bad())?;
+            match parsed {
+                Meta::Rows(rows) => {
+                    if out.rows.insert(p, rows).is_some() {
+                        return Err(internal("a partition of the imputation's first pass came twice"));
                     }
-                } else {
-                    out.intervals.push((number.value(r), class.value(r), donee.value(r), donor.value(r)));
                 }
+                Meta::Classes(seq, chunk) => out.classes.push((p, seq, chunk)),
+                Meta::Partial(partial) => {
+                    if partial.partition != p || out.partials.iter().any(|x| x.partition == p) {
+                        return Err(internal("a partition of the imputation's second pass came twice"));
+                    }
+                    out.partials.push(partial)
+                }
+                Meta::Firsts(chunk) => out.firsts.push((p, chunk)),
+                Meta::Carried(chunk) => out.carried.push((p, chunk)),
             }
         }
-        classes.sort_by_key(|(p, _)| *p);
-        if classes.iter().enumerate().any(|(i, (p, _))| *p != i) {
-            return Err(DataFusionError::Internal("a partition of the imputation's first pass is missing".into()));
-        }
-        out.classes = classes.into_iter().map(|(_, c)| c).collect();
-        Ok(out)
+        Ok(())
     }
 }
 
-fn meta_batch(partition: usize, json: Vec<u8>) -> Result<RecordBatch> {
+fn meta_batch(partition: usize, meta: &Meta) -> Result<RecordBatch> {
+    let json = serde_json::to_vec(meta).map_err(|_| internal("a kNN pass's partial could not be written"))?;
+    meta_row(partition, json)
+}
+
+fn meta_row(partition: usize, json: Vec<u8>) -> Result<RecordBatch> {
     let p = partition as u32;
     let cols: Vec<ArrayRef> = vec![
         Arc::new(UInt32Array::from(vec![p])),
@@ -214,17 +285,18 @@ fn one_group(plan: &Arc<dyn ExecutionPlan>, partition: usize) -> Result<Option<(
     }
     let children = plan.children();
     let [child] = children.as_slice() else { return Ok(None) };
+    let keeps = child.output_partitioning().partition_count() == plan.output_partitioning().partition_count()
+        && plan.maintains_input_order().first().copied().unwrap_or(false);
     Ok(match one_group(child, partition)? {
+        Some(_) if !keeps => {
+            return Err(internal("a kNN pass reads its scan through an operator that merges or reorders partitions"));
+        }
         Some((c, id)) => {
             let keep = ReplaceChildrenOptions::new(ChildrenPropertiesMode::Recompute);
             Some((plan.clone().replace_children(vec![c], keep)?, id))
         }
         None => None,
     })
-}
-
-fn json_err(e: serde_json::Error) -> DataFusionError {
-    DataFusionError::Internal(format!("a kNN pass's partial: {e}"))
 }
 
 impl DisplayAs for KnnPassExec {
@@ -302,10 +374,11 @@ impl ExecutionPlan for KnnPassExec {
                         let b = reader.read(&raw?)?;
                         counter.add(&reader, &b);
                     }
-                    out.push(meta_batch(
-                        partition,
-                        serde_json::to_vec(&Meta::Classes(counter.finish())).map_err(json_err)?,
-                    )?);
+                    let counts = counter.finish();
+                    out.push(meta_batch(partition, &Meta::Rows(counts.rows))?);
+                    for (seq, chunk) in counts.classes.chunks(CHUNK).enumerate() {
+                        out.push(meta_batch(partition, &Meta::Classes(seq as u32, chunk.to_vec()))?);
+                    }
                 }
                 KnnStage::Impute(index) => {
                     let compiled = Compiled::new(&index.queries, &read);
@@ -322,8 +395,15 @@ impl ExecutionPlan for KnnPassExec {
                     if !ivs.is_empty() {
                         out.push(interval_batch(partition, &ivs)?);
                     }
-                    let partial = imputer.finish()?;
-                    out.push(meta_batch(partition, serde_json::to_vec(&Meta::Partial(partial)).map_err(json_err)?)?);
+                    let mut partial = imputer.finish()?;
+                    let (firsts, carried) = (std::mem::take(&mut partial.firsts), std::mem::take(&mut partial.carried));
+                    out.push(meta_batch(partition, &Meta::Partial(partial))?);
+                    for chunk in firsts.chunks(CHUNK) {
+                        out.push(meta_batch(partition, &Meta::Firsts(chunk.to_vec()))?);
+                    }
+                    for chunk in carried.chunks(CHUNK) {
+                        out.push(meta_batch(partition, &Meta::Carried(chunk.to_vec()))?);
+                    }
                 }
             }
             Ok::<_, DataFusionError>(futures::stream::iter(out.into_iter().map(Ok)))
