@@ -15,4 +15,5 @@ pub use index::{
     Assignment, AttrKind, ClassView, KnnConfig, KnnError, KnnRecords, L1Report, MatchAttr, Metric, PartDonees,
     max_cyclic_coverage,
 };
-pub use pass_exec::{GroupId, KnnPassExec, KnnPassOutput, KnnStage, file_groups};
+pub use pass::GroupId;
+pub use pass_exec::{KnnPassExec, KnnPassOutput, KnnStage, file_groups};

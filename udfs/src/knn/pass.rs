@@ -65,10 +65,14 @@ pub struct KnnRead {
     pub imputed: Vec<String>,
     /// Per matching attribute: (column, code grouping).
     pub grouping: Vec<(String, u32)>,
-    /// The scan's file groups, by partition ([`super::pass_exec::file_groups`]):
-    /// how a task whose scan was cut down to its own groups finds its partition.
-    pub groups: Vec<super::pass_exec::GroupId>,
+    /// The scan's file groups, by partition (`file_groups` of the operator's
+    /// module): how a task whose scan was cut down to its own groups finds
+    /// its partition.
+    pub groups: Vec<GroupId>,
 }
+
+/// A file group's first file and byte offset (None for an empty group).
+pub type GroupId = Option<(String, i64)>;
 
 /// An imputed column's `not_applicable_when` rule, compiled over the
 /// domain's decoded schema ([`decoded_schema`]).

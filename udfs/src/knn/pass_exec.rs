@@ -27,8 +27,8 @@ use futures::{StreamExt, TryStreamExt};
 use serde::{Deserialize, Serialize};
 
 use super::pass::{
-    ClassCount, ClassCounter, ClassCounts, Compiled, FirstDonor, Imputer, Interval, KnnIndex, KnnRead, Partial, Reader,
-    Rule, Waiting,
+    ClassCount, ClassCounter, ClassCounts, Compiled, FirstDonor, GroupId, Imputer, Interval, KnnIndex, KnnRead,
+    Partial, Reader, Rule, Waiting,
 };
 
 /// Which pass a [`KnnPassExec`] runs.
@@ -246,9 +246,6 @@ fn interval_batch(partition: usize, ivs: &[Interval]) -> Result<RecordBatch> {
 fn internal(msg: &str) -> DataFusionError {
     DataFusionError::Internal(msg.into())
 }
-
-/// A file group's first file and byte offset (None for an empty group).
-pub type GroupId = Option<(String, i64)>;
 
 /// The file scan under `plan` (through single-child operators), or None.
 fn file_scan(plan: &Arc<dyn ExecutionPlan>) -> Option<&FileScanConfig> {
