@@ -6,13 +6,13 @@
 //! the partial aggregates and the donees' intervals come back.
 //!
 //! The donor rule is 004 Def. 4.1 with the cyclic tie-break of
-//! [`super::index`] (k = 1): a donee x takes, among the donors of the nearest
+//! the index module (k = 1): a donee x takes, among the donors of the nearest
 //! donor classes (its *level*), the first whose identifier follows x's,
 //! wrapping around. Identifiers are row numbers in file order (partition
 //! *p*'s rows start at the number of rows before it), so the rule only needs
 //! order, and order is what a partitioned pass keeps:
 //!
-//! - **Pass 1** ([`count_classes`]): per partition, each class's donors,
+//! - **Pass 1** ([`ClassCounter`], [`merge_classes`]): per partition, each class's donors,
 //!   donees and first donor. Merged in partition order ([`merge_classes`]),
 //!   they give each class its global first donor, and the client gives each
 //!   donee class its level ([`super::ClassView`]'s distances).
