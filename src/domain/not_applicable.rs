@@ -111,32 +111,10 @@ impl NotApplicable {
 
     /// Per row of a typed batch: whether the rule holds (a rule that is null does not).
     pub fn holds(&self, typed: &RecordBatch) -> datafusion::common::Result<Vec<bool>> {
-        let typed = self.conform(typed)?;
+        let typed = super::conform_to_decoded(typed, &self.schema)?;
         let holds = self.rule.evaluate(&typed)?.into_array(typed.num_rows())?;
         let holds = holds.as_boolean();
         Ok((0..typed.num_rows()).map(|r| holds.is_valid(r) && holds.value(r)).collect())
-    }
-
-    /// The batch with the exact types the rule was compiled for: typed reads of
-    /// Parquet hold text as `Utf8View`, the domain's decoded schema as `Utf8`
-    /// (a cast between the two cannot fail).
-    fn conform(&self, typed: &RecordBatch) -> datafusion::common::Result<RecordBatch> {
-        if typed.schema().fields() == self.schema.fields() {
-            return Ok(typed.clone());
-        }
-        let columns = typed
-            .columns()
-            .iter()
-            .zip(self.schema.fields())
-            .map(|(c, f)| {
-                if c.data_type() == f.data_type() {
-                    Ok(c.clone())
-                } else {
-                    datafusion::arrow::compute::cast(c, f.data_type())
-                }
-            })
-            .collect::<Result<Vec<_>, _>>()?;
-        Ok(RecordBatch::try_new(self.schema.clone(), columns)?)
     }
 
     /// The rule, over the domain's decoded schema (`decoded_schema`); a

@@ -121,6 +121,29 @@ impl Column {
     }
 }
 
+/// `typed` with the exact types of `schema` (the domain's decoded schema):
+/// typed reads of Parquet hold text as `Utf8View`, the decoded schema as
+/// `Utf8` (a cast between the two cannot fail). Expressions compiled over the
+/// decoded schema (e.g. `not_applicable_when` rules) evaluate on the result.
+pub fn conform_to_decoded(typed: &RecordBatch, schema: &SchemaRef) -> datafusion::common::Result<RecordBatch> {
+    if typed.schema().fields() == schema.fields() {
+        return Ok(typed.clone());
+    }
+    let columns = typed
+        .columns()
+        .iter()
+        .zip(schema.fields())
+        .map(|(c, f)| {
+            if c.data_type() == f.data_type() {
+                Ok(c.clone())
+            } else {
+                datafusion::arrow::compute::cast(c, f.data_type())
+            }
+        })
+        .collect::<Result<Vec<_>, _>>()?;
+    Ok(RecordBatch::try_new(schema.clone(), columns)?)
+}
+
 /// The schema of decoded batches (nullable exactly where the domain is).
 pub fn decoded_schema(domain: &Domain) -> SchemaRef {
     Arc::new(Schema::new(

@@ -13,7 +13,7 @@ mod table;
 mod tests;
 
 pub use column::{Column, ColumnError, ColumnKind, Domain, DomainError, OutOfDomain};
-pub use decode::{DecodeError, DecodeMode, decode_columns, decoded_schema};
+pub use decode::{DecodeError, DecodeMode, conform_to_decoded, decode_columns, decoded_schema};
 pub use encode::{BatchEncoder, ColumnStats, EncodeError, EncodeStats, encoded_schema};
 pub use exec::{DomainOutput, EncodeExec};
 pub use table::{EncodedTable, project};

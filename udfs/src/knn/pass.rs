@@ -49,7 +49,7 @@ use datafusion::physical_expr::PhysicalExpr;
 use serde::{Deserialize, Serialize};
 
 use super::query::{Aggregates, Columns, CompiledQuery, QuerySpec, RowView};
-use crate::domain::{BatchEncoder, ColumnKind, Domain, decoded_schema};
+use crate::domain::{BatchEncoder, ColumnKind, Domain, conform_to_decoded, decoded_schema};
 
 /// No row (a class without donors).
 pub const NONE: u64 = u64::MAX;
@@ -115,8 +115,8 @@ pub struct ReadBatch {
     pub observed: Vec<Vec<Option<f64>>>,
     /// Per read column: unknown cells (null, imputed, not not-applicable).
     pub unknown: Vec<Vec<bool>>,
-    /// The domain codes of the batch.
-    codes: RecordBatch,
+    /// The codes of the matching attributes, grouped (one column per attribute).
+    keys: Vec<Vec<u32>>,
 }
 
 fn internal(msg: impl Into<String>) -> DataFusionError {
@@ -191,7 +191,7 @@ impl Reader {
                 (true, None) => v.iter().map(Option::is_none).collect(),
                 (true, Some(rule)) => {
                     if typed_conformed.is_none() {
-                        typed_conformed = Some(conform(&typed, &self.decoded)?);
+                        typed_conformed = Some(conform_to_decoded(&typed, &self.decoded)?);
                     }
                     let t = typed_conformed.as_ref().expect("set");
                     let holds = rule.evaluate(t)?.into_array(rows)?;
@@ -203,7 +203,12 @@ impl Reader {
             observed.push(v);
             unknown.push(u);
         }
-        Ok(ReadBatch { rows, observed, unknown, codes })
+        let keys = self
+            .matching
+            .iter()
+            .map(|&(p, g)| codes.column(p).as_primitive::<UInt32Type>().values().iter().map(|&c| c / g).collect())
+            .collect();
+        Ok(ReadBatch { rows, observed, unknown, keys })
     }
 
     /// Row `r`'s role.
@@ -219,8 +224,8 @@ impl Reader {
 
     /// Row `r`'s grouped match key.
     pub fn key(&self, b: &ReadBatch, r: usize, key: &mut [u32]) {
-        for (k, &(p, g)) in key.iter_mut().zip(&self.matching) {
-            *k = b.codes.column(p).as_primitive::<UInt32Type>().value(r) / g;
+        for (k, column) in key.iter_mut().zip(&b.keys) {
+            *k = column[r];
         }
     }
 
@@ -228,27 +233,6 @@ impl Reader {
     pub fn key_len(&self) -> usize {
         self.matching.len()
     }
-}
-
-/// The batch with the exact types a rule was compiled for: typed reads of
-/// Parquet hold text as `Utf8View`, the decoded schema as `Utf8`.
-fn conform(typed: &RecordBatch, schema: &SchemaRef) -> Result<RecordBatch> {
-    if typed.schema().fields() == schema.fields() {
-        return Ok(typed.clone());
-    }
-    let columns = typed
-        .columns()
-        .iter()
-        .zip(schema.fields())
-        .map(|(c, f)| {
-            if c.data_type() == f.data_type() {
-                Ok(c.clone())
-            } else {
-                datafusion::arrow::compute::cast(c, f.data_type())
-            }
-        })
-        .collect::<std::result::Result<Vec<_>, _>>()?;
-    Ok(RecordBatch::try_new(schema.clone(), columns)?)
 }
 
 /// Pass 1 of one partition: its rows, and per class (in the order of first
