@@ -1,5 +1,5 @@
 //! What each fuzz target does with its input, shared by the `cargo fuzz`
-//! targets (`fuzz/fuzz_targets/*.rs`) and by `tests/fuzz_corpus.rs`, which
+//! targets (`fuzz/fuzz_targets/*.rs`) and by `tests/it/fuzz_corpus.rs`, which
 //! replays the committed corpora in every `cargo test` run.
 //!
 //! The contract every function checks: dpflow answers any input with a

@@ -1,4 +1,4 @@
-"""Reference values for `dpflow analyze` from statsmodels (tests/analyze.rs).
+"""Reference values for `dpflow analyze` from statsmodels (tests/it/analyze.rs).
 
 Writes tests/data/analyze/data.csv (a seeded random data set with a numeric
 and a categorical predictor, nulls included) and expected.json: OLS and

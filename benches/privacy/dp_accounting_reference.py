@@ -1,5 +1,5 @@
 """Expected RDP values of the Poisson-subsampled Gaussian mechanism, from
-Google's dp-accounting, for tests/rdp_dp_accounting.rs (issue 18 item 1).
+Google's dp-accounting, for tests/it/rdp_dp_accounting.rs (issue 18 item 1).
 
     python3 -m venv /tmp/dpa && /tmp/dpa/bin/pip install dp-accounting==0.6.0
     /tmp/dpa/bin/python benches/privacy/dp_accounting_reference.py > tests/data/rdp/dp_accounting.json

@@ -1,5 +1,5 @@
 """SDNist's k-marginal score of the committed synthetic files against the real
-ma2019 excerpt: the expected values of `tests/eval.rs`
+ma2019 excerpt: the expected values of `tests/it/eval.rs`
 (`kmarginal_score_equals_sdnists`).
 
     python3 -m venv /tmp/sdnist && /tmp/sdnist/bin/pip install sdnist==2.4

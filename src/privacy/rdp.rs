@@ -18,7 +18,7 @@
 //!   decrease and lie 30 nats below the running total. Terms with k > α have
 //!   signed coefficients; they are added in absolute value, which can only
 //!   make A_α larger, so ε(α) stays a valid upper bound (dp-accounting 0.6
-//!   does the same, and our values match it: `tests/rdp_dp_accounting.rs`);
+//!   does the same, and our values match it: `tests/it/rdp_dp_accounting.rs`);
 //! - q = 1: ε(α) = α/(2σ²); q = 0: ε(α) = 0.
 //!
 //! With sensitivity Δ instead of 1 the noise multiplier is σ/Δ.

@@ -270,7 +270,7 @@ impl SqlEngine {
         Ok(self.query_inner(sql, budget, true, 1).await?.mechanisms)
     }
 
-    /// **Privacy audits only** (tests/dp_audit_sql.rs): reads the data of a DP
+    /// **Privacy audits only** (tests/it/dp_audit_sql.rs): reads the data of a DP
     /// query once and releases it `k` times with independent noise, through
     /// the same release code as [`SqlEngine::query`] (partition selection,
     /// noise, post-processing), so an audit can estimate the mechanism's

@@ -1,6 +1,6 @@
 // What DBeaver and other JDBC tools do on connect, through PostgreSQL's JDBC driver:
 // server metadata, schemas, tables and columns from pg_catalog, then a DP query.
-// Used by tests/serve.rs: java JdbcProbe PORT USER PASSWORD
+// Used by tests/it/serve.rs: java JdbcProbe PORT USER PASSWORD
 import java.sql.*;
 
 public class JdbcProbe {

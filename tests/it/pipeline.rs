@@ -7,7 +7,7 @@ use std::time::{Duration, Instant};
 
 use dpflow::privacy::{ChargeStatus, Ledger};
 
-mod common;
+use crate::common;
 use common::{Weed, free_port};
 
 fn dpflow() -> Command {

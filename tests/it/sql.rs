@@ -484,7 +484,7 @@ async fn quantile_intervals_are_charged_and_cover_the_exact_quantile() {
     assert!(lo <= 1.0 && hi >= 1.0, "[{lo}, {hi}] misses 1.0");
 }
 
-/// Found by the SQL privacy audit (tests/dp_audit_sql.rs): a query whose only
+/// Found by the SQL privacy audit (tests/it/dp_audit_sql.rs): a query whose only
 /// DP call is a quantile, without GROUP BY, built an aggregate of nothing,
 /// which DataFusion refuses, after the charge: every such query failed (and
 /// was charged). It now answers, with exactly one committed charge.

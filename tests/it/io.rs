@@ -160,14 +160,14 @@ fn files_that_are_not_parquet_get_an_error_naming_them() {
         // field of type NONE made arrow-ipc panic while DataFusion inferred it.
         (
             "arrow-schema.parquet",
-            include_bytes!("../fuzz/corpus/parquet/crash-arrow-schema-type-none.parquet"),
+            include_bytes!("../../fuzz/corpus/parquet/crash-arrow-schema-type-none.parquet"),
             "embedded Arrow schema",
         ),
         // Found by the same target: a negative row-group row count, which
         // DataFusion's statistics sum (a debug build's overflow panic).
         (
             "row-count.parquet",
-            include_bytes!("../fuzz/corpus/parquet/crash-negative-row-count.parquet"),
+            include_bytes!("../../fuzz/corpus/parquet/crash-negative-row-count.parquet"),
             "impossible row count",
         ),
         ("short.parquet", b"PAR1", "shorter than a Parquet header and footer"),

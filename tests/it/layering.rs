@@ -243,7 +243,7 @@ fn library_modules_only_import_their_own_floor_or_lower_and_form_no_cycle() {
     let floor: BTreeMap<&str, u8> = FLOORS.iter().copied().collect();
     let mut upward = Vec::new();
     for (a, bs) in &g.top {
-        let fa = *floor.get(a.as_str()).unwrap_or_else(|| panic!("module `{a}` has no floor in tests/layering.rs"));
+        let fa = *floor.get(a.as_str()).unwrap_or_else(|| panic!("module `{a}` has no floor in tests/it/layering.rs"));
         for b in bs {
             let fb = *floor.get(b.as_str()).unwrap_or_else(|| panic!("`{a}` imports `crate::{b}`, which has no floor"));
             if fb > fa {

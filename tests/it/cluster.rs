@@ -18,7 +18,7 @@ use dpflow::io::{ClusterSpec, session_context, session_context_on};
 use dpflow::privacy::{ChargeStatus, Ledger};
 use dpflow_udfs::marginal::NullMode;
 
-mod common;
+use crate::common;
 use common::free_port;
 
 fn root() -> PathBuf {

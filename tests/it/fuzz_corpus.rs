@@ -4,7 +4,7 @@
 //! regression tests. A panic here is a crash the fuzzer found (see
 //! fuzz/README.md to reproduce it with `cargo fuzz run`).
 
-#[path = "../fuzz/harness.rs"]
+#[path = "../../fuzz/harness.rs"]
 mod harness;
 
 use std::path::Path;
