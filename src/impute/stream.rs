@@ -237,12 +237,19 @@ struct Levels {
 
 fn levels(cfg: &KnnConfig, classes: &[ClassCount]) -> Levels {
     let donor_classes: Vec<usize> = (0..classes.len()).filter(|&c| classes[c].donors > 0).collect();
-    // Per class with donees: (dmin, level); the distances of all pairs, on all cores.
+    // With every weight positive, distinct keys are at a positive distance: a
+    // class holding donors is its own donees' only nearest donor class (the
+    // census-scale case, where a scan of all pairs was most of the work).
+    let positive = cfg.attrs.iter().all(|a| a.weight > 0.0 && a.weight.is_finite());
+    // Per class with donees: (dmin, level); the distances of the other pairs, on all cores.
     let found: Vec<(f64, Vec<u32>)> = (0..classes.len())
         .into_par_iter()
         .map(|c| {
             if classes[c].donees == 0 {
                 return (f64::INFINITY, Vec::new());
+            }
+            if positive && classes[c].donors > 0 {
+                return (0.0, vec![c as u32]);
             }
             let mut nearest = f64::INFINITY;
             let mut level = Vec::new();
