@@ -150,13 +150,21 @@ pub struct ClusterArgs {
     /// Partitions of the plans sent to the cluster (tasks per stage; default 16).
     #[arg(long, requires = "cluster")]
     pub cluster_partitions: Option<usize>,
+    /// Fail the release (charged, as any failure after reading protected data) when one cluster job
+    /// has not finished in this time, e.g. 30m or 2h. Default: no limit (with `--cluster`, a
+    /// catalog's or pipeline's `cluster: {job_timeout: ...}` is overridden too).
+    #[arg(long, requires = "cluster", value_name = "DURATION")]
+    pub cluster_job_timeout: Option<String>,
 }
 
 impl ClusterArgs {
     /// The setting given, if any.
     pub fn spec(&self) -> Result<Option<dpflow::io::ClusterSpec>> {
         Ok(match &self.cluster {
-            Some(c) => Some(dpflow::io::ClusterSpec::parse(c, self.cluster_partitions)?),
+            Some(c) => Some(
+                dpflow::io::ClusterSpec::parse(c, self.cluster_partitions)?
+                    .with_job_timeout(self.cluster_job_timeout.as_deref())?,
+            ),
             None => None,
         })
     }

@@ -7,10 +7,16 @@
 //! ```yaml
 //! cluster: df://scheduler.internal:50050
 //! # or
-//! cluster: {scheduler: df://scheduler.internal:50050, partitions: 64}
+//! cluster: {scheduler: df://scheduler.internal:50050, partitions: 64, job_timeout: 2h}
 //! ```
+//!
+//! `job_timeout` (a duration such as `90s`, `30m` or `2h`; none by default)
+//! fails a release whose cluster job has not finished in that time
+//! ([`ClusterTarget::with_job_timeout`]); it is charged, as every failure
+//! after a protected read.
 
 use std::sync::Arc;
+use std::time::Duration;
 
 use dpflow_udfs::cluster::{Cluster, ClusterError, ClusterTarget};
 use serde::Deserialize;
@@ -27,12 +33,14 @@ pub struct ClusterSpec {
     /// Partitions of the plans sent to it (default
     /// [`dpflow_udfs::cluster::DEFAULT_CLUSTER_PARTITIONS`]).
     pub partitions: Option<usize>,
+    /// How long one plan's cluster job may take (none: as long as it runs).
+    pub job_timeout: Option<Duration>,
     connected: Arc<OnceCell<ClusterTarget>>,
 }
 
 impl PartialEq for ClusterSpec {
     fn eq(&self, other: &Self) -> bool {
-        self.address == other.address && self.partitions == other.partitions
+        (&self.address, self.partitions, self.job_timeout) == (&other.address, other.partitions, other.job_timeout)
     }
 }
 
@@ -45,13 +53,37 @@ impl ClusterSpec {
         if partitions == Some(0) {
             return Err(ClusterError::Address { given: format!("{address} with 0 partitions") });
         }
-        Ok(Self { address: address.parse()?, partitions, connected: Default::default() })
+        Ok(Self { address: address.parse()?, partitions, job_timeout: None, connected: Default::default() })
+    }
+
+    /// This setting with a job timeout written as a duration (`90s`, `30m`,
+    /// `2h`; see [`ClusterTarget::with_job_timeout`]).
+    pub fn with_job_timeout(mut self, timeout: Option<&str>) -> Result<Self, ClusterError> {
+        self.job_timeout = match timeout {
+            None => None,
+            Some(t) => {
+                let bad = || ClusterError::JobTimeout { given: t.to_string() };
+                let d = humantime::parse_duration(t.trim()).map_err(|_| bad())?;
+                if d.is_zero() {
+                    return Err(bad());
+                }
+                Some(d)
+            }
+        };
+        Ok(self)
     }
 
     /// Connects (for `standalone`, starts the in-process cluster) and checks
     /// that the scheduler answers: call it before any charge.
     pub async fn connect(&self) -> Result<ClusterTarget, ClusterError> {
-        self.connected.get_or_try_init(|| dpflow_udfs::cluster::connect(&self.address, self.partitions)).await.cloned()
+        self.connected
+            .get_or_try_init(|| async {
+                Ok(dpflow_udfs::cluster::connect(&self.address, self.partitions)
+                    .await?
+                    .with_job_timeout(self.job_timeout))
+            })
+            .await
+            .cloned()
     }
 }
 
@@ -61,27 +93,32 @@ impl ClusterSpec {
 pub enum RawCluster {
     /// `cluster: df://host:port`.
     Address(String),
-    /// `cluster: {scheduler: df://host:port, partitions: N}`.
+    /// `cluster: {scheduler: df://host:port, partitions: N, job_timeout: 2h}`.
     Full {
         /// The scheduler's address.
         scheduler: String,
         /// Partitions of the plans sent to it.
         #[serde(default)]
         partitions: Option<usize>,
+        /// How long one plan's cluster job may take, e.g. `30m`.
+        #[serde(default)]
+        job_timeout: Option<String>,
     },
 }
 
 impl RawCluster {
     /// The setting, or a message saying what is wrong with it.
     pub fn spec(&self) -> Result<ClusterSpec, String> {
-        let (address, partitions) = match self {
-            RawCluster::Address(a) => (a.as_str(), None),
-            RawCluster::Full { scheduler, partitions } => (scheduler.as_str(), *partitions),
+        let (address, partitions, timeout) = match self {
+            RawCluster::Address(a) => (a.as_str(), None, None),
+            RawCluster::Full { scheduler, partitions, job_timeout } => {
+                (scheduler.as_str(), *partitions, job_timeout.as_deref())
+            }
         };
         if partitions == Some(0) {
             return Err("partitions must be at least 1".into());
         }
-        ClusterSpec::parse(address, partitions).map_err(|e| e.to_string())
+        ClusterSpec::parse(address, partitions).and_then(|s| s.with_job_timeout(timeout)).map_err(|e| e.to_string())
     }
 }
 
@@ -100,6 +137,13 @@ mod tests {
         assert!(c.spec().unwrap_err().contains("at least 1"));
         let d: RawCluster = serde_saphyr::from_str("h:50050").unwrap();
         assert!(d.spec().unwrap_err().contains("df://HOST:PORT"));
+        let e: RawCluster = serde_saphyr::from_str("{scheduler: df://h:1, job_timeout: 1h 30m}").unwrap();
+        assert_eq!(e.spec().unwrap().job_timeout, Some(Duration::from_secs(5400)));
+        for bad in ["0s", "soon", "-5m"] {
+            let f: RawCluster =
+                serde_saphyr::from_str(&format!("{{scheduler: df://h:1, job_timeout: {bad}}}")).unwrap();
+            assert!(f.spec().unwrap_err().contains("job_timeout"), "{bad}");
+        }
     }
 
     #[tokio::test]

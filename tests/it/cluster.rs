@@ -243,6 +243,40 @@ fn a_cluster_that_does_not_answer_is_refused_before_any_charge() {
     assert!(err.contains("cluster") && err.contains("df://HOST:PORT"), "{err}");
 }
 
+/// A job timeout fails a release whose cluster job runs longer, after its
+/// charge (which stays spent, as every failure after a protected read); the
+/// same pipeline with a timeout its job meets releases as usual.
+#[test]
+fn a_cluster_job_past_its_timeout_fails_the_release_charged() {
+    let dir = tempfile::tempdir().unwrap();
+    let d = dir.path();
+    let r = root();
+    let pipeline = |timeout: &str| {
+        format!(
+            "name: timeout\nledger: ledger.sqlite\ncreate_ledger_if_missing:\n  adult: {{epsilon: 5.0, delta: 1.0e-6}}\n\
+             dataset: {{name: adult, sources: [{}], format: csv, domain: {}}}\n\
+             budget: {{epsilon: 1.0}}\noutput: out/{{release_id}}\ncluster: {{scheduler: standalone, job_timeout: {timeout}}}\nsteps:\n  \
+             - sql: {{name: n, query: \"SELECT sex, dp_count(*) AS n FROM adult GROUP BY sex\", budget: {{epsilon: 1.0}}, output: n.csv}}\n",
+            r.join("sample_data/adult/adult.data").display(),
+            r.join("sample_data/adult/adult.domain.yaml").display(),
+        )
+    };
+    std::fs::write(d.join("p.yaml"), pipeline("1ms")).unwrap();
+    let out = dpflow().arg("run").arg(d.join("p.yaml")).args(["--release-id", "short"]).output().unwrap();
+    assert!(!out.status.success());
+    let err = String::from_utf8_lossy(&out.stderr);
+    // Like any failure after a protected read, its cause is not shown
+    // (whether a job outlasts its timeout can depend on the data).
+    assert!(err.contains("failed after reading protected data") && err.contains("status failed"), "{err}");
+    std::fs::write(d.join("p.yaml"), pipeline("10m")).unwrap();
+    let out = dpflow().arg("run").arg(d.join("p.yaml")).args(["--release-id", "long"]).output().unwrap();
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    let l = Ledger::open(d.join("ledger.sqlite")).unwrap();
+    let got: Vec<(String, ChargeStatus)> =
+        l.history(Some("adult")).unwrap().into_iter().map(|c| (c.release_id, c.status)).collect();
+    assert_eq!(got, [("short#failed-1".to_string(), ChargeStatus::Failed), ("long".to_string(), ChargeStatus::Committed)]);
+}
+
 /// A scheduler and executors as separate `dpflow cluster` processes.
 struct Processes {
     scheduler: Option<Child>,

@@ -98,6 +98,12 @@ pub enum ClusterError {
         /// The scheduler's URL.
         url: String,
     },
+    /// A job timeout that is not a positive duration.
+    #[error("job_timeout {given:?} is not a positive duration: write e.g. 90s, 30m or 2h")]
+    JobTimeout {
+        /// What was given.
+        given: String,
+    },
     /// The in-process cluster could not start.
     #[error("the standalone cluster could not start: {0}")]
     Standalone(String),
@@ -144,14 +150,19 @@ pub struct ClusterTarget {
     /// Partitions of the plans planned for it (file scan groups, synthetic
     /// streams): the tasks one stage can spread over the executors.
     pub partitions: usize,
+    /// How long one plan may take on the cluster, from its first submission
+    /// until its job finished and its first results arrived (resubmissions
+    /// included); `None` waits as long as the job runs. See
+    /// [`Self::with_job_timeout`].
+    pub job_timeout: Option<std::time::Duration>,
     /// Jobs submitted through this connection (shared by its clones).
     submitted: Arc<std::sync::atomic::AtomicU64>,
 }
 
 impl PartialEq for ClusterTarget {
     fn eq(&self, other: &Self) -> bool {
-        (&self.scheduler_url, &self.cluster, self.partitions)
-            == (&other.scheduler_url, &other.cluster, other.partitions)
+        (&self.scheduler_url, &self.cluster, self.partitions, self.job_timeout)
+            == (&other.scheduler_url, &other.cluster, other.partitions, other.job_timeout)
     }
 }
 
@@ -160,7 +171,18 @@ impl Eq for ClusterTarget {}
 impl ClusterTarget {
     /// A target for the scheduler at `scheduler_url`, connected as `cluster`.
     pub fn new(scheduler_url: String, cluster: Cluster, partitions: usize) -> Self {
-        Self { scheduler_url, cluster, partitions: partitions.max(1), submitted: Default::default() }
+        Self { scheduler_url, cluster, partitions: partitions.max(1), job_timeout: None, submitted: Default::default() }
+    }
+
+    /// This target with a job timeout: a plan whose job has not finished (and
+    /// delivered its first results) `timeout` after its submission fails the
+    /// release, which is charged like any failure after a protected read. It
+    /// bounds a job Ballista never finishes (docs/cluster.md, Limits). The
+    /// client stops waiting; the scheduler keeps the abandoned job until it
+    /// ends or the scheduler restarts.
+    pub fn with_job_timeout(mut self, timeout: Option<std::time::Duration>) -> Self {
+        self.job_timeout = timeout;
+        self
     }
 
     /// Jobs submitted to this cluster through this connection so far
@@ -248,6 +270,38 @@ pub async fn collect(plan: Arc<dyn ExecutionPlan>, ctx: &SessionContext) -> Resu
 /// notice a lost executor.
 #[cfg(feature = "cluster")]
 async fn submit_fetching<T>(
+    plan: &Arc<dyn ExecutionPlan>,
+    ctx: &SessionContext,
+    target: &ClusterTarget,
+    fetch: impl Fn(SendableRecordBatchStream) -> futures::future::BoxFuture<'static, Result<T>>,
+) -> Result<T> {
+    let attempts = submit_attempts(plan, ctx, target, fetch);
+    match target.job_timeout {
+        None => attempts.await,
+        // Dropping the attempts stops the client's polling. The message names
+        // the setting only; release paths withhold it anyway, as the cause of
+        // every failure after a protected read (a job's duration can depend
+        // on the data).
+        Some(t) => tokio::time::timeout(t, attempts).await.unwrap_or_else(|_| {
+            Err(DataFusionError::Execution(format!(
+                "the cluster job did not finish within its job timeout ({}); the release failed after its charge. \
+                 Check the scheduler and executors (`dpflow cluster` logs), then rerun, or raise the cluster's \
+                 job_timeout (`--cluster-job-timeout`)",
+                humantime_like(t)
+            )))
+        }),
+    }
+}
+
+/// `t` as a user wrote it, e.g. `90s` or `1500ms`.
+#[cfg(feature = "cluster")]
+fn humantime_like(t: std::time::Duration) -> String {
+    if t.subsec_nanos() == 0 { format!("{}s", t.as_secs()) } else { format!("{}ms", t.as_millis()) }
+}
+
+/// [`submit_fetching`]'s submissions, without the timeout.
+#[cfg(feature = "cluster")]
+async fn submit_attempts<T>(
     plan: &Arc<dyn ExecutionPlan>,
     ctx: &SessionContext,
     target: &ClusterTarget,
