@@ -284,19 +284,11 @@ async fn submit_fetching<T>(
         // on the data).
         Some(t) => tokio::time::timeout(t, attempts).await.unwrap_or_else(|_| {
             Err(DataFusionError::Execution(format!(
-                "the cluster job did not finish within its job timeout ({}); the release failed after its charge. \
-                 Check the scheduler and executors (`dpflow cluster` logs), then rerun, or raise the cluster's \
-                 job_timeout (`--cluster-job-timeout`)",
-                humantime_like(t)
+                "the cluster job did not finish within its job timeout ({t:?}): check the scheduler and executors \
+                 (`dpflow cluster` logs), then rerun, or raise the cluster's job_timeout (`--cluster-job-timeout`)"
             )))
         }),
     }
-}
-
-/// `t` as a user wrote it, e.g. `90s` or `1500ms`.
-#[cfg(feature = "cluster")]
-fn humantime_like(t: std::time::Duration) -> String {
-    if t.subsec_nanos() == 0 { format!("{}s", t.as_secs()) } else { format!("{}ms", t.as_millis()) }
 }
 
 /// [`submit_fetching`]'s submissions, without the timeout.

@@ -327,7 +327,8 @@ impl Assignment {
 /// The classes of a donor search as L1(D) needs them: the keys present, which
 /// hold a donor, and each class's nearest donor distance. Built by
 /// [`Assignment`] from rows held in memory, or by a streaming search that
-/// keeps only classes and donees.
+/// keeps only classes and donees. Keys are unique and have one code per
+/// matching attribute of the [`KnnConfig`] they are scored with.
 pub struct ClassView<'a> {
     /// Class keys (every class holding a donor or a donee).
     pub classes: &'a [Vec<u32>],
@@ -482,8 +483,12 @@ impl<'a> Near<'a> {
         let mut at_zero = HashMap::new();
         let mut scanned = Vec::new();
         for &c in donee_classes {
+            // Both hold on every path that builds a `ClassView` (classes are
+            // merged by key; keys have one code per matching attribute).
+            debug_assert_eq!(view.classes[c].len(), cfg.attrs.len(), "a class key per matching attribute");
             if positive && view.dmin[c] == 0.0 {
-                at_zero.insert(view.classes[c].as_slice(), c);
+                let earlier = at_zero.insert(view.classes[c].as_slice(), c);
+                debug_assert!(earlier.is_none(), "class keys are unique");
             } else {
                 scanned.push(c);
             }
@@ -574,6 +579,7 @@ mod near_tests {
     #[test]
     fn near_equals_the_scan() {
         let mut rng = SmallRng::seed_from_u64(11);
+        let mut shortcut_taken = false;
         let sizes = [3u32, 4, 2];
         let space: Vec<Vec<u32>> = (0..24u32).map(|i| vec![i / 8, (i / 2) % 4, i % 2]).collect();
         for trial in 0..400 {
@@ -594,16 +600,20 @@ mod near_tests {
             let classes: Vec<Vec<u32>> = space.iter().filter(|_| rng.random::<f64>() < 0.6).cloned().collect();
             let dmin: Vec<f64> = classes
                 .iter()
-                .map(|k| match rng.random_range(0..3) {
+                .map(|k| match rng.random_range(0..4) {
                     0 => 0.0,
                     1 => cfg.distance(k, &space[rng.random_range(0..space.len())]),
-                    _ => rng.random_range(0.0..4.0),
+                    2 => rng.random_range(0.0..4.0),
+                    _ => f64::INFINITY, // no donor anywhere
                 })
                 .collect();
             let has_donor = vec![true; classes.len()];
             let view = ClassView { classes: &classes, has_donor: &has_donor, dmin: &dmin };
             let donee_classes: Vec<usize> = (0..classes.len()).filter(|_| rng.random::<f64>() < 0.8).collect();
             let near = Near::new(&cfg, &view, &donee_classes);
+            if cfg.attrs.iter().all(|a| a.weight > 0.0) {
+                shortcut_taken |= !near.at_zero.is_empty();
+            }
             for key in &space {
                 let mut got = near.of(&cfg, &view, key);
                 got.sort_unstable();
@@ -617,5 +627,6 @@ mod near_tests {
                 assert_eq!(got, want, "trial {trial} key {key:?}");
             }
         }
+        assert!(shortcut_taken, "no trial looked classes up by key");
     }
 }
