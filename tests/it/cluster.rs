@@ -274,7 +274,10 @@ fn a_cluster_job_past_its_timeout_fails_the_release_charged() {
     let l = Ledger::open(d.join("ledger.sqlite")).unwrap();
     let got: Vec<(String, ChargeStatus)> =
         l.history(Some("adult")).unwrap().into_iter().map(|c| (c.release_id, c.status)).collect();
-    assert_eq!(got, [("short#failed-1".to_string(), ChargeStatus::Failed), ("long".to_string(), ChargeStatus::Committed)]);
+    assert_eq!(
+        got,
+        [("short#failed-1".to_string(), ChargeStatus::Failed), ("long".to_string(), ChargeStatus::Committed)]
+    );
 }
 
 /// A scheduler and executors as separate `dpflow cluster` processes.
