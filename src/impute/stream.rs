@@ -240,7 +240,7 @@ fn levels(cfg: &KnnConfig, classes: &[ClassCount]) -> Levels {
     // With every weight positive, distinct keys are at a positive distance: a
     // class holding donors is its own donees' only nearest donor class (the
     // census-scale case, where a scan of all pairs was most of the work).
-    let positive = cfg.attrs.iter().all(|a| a.weight > 0.0 && a.weight.is_finite());
+    let positive = cfg.distinct_keys_apart();
     // Per class with donees: (dmin, level); the distances of the other pairs, on all cores.
     let found: Vec<(f64, Vec<u32>)> = (0..classes.len())
         .into_par_iter()

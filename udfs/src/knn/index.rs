@@ -68,6 +68,14 @@ pub struct KnnConfig {
 }
 
 impl KnnConfig {
+    /// Whether every attribute weight is positive and finite: then distinct
+    /// class keys are at a positive distance, so a class holding donors is its
+    /// own donees' only nearest class (the shortcut of the class lookup and of the
+    /// streaming assignment's levels).
+    pub fn distinct_keys_apart(&self) -> bool {
+        self.attrs.iter().all(|a| a.weight > 0.0 && a.weight.is_finite())
+    }
+
     /// Distance between two class keys.
     pub fn distance(&self, a: &[u32], b: &[u32]) -> f64 {
         let mut s = 0.0;
@@ -436,7 +444,7 @@ impl ClassView<'_> {
             (best, true)
         } else {
             // N₀: donees of classes with no donor at distance 0 (see `Assignment::l1`).
-            let positive = cfg.attrs.iter().all(|a| a.weight > 0.0);
+            let positive = cfg.distinct_keys_apart();
             let bound = parts
                 .iter()
                 .map(|p| {
@@ -479,7 +487,7 @@ struct Near<'a> {
 
 impl<'a> Near<'a> {
     fn new(cfg: &KnnConfig, view: &ClassView<'a>, donee_classes: &[usize]) -> Self {
-        let positive = cfg.attrs.iter().all(|a| a.weight > 0.0 && a.weight.is_finite());
+        let positive = cfg.distinct_keys_apart();
         let mut at_zero = HashMap::new();
         let mut scanned = Vec::new();
         for &c in donee_classes {
@@ -611,7 +619,7 @@ mod near_tests {
             let view = ClassView { classes: &classes, has_donor: &has_donor, dmin: &dmin };
             let donee_classes: Vec<usize> = (0..classes.len()).filter(|_| rng.random::<f64>() < 0.8).collect();
             let near = Near::new(&cfg, &view, &donee_classes);
-            if cfg.attrs.iter().all(|a| a.weight > 0.0) {
+            if cfg.distinct_keys_apart() {
                 shortcut_taken |= !near.at_zero.is_empty();
             }
             for key in &space {
