@@ -287,18 +287,17 @@ pub fn posterior_models(
                 opts.nuts.chains,
                 if exact { "exact gradients" } else { "covariance frozen at the mode, then importance weights" }
             ));
-            let (exact_draws, corrected) = if exact {
-                (Some(sample(&post, &fit, &opts.nuts, rng, progress)?), None)
+            // The draws, and the importance correction when the chains ran on the surrogate.
+            let (exact_run, corrected_run);
+            let (draws, corrected) = if exact {
+                exact_run = sample(&post, &fit, &opts.nuts, rng, progress)?;
+                (&exact_run, None)
             } else {
-                (None, Some(sample_corrected(&post, &fit, &opts.nuts, rng, progress)?))
-            };
-            let draws = match (&exact_draws, &corrected) {
-                (Some(d), _) => d,
-                (None, Some(c)) => &c.nuts,
-                (None, None) => return Err(NapsuError::Numerical("no NUTS sampler ran".into())),
+                corrected_run = sample_corrected(&post, &fit, &opts.nuts, rng, progress)?;
+                (&corrected_run.nuts, Some(&corrected_run))
             };
             check_converged(draws, opts.nuts.max_rhat, opts.allow_unconverged)?;
-            if let Some(c) = &corrected {
+            if let Some(c) = corrected {
                 check_reliable(&c.correction, opts.allow_unconverged)?;
             }
             report.max_rhat = Some(draws.max_rhat());
@@ -309,8 +308,8 @@ pub fn posterior_models(
             // A NaN R̂ is not convergence either.
             report.accepted_unconverged =
                 draws.max_rhat().partial_cmp(&opts.nuts.max_rhat).is_none_or(|o| o == std::cmp::Ordering::Greater)
-                    || corrected.as_ref().is_some_and(|c| check_reliable(&c.correction, false).is_err());
-            report.importance = corrected.as_ref().map(|c| c.correction.clone());
+                    || corrected.is_some_and(|c| check_reliable(&c.correction, false).is_err());
+            report.importance = corrected.map(|c| c.correction.clone());
             report.draws = draws.draws.len();
             if m > draws.draws.len() {
                 return Err(NapsuError::Numerical(format!(
@@ -318,7 +317,7 @@ pub fn posterior_models(
                     draws.draws.len()
                 )));
             }
-            match &corrected {
+            match corrected {
                 // m draws with probabilities ∝ π/π_s (sampling–importance resampling).
                 Some(c) => {
                     check_enough(&c.correction, m)?;
