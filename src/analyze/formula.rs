@@ -184,6 +184,26 @@ impl Formula {
     pub fn columns(&self) -> Vec<String> {
         std::iter::once(self.response.column.clone()).chain(self.terms.iter().cloned()).collect()
     }
+
+    /// The relations a model of marginals over `scopes` cannot carry for
+    /// this formula: each term that no scope holds together with the
+    /// response, or the response itself when no scope holds it (an
+    /// intercept-only model, a mean or a proportion).
+    ///
+    /// A max-entropy model fitted to those marginals (NAPSU-MQ, 003 §4)
+    /// relates a term to the response only through the other columns, so
+    /// every synthetic set shares that bias and a correctly sampled
+    /// posterior still gives intervals that miss the real coefficient
+    /// (measured: `benches/results/napsu/twinify.md`, the twelve queries
+    /// against the same with race × income and sex × income added).
+    pub fn unmodelled(&self, scopes: &[Vec<String>]) -> Vec<String> {
+        let y = &self.response.column;
+        let holds = |c: &str| scopes.iter().any(|s| s.iter().any(|a| a == y) && s.iter().any(|a| a == c));
+        if self.terms.is_empty() {
+            return if holds(y) { vec![] } else { vec![y.clone()] };
+        }
+        self.terms.iter().filter(|t| !holds(t)).cloned().collect()
+    }
 }
 
 #[cfg(test)]
@@ -192,6 +212,20 @@ mod tests {
 
     fn f(s: &str) -> Formula {
         Formula::parse(s).unwrap_or_else(|e| panic!("{s}: {e}"))
+    }
+
+    #[test]
+    fn a_term_is_unmodelled_unless_one_scope_holds_it_with_the_response() {
+        let s = |v: &[&str]| v.iter().map(|x| x.to_string()).collect::<Vec<_>>();
+        let scopes = vec![s(&["age", "income"]), s(&["race", "sex", "income"]), s(&["race", "hours"])];
+        // hours meets race, and race meets income, but no scope holds hours with income.
+        assert_eq!(f("income ~ age + race + sex + hours").unmodelled(&scopes), s(&["hours"]));
+        assert_eq!(f("income == '>50K' ~ sex").unmodelled(&scopes), s(&[]));
+        assert_eq!(f("hours ~ race + age").unmodelled(&scopes), s(&["age"]));
+        // Intercept-only (a mean or a proportion): the response must be in some scope.
+        assert_eq!(f("hours ~ 1").unmodelled(&scopes), s(&[]));
+        assert_eq!(f("gain ~ 1").unmodelled(&scopes), s(&["gain"]));
+        assert_eq!(f("income ~ age").unmodelled(&[]), s(&["age"]));
     }
 
     #[test]

@@ -93,6 +93,22 @@ impl SpecFile {
 }
 
 impl AnalysisSpec {
+    /// Checks the analysis before anything is read or charged (a pipeline's
+    /// validation): the estimator has what it needs, the formula parses, and
+    /// every column it reads is one the synthetic sets will have
+    /// (`has_column`). Returns the formula it fits (a mean or proportion is
+    /// the intercept-only model of its column).
+    pub fn check(&self, has_column: impl Fn(&str) -> bool) -> Result<Formula, AnalyzeError> {
+        let (f, _, _) = self.model()?;
+        if let Some(c) = f.columns().into_iter().find(|c| !has_column(c)) {
+            return Err(AnalyzeError::Spec(format!(
+                "{}: `{c}` is not a column of the synthetic data (the dataset's domain): check its spelling",
+                self.describe()
+            )));
+        }
+        Ok(f)
+    }
+
     /// The formula this analysis fits, the kind of response it needs and
     /// the names its coefficients get when they are not the design's.
     fn model(&self) -> Result<(Formula, ResponseKind, Option<String>), AnalyzeError> {

@@ -17,13 +17,21 @@ pub struct ValidateArgs {
     pub files: Vec<String>,
 }
 
+/// Prints what validation found questionable (public inputs only).
+pub(super) fn warn(p: &Pipeline) {
+    for w in &p.warnings {
+        eprintln!("WARNING: {}: {w}", p.path.display());
+    }
+}
+
 pub(super) async fn validate(a: ValidateArgs) -> Result<i32> {
     let mut code = 0;
     for f in &a.files {
         match Pipeline::load(f) {
             Ok(p) => match p.plan().await {
                 Ok((_, total)) => {
-                    println!("{f}: ok ({} steps; cost {total:.6} of {})", p.steps.len(), p.budget.describe())
+                    println!("{f}: ok ({} steps; cost {total:.6} of {})", p.steps.len(), p.budget.describe());
+                    warn(&p);
                 }
                 Err(e) => {
                     eprintln!("{f}: {e:#}");
@@ -60,6 +68,7 @@ pub struct RunArgs {
 
 pub(super) async fn run(a: RunArgs) -> Result<i32> {
     let mut p = Pipeline::load(&a.file)?;
+    warn(&p);
     if let Some(spec) = a.cluster.spec()? {
         p.cluster = Some(spec);
     }
@@ -118,6 +127,7 @@ pub(super) async fn schedule_cmd(a: ScheduleArgs) -> Result<i32> {
         return Ok(code);
     }
     for p in &pipelines {
+        warn(p);
         if p.schedule.is_none() {
             anyhow::bail!("{}: no `schedule:` cron expression", p.path.display());
         }

@@ -86,6 +86,7 @@ pub(super) fn print_plan(plans: &[StepPlan]) {
 
 pub(super) async fn run(a: PlanArgs) -> Result<i32> {
     let p = Pipeline::load(&a.file)?;
+    super::pipeline::warn(&p);
     let assumptions = a.forecast.assumptions()?;
     let targets =
         a.target_ci.iter().map(|t| t.parse::<Target>().map_err(anyhow::Error::msg)).collect::<Result<Vec<_>>>()?;

@@ -400,6 +400,10 @@ pub struct Pipeline {
     /// Where the steps read the protected data (`cluster:`; docs/cluster.md):
     /// a Ballista cluster, or this process when absent.
     pub cluster: Option<crate::io::ClusterSpec>,
+    /// What validation found questionable but not wrong (public inputs
+    /// only: printed before anything is read), e.g. an analysis whose
+    /// relation the synthesizer's queries cannot carry.
+    pub warnings: Vec<String>,
 }
 
 /// The dotted key path of the YAML line `line` (1-based), from indentation:
@@ -623,6 +627,7 @@ impl Pipeline {
             return Err(err(line(&raw.output.referenced), "output", format!("unsupported URL scheme {scheme:?}")));
         }
         let mut steps = Vec::new();
+        let mut warnings = Vec::new();
         let mut names = std::collections::HashSet::new();
         let mut all_outputs: Vec<String> = Vec::new();
         for (i, s) in raw.steps.iter().enumerate() {
@@ -986,8 +991,10 @@ impl Pipeline {
                             format!("{cap} must be a positive number (a standard error above it is left out)"),
                         ));
                     }
-                    let Some(sets) = steps.iter().find_map(|st: &Step| match st {
-                        Step::Synthesize { name, multiple, .. } if *name == x.synthetic => Some(*multiple),
+                    let Some((sets, mechanism, workload)) = steps.iter().find_map(|st: &Step| match st {
+                        Step::Synthesize { name, multiple, mechanism, workload, .. } if *name == x.synthetic => {
+                            Some((*multiple, *mechanism, workload.clone()))
+                        }
                         _ => None,
                     }) else {
                         return Err(err(
@@ -1022,6 +1029,51 @@ impl Pipeline {
                             ));
                         }
                         _ => {}
+                    }
+                    // Formulas and columns are public: a typo is refused
+                    // here, not after the synthesis it analyses is charged.
+                    let mut formulas = Vec::with_capacity(x.analyses.len());
+                    for (i, a) in x.analyses.iter().enumerate() {
+                        let f = a
+                            .check(|c| spec.domain.position(c).is_some())
+                            .map_err(|e| err(l, &key(&format!("analyze.analyses[{i}]")), e.to_string()))?;
+                        formulas.push((a.describe(), f));
+                    }
+                    // NAPSU-MQ's model holds exactly its queries: say which
+                    // analysed relations it cannot carry (a warning: the
+                    // analyst may mean it).
+                    if mechanism == crate::synth::run::Mechanism::NapsuMq
+                        && let Ok(w) = crate::synth::Workload::parse(&workload, &spec.domain)
+                    {
+                        let names = spec.domain.names();
+                        let scopes: Vec<Vec<String>> =
+                            w.queries.iter().map(|q| q.attrs.iter().map(|&a| names[a].to_string()).collect()).collect();
+                        for (what, f) in &formulas {
+                            let missing = f.unmodelled(&scopes);
+                            if missing.is_empty() {
+                                continue;
+                            }
+                            let y = &f.response.column;
+                            let why = if f.terms.is_empty() {
+                                format!(
+                                    "holds `{y}`, so the model knows nothing of it and every synthetic set draws it \
+                                     alike: the interval may miss the real value however many sets are drawn. Add a \
+                                     query holding `{y}`"
+                                )
+                            } else {
+                                format!(
+                                    "holds {} with `{y}`, so the model cannot carry that relation and every synthetic \
+                                     set shares the bias: the intervals may miss the real values however many sets \
+                                     are drawn. Add `{}` to its queries",
+                                    missing.iter().map(|t| format!("`{t}`")).collect::<Vec<_>>().join(", "),
+                                    missing.iter().map(|t| format!("{t},{y}")).collect::<Vec<_>>().join("; ")
+                                )
+                            };
+                            warnings.push(format!(
+                                "step {:?} ({what}): no query of napsu-mq step {:?} {why}",
+                                x.name, x.synthetic
+                            ));
+                        }
                     }
                     Step::Analyze {
                         name: x.name.clone(),
@@ -1178,6 +1230,7 @@ impl Pipeline {
             public_tables,
             steps,
             cluster,
+            warnings,
         })
     }
 }

@@ -851,12 +851,29 @@ fn an_analyze_step_takes_a_rule_and_a_standard_error_filter() {
         // The rule against the step's number of sets, before any charge.
         ("rule: dips", "rule: single", "takes one set but step \"na\" writes 4"),
         ("multiple: 4", "multiple: 1", "combines at least 2 sets"),
+        // Formulas and columns, before the synthesis they analyse is charged.
+        ("column: k}", "column: kk}", "`kk` is not a column"),
+        ("estimator: mean, column: k}", "estimator: ols, formula: \"x ~ ~ g\"}", "more than one `~`"),
+        ("estimator: mean, column: k}", "estimator: logistic, column: k}", "does not take `column`"),
     ] {
         std::fs::write(d.join("bad.yaml"), text.replace(from, to)).unwrap();
         let out = dpflow().args(["validate", d.join("bad.yaml").to_str().unwrap()]).output().unwrap();
         let err = String::from_utf8_lossy(&out.stderr);
         assert!(!out.status.success() && err.contains(says), "{to}: {err}");
     }
+    // A relation the queries do not hold is a warning, not an error: g and x
+    // each meet k, never each other.
+    let out = dpflow().args(["validate", p.to_str().unwrap()]).output().unwrap();
+    assert!(out.status.success() && !String::from_utf8_lossy(&out.stderr).contains("WARNING"));
+    std::fs::write(
+        d.join("warn.yaml"),
+        text.replace("estimator: mean, column: k}", "estimator: ols, formula: \"x ~ g + k\"}"),
+    )
+    .unwrap();
+    let out = dpflow().args(["validate", d.join("warn.yaml").to_str().unwrap()]).output().unwrap();
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(out.status.success(), "{err}");
+    assert!(err.contains("no query of napsu-mq step \"na\" holds `g` with `x`") && err.contains("Add `g,x`"), "{err}");
     let out = dpflow().args(["run", p.to_str().unwrap(), "--release-id", "r1"]).output().unwrap();
     assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
     let csv = std::fs::read_to_string(d.join("out/r1/m.csv")).unwrap();
