@@ -2,6 +2,12 @@ use clap::Parser;
 
 mod cli;
 
+/// mimalloc, as datafusion-cli uses: many small allocations on several
+/// threads (NUTS chains, DataFusion partitions) spent half their time in
+/// glibc's malloc and free (`benches/results/napsu/twinify.md`).
+#[global_allocator]
+static ALLOCATOR: mimalloc::MiMalloc = mimalloc::MiMalloc;
+
 /// A panic is a bug, and its message can quote the data it failed on (an
 /// index, a value, a length), so only where it happened is printed
 /// (docs/RELIABILITY.md). A release already charged stays charged.

@@ -18,6 +18,12 @@ use dpflow::dataset::Dataset;
 use dpflow::io::session_context;
 use dpflow_bench::{bench_data, dips_case, dips_study, knn_experiment, napsu_adult, napsu_toy, peak_rss_mb, pgm};
 
+/// mimalloc, as datafusion-cli uses: many small allocations on several
+/// threads (NUTS chains, DataFusion partitions) spent half their time in
+/// glibc's malloc and free (`benches/results/napsu/twinify.md`).
+#[global_allocator]
+static ALLOCATOR: mimalloc::MiMalloc = mimalloc::MiMalloc;
+
 /// dpflow-bench: benchmark data and measurements for dpflow (not a release tool).
 #[derive(Debug, Parser)]
 #[command(name = "dpflow-bench", version, about, long_about = None)]
@@ -195,6 +201,9 @@ enum BenchCommand {
         /// NUTS draws per chain.
         #[arg(long, default_value_t = 2000)]
         draws: u64,
+        /// NUTS mass matrix from draws and gradients (nuts-rs's default) instead of draws only.
+        #[arg(long)]
+        mass_from_gradients: bool,
         /// Mode-search iterations (Fisher scoring; L-BFGS per start when it falls back; 003 App. D: 6000).
         #[arg(long, default_value_t = 6000)]
         max_iters: u64,
@@ -352,6 +361,7 @@ async fn run(command: BenchCommand) -> Result<()> {
             nuts_exact,
             warmup,
             draws,
+            mass_from_gradients,
             max_iters,
             seed,
             max_std_error,
@@ -359,7 +369,13 @@ async fn run(command: BenchCommand) -> Result<()> {
             queries,
             probe,
         } => {
-            let nuts = nuts.then_some(dpflow::synth::napsu::nuts::NutsOptions { warmup, draws, ..Default::default() });
+            let mass = if mass_from_gradients {
+                dpflow::synth::napsu::nuts::MassAdaptation::DrawsAndGradients
+            } else {
+                dpflow::synth::napsu::nuts::MassAdaptation::Draws
+            };
+            let nuts =
+                nuts.then_some(dpflow::synth::napsu::nuts::NutsOptions { warmup, draws, mass, ..Default::default() });
             // 'a,b;c,d' → [[a, b], [c, d]].
             let parse = |qs: &str| -> Vec<Vec<String>> {
                 qs.split(';')

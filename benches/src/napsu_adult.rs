@@ -424,6 +424,11 @@ pub fn run(path: &str, epsilons: &[f64], s: &Settings, progress: &dyn Fn(&str)) 
                 None => (0..m).map(|_| l.draw(&mut rng)).collect(),
                 Some(o) if s.exact => match sample(&post, &l, o, &mut dprng, progress) {
                     Ok(d) => {
+                        progress(&format!(
+                            "ε={epsilon} repeat {repeat}: R̂ {:.3} ({})",
+                            d.max_rhat(),
+                            worst(&d, &me.features)
+                        ));
                         max_rhat = Some(max_rhat.map_or(d.max_rhat(), |r| r.max(d.max_rhat())));
                         gradients += d.gradients;
                         steps += d.mean_steps;
@@ -448,9 +453,10 @@ pub fn run(path: &str, epsilons: &[f64], s: &Settings, progress: &dyn Fn(&str)) 
                         max_k = Some(max_k.map_or(k, |x| x.max(k)));
                         min_iess = Some(min_iess.map_or(c.correction.ess, |x| x.min(c.correction.ess)));
                         progress(&format!(
-                            "ε={epsilon} repeat {repeat}: R̂ {:.3}, k̂ {k:.3} (threshold {:.2}), importance ESS {:.0} \
-                             of {}",
+                            "ε={epsilon} repeat {repeat}: R̂ {:.3} ({}), k̂ {k:.3} (threshold {:.2}), importance ESS \
+                             {:.0} of {}",
                             d.max_rhat(),
+                            worst(d, &me.features),
                             c.correction.k_threshold,
                             c.correction.ess,
                             d.draws.len()
@@ -603,4 +609,29 @@ mod tests {
         let me = MaxEnt::new(CanonicalFeatures::new(&queries(), &red.sizes, 5000).unwrap());
         assert!(me.features.len > 100 && me.features.len < 400, "{}", me.features.len);
     }
+}
+
+/// The parameter with the largest R̂: which feature (subset and level), its
+/// ESS, posterior mean and sd, and how far its draws reach (a diagnostic of
+/// why a run did not converge).
+fn worst(d: &dpflow::synth::napsu::nuts::NutsDraws, f: &dpflow::synth::napsu::CanonicalFeatures) -> String {
+    let Some((j, _)) = d.rhat.iter().enumerate().max_by(|a, b| a.1.total_cmp(b.1)) else {
+        return String::new();
+    };
+    let subset = f.offsets.iter().rposition(|&o| o <= j).unwrap_or(0);
+    let x: Vec<f64> = d.draws.iter().map(|t| t[j]).collect();
+    let n = x.len() as f64;
+    let mean = x.iter().sum::<f64>() / n;
+    let sd = (x.iter().map(|v| (v - mean).powi(2)).sum::<f64>() / (n - 1.0)).sqrt();
+    let (lo, hi) = x.iter().fold((f64::INFINITY, f64::NEG_INFINITY), |(a, b), &v| (a.min(v), b.max(v)));
+    let per_chain = x.len() / d.chains.max(1);
+    let chain_means: Vec<String> =
+        x.chunks(per_chain.max(1)).map(|c| format!("{:.2}", c.iter().sum::<f64>() / c.len() as f64)).collect();
+    format!(
+        "θ_{j} of subset {:?} level {}, ESS {:.0}, mean {mean:.2} sd {sd:.2}, range [{lo:.2}, {hi:.2}], chain means [{}]",
+        f.subsets[subset],
+        j - f.offsets[subset],
+        d.ess[j],
+        chain_means.join(", ")
+    )
 }

@@ -36,12 +36,39 @@ pub struct NutsOptions {
     pub max_depth: u64,
     /// Largest R̂ accepted.
     pub max_rhat: f64,
+    /// How warm-up estimates the diagonal mass matrix.
+    pub mass: MassAdaptation,
 }
 
 impl Default for NutsOptions {
     fn default() -> Self {
-        NutsOptions { chains: 4, warmup: 800, draws: 2000, max_depth: 12, max_rhat: 1.05 }
+        NutsOptions {
+            chains: 4,
+            warmup: 800,
+            draws: 2000,
+            max_depth: 12,
+            max_rhat: 1.05,
+            mass: MassAdaptation::default(),
+        }
     }
+}
+
+/// How warm-up estimates the diagonal mass matrix (in the coordinates the
+/// Laplace approximation normalised).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum MassAdaptation {
+    /// The variance of the warm-up draws (Stan's and NumPyro's estimate,
+    /// which twinify uses). A direction held on one side by a rare cell's
+    /// wall and on the other only by the N(0, 10²) prior gets the scale of
+    /// its draws, so trajectories cross its flat side in few steps.
+    #[default]
+    Draws,
+    /// nuts-rs's default, √(Var draws / Var gradients) (Seyboldt et al.,
+    /// 2025): exact for a Gaussian and quicker to settle, but near a wall
+    /// the gradients' variance is huge, so the same direction gets a small
+    /// scale and long flat sides are crossed slowly (measured in
+    /// `benches/results/napsu/twinify.md`).
+    DrawsAndGradients,
 }
 
 /// Most chains: each runs on its own thread.
@@ -198,12 +225,13 @@ pub fn sample<D: LogDensity + Sync>(
     progress: &dyn Fn(&str),
 ) -> Result<NutsDraws, NapsuError> {
     opts.check(density.dim())?;
-    let settings = DiagNutsSettings {
+    let mut settings = DiagNutsSettings {
         num_tune: opts.warmup,
         num_draws: opts.draws,
         maxdepth: opts.max_depth,
         ..Default::default()
     };
+    settings.adapt_options.mass_matrix_options.use_grad_based_estimate = opts.mass == MassAdaptation::DrawsAndGradients;
     let d = density.dim();
     let rngs: Vec<DpRng> = (0..opts.chains).map(|_| rng.fork()).collect();
     // Chains report through a channel that this thread drains, so that
