@@ -201,9 +201,10 @@ enum BenchCommand {
         /// NUTS draws per chain.
         #[arg(long, default_value_t = 2000)]
         draws: u64,
-        /// NUTS mass matrix from draws and gradients (nuts-rs's default) instead of draws only.
+        /// NUTS mass matrix from the warm-up draws only (Stan's, NumPyro's) instead of nuts-rs's
+        /// draws-and-gradients estimate.
         #[arg(long)]
-        mass_from_gradients: bool,
+        mass_from_draws: bool,
         /// Mode-search iterations (Fisher scoring; L-BFGS per start when it falls back; 003 App. D: 6000).
         #[arg(long, default_value_t = 6000)]
         max_iters: u64,
@@ -361,7 +362,7 @@ async fn run(command: BenchCommand) -> Result<()> {
             nuts_exact,
             warmup,
             draws,
-            mass_from_gradients,
+            mass_from_draws,
             max_iters,
             seed,
             max_std_error,
@@ -369,10 +370,10 @@ async fn run(command: BenchCommand) -> Result<()> {
             queries,
             probe,
         } => {
-            let mass = if mass_from_gradients {
-                dpflow::synth::napsu::nuts::MassAdaptation::DrawsAndGradients
-            } else {
+            let mass = if mass_from_draws {
                 dpflow::synth::napsu::nuts::MassAdaptation::Draws
+            } else {
+                dpflow::synth::napsu::nuts::MassAdaptation::DrawsAndGradients
             };
             let nuts =
                 nuts.then_some(dpflow::synth::napsu::nuts::NutsOptions { warmup, draws, mass, ..Default::default() });

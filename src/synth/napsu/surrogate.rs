@@ -37,8 +37,9 @@ use super::NapsuError;
 use super::laplace::LogDensity;
 use super::likelihood::Posterior;
 use super::moments::MaxEnt;
-use crate::pgm::factor::Factor;
-use crate::pgm::model::{Beliefs, GraphicalModel, tree_order};
+use crate::pgm::factor::strides;
+use crate::pgm::jtree::JunctionTree;
+use crate::pgm::model::tree_order;
 
 /// π_s: the posterior with the likelihood's covariance frozen at a point.
 pub struct FixedCovariance<'a> {
@@ -47,36 +48,60 @@ pub struct FixedCovariance<'a> {
     llt: faer::linalg::solvers::Llt<f64>,
     /// log det C₀.
     log_det: f64,
-    /// The model template (its junction tree is built once).
-    template: GraphicalModel,
-    walk: TreeWalk,
+    plan: Plan,
     feature_map: DMatrix<f64>,
 }
 
-/// The junction tree's traversal and where each query scope lives.
-struct TreeWalk {
+/// The junction tree of p(x | θ) compiled to index maps, so that a gradient
+/// runs over flat arrays: no factor algebra, no attribute matching and a
+/// few allocations per call (the factor operations spent most of a small
+/// model's gradient allocating and comparing attribute lists).
+struct Plan {
     /// Cliques, parents before children.
     order: Vec<usize>,
     parent: Vec<Option<usize>>,
-    /// Separator of each clique with its parent (sorted attributes).
-    sep: Vec<Vec<usize>>,
-    /// The clique holding each query scope.
+    /// Cells of each clique.
+    len: Vec<usize>,
+    /// Each clique's cell → its separator cell with its parent (roots: empty).
+    to_sep: Vec<Vec<usize>>,
+    /// The parent's cell → the same separator's cell (roots: empty).
+    parent_to_sep: Vec<Vec<usize>>,
+    /// Cells of each separator.
+    sep_len: Vec<usize>,
+    /// The clique holding each query scope, and its cell → the scope's cell.
     home: Vec<usize>,
+    to_scope: Vec<Vec<usize>>,
+    /// Log-potential terms of each clique: (cell, feature) with θ_feature
+    /// added at that cell (the canonical parametrisation, 003 App. C).
+    terms: Vec<Vec<(usize, usize)>>,
 }
 
-impl<'a> FixedCovariance<'a> {
-    /// π_s for `post` with C frozen at `at` (the Laplace mode).
-    pub fn new(post: &'a Posterior, at: &[f64]) -> Result<Self, NapsuError> {
-        let (llt, log_det) = post.covariance_factor(at)?;
-        let me = &post.me;
-        let template = me.model(&vec![0.0; me.features.len]);
-        let jt = &template.jtree;
-        let (order, parent) = tree_order(jt);
-        let sep = (0..jt.cliques.len())
-            .map(|i| parent[i].map_or_else(Vec::new, |p| intersect(&jt.cliques[i], &jt.cliques[p])))
-            .collect();
-        let home = me
-            .features
+impl Plan {
+    fn new(me: &MaxEnt) -> Result<Self, NapsuError> {
+        let f = &me.features;
+        let jt = JunctionTree::build(&f.sizes, &f.scopes);
+        let (order, parent) = tree_order(&jt);
+        let cliques = &jt.cliques;
+        let cells = |attrs: &[usize]| attrs.iter().map(|&a| f.sizes[a]).product::<usize>();
+        let mut to_sep = Vec::with_capacity(cliques.len());
+        let mut parent_to_sep = Vec::with_capacity(cliques.len());
+        let mut sep_len = Vec::with_capacity(cliques.len());
+        for (i, c) in cliques.iter().enumerate() {
+            match parent[i] {
+                Some(p) => {
+                    let sep = intersect(c, &cliques[p]);
+                    to_sep.push(project(c, &sep, &f.sizes));
+                    parent_to_sep.push(project(&cliques[p], &sep, &f.sizes));
+                    sep_len.push(cells(&sep));
+                }
+                None => {
+                    to_sep.push(Vec::new());
+                    parent_to_sep.push(Vec::new());
+                    sep_len.push(1);
+                }
+            }
+        }
+        let home: Vec<usize> = f
             .scopes
             .iter()
             .map(|s| {
@@ -84,30 +109,179 @@ impl<'a> FixedCovariance<'a> {
                     .ok_or_else(|| NapsuError::Numerical("a query scope is in no clique of its junction tree".into()))
             })
             .collect::<Result<_, _>>()?;
-        Ok(Self {
-            post,
-            llt,
-            log_det,
-            template,
-            walk: TreeWalk { order, parent, sep, home },
-            feature_map: me.feature_map(),
+        let to_scope = f.scopes.iter().zip(&home).map(|(s, &h)| project(&cliques[h], s, &f.sizes)).collect();
+        let mut terms = vec![Vec::new(); cliques.len()];
+        for (i, t) in f.subsets.iter().enumerate() {
+            let h = home[f.home[i]];
+            for (cell, sub) in project(&cliques[h], t, &f.sizes).into_iter().enumerate() {
+                // Only assignments without a 0 carry θ.
+                if let Some(j) = f.feature_at(i, sub) {
+                    terms[h].push((cell, j));
+                }
+            }
+        }
+        Ok(Plan {
+            order,
+            parent,
+            len: cliques.iter().map(|c| cells(c)).collect(),
+            to_sep,
+            parent_to_sep,
+            sep_len,
+            home,
+            to_scope,
+            terms,
         })
+    }
+
+    /// Calibrated clique marginals of p(x | θ) (each component of a forest
+    /// sums to 1): sum–product in log space, leaves to root, then each child
+    /// is its conditional given the separator times its parent's separator
+    /// marginal (Hugin; Koller & Friedman §10.2).
+    fn beliefs(&self, theta: &[f64]) -> Vec<Vec<f64>> {
+        let mut psi: Vec<Vec<f64>> = self.len.iter().map(|&l| vec![0.0; l]).collect();
+        for (table, terms) in psi.iter_mut().zip(&self.terms) {
+            for &(cell, j) in terms {
+                table[cell] += theta[j];
+            }
+        }
+        // Collect: each clique's message is log Σ exp over its separator slices.
+        let mut msg: Vec<Vec<f64>> = vec![Vec::new(); psi.len()];
+        for &i in self.order.iter().rev() {
+            let Some(p) = self.parent[i] else { continue };
+            let m = log_sum_exp_to(&psi[i], &self.to_sep[i], self.sep_len[i]);
+            for (v, &k) in psi[p].iter_mut().zip(&self.parent_to_sep[i]) {
+                *v += m[k];
+            }
+            msg[i] = m;
+        }
+        // Distribute, parents first.
+        for &i in &self.order {
+            match self.parent[i] {
+                None => {
+                    let max = psi[i].iter().copied().fold(f64::NEG_INFINITY, f64::max);
+                    psi[i].iter_mut().for_each(|v| *v = (*v - max).exp());
+                    let total: f64 = psi[i].iter().sum();
+                    psi[i].iter_mut().for_each(|v| *v /= total);
+                }
+                Some(p) => {
+                    let above = sum_to(&psi[p], &self.parent_to_sep[i], self.sep_len[i]);
+                    let (m, to) = (&msg[i], &self.to_sep[i]);
+                    for (v, &k) in psi[i].iter_mut().zip(to) {
+                        *v = (*v - m[k]).exp() * above[k];
+                    }
+                }
+            }
+        }
+        psi
+    }
+
+    /// E[f | x_C] for every clique C, where f = Σ_C `tables`[C] and `p` are
+    /// calibrated marginals. Given a separator the two sides of its edge are
+    /// independent, so with U_i = f_i + Σ_{children c} g_c and
+    /// g_i(x_S) = E[U_i | x_S] (upward, leaves first),
+    /// E[f | x_{C_i}] = U_i + E[E[f | x_{C_p}] − g_i | x_{S_i}] (downward,
+    /// root first; the root's is U_root). Conditionals given a separator
+    /// value of probability 0 are set to 0: they are multiplied by that
+    /// probability wherever they are used.
+    fn conditional_expectations(&self, p: &[Vec<f64>], mut up: Vec<Vec<f64>>) -> Vec<Vec<f64>> {
+        let conditional = |prob: &[f64], table: &[f64], to: &[usize], len: usize| -> Vec<f64> {
+            let (mut num, mut den) = (vec![0.0; len], vec![0.0; len]);
+            for ((&q, &t), &k) in prob.iter().zip(table).zip(to) {
+                num[k] += q * t;
+                den[k] += q;
+            }
+            num.iter_mut().zip(&den).for_each(|(x, d)| *x = if *d > 0.0 { *x / d } else { 0.0 });
+            num
+        };
+        let mut g: Vec<Vec<f64>> = vec![Vec::new(); up.len()];
+        for &i in self.order.iter().rev() {
+            let Some(parent) = self.parent[i] else { continue };
+            let gi = conditional(&p[i], &up[i], &self.to_sep[i], self.sep_len[i]);
+            for (v, &k) in up[parent].iter_mut().zip(&self.parent_to_sep[i]) {
+                *v += gi[k];
+            }
+            g[i] = gi;
+        }
+        for &i in &self.order {
+            let Some(parent) = self.parent[i] else { continue };
+            let mut above = conditional(&p[parent], &up[parent], &self.parent_to_sep[i], self.sep_len[i]);
+            above.iter_mut().zip(&g[i]).for_each(|(a, b)| *a -= b);
+            for (v, &k) in up[i].iter_mut().zip(&self.to_sep[i]) {
+                *v += above[k];
+            }
+        }
+        up
+    }
+}
+
+/// The cell of `to` (a subset of `from`, both sorted attribute ids) that
+/// each cell of `from` falls in; row-major, as [`crate::pgm::factor::Factor`].
+fn project(from: &[usize], to: &[usize], sizes: &[usize]) -> Vec<usize> {
+    let shape: Vec<usize> = from.iter().map(|&a| sizes[a]).collect();
+    let to_strides = strides(&to.iter().map(|&a| sizes[a]).collect::<Vec<_>>());
+    let step: Vec<usize> = from.iter().map(|a| to.iter().position(|b| b == a).map_or(0, |k| to_strides[k])).collect();
+    let len: usize = shape.iter().product();
+    let mut out = Vec::with_capacity(len);
+    let (mut digit, mut at) = (vec![0usize; from.len()], 0usize);
+    for _ in 0..len {
+        out.push(at);
+        for k in (0..from.len()).rev() {
+            digit[k] += 1;
+            at += step[k];
+            if digit[k] < shape[k] {
+                break;
+            }
+            at -= step[k] * shape[k];
+            digit[k] = 0;
+        }
+    }
+    out
+}
+
+/// Σ of `values` per target cell.
+fn sum_to(values: &[f64], to: &[usize], len: usize) -> Vec<f64> {
+    let mut out = vec![0.0; len];
+    for (v, &k) in values.iter().zip(to) {
+        out[k] += v;
+    }
+    out
+}
+
+/// log Σ exp of `values` per target cell (−∞ for a cell nothing falls in).
+fn log_sum_exp_to(values: &[f64], to: &[usize], len: usize) -> Vec<f64> {
+    let mut max = vec![f64::NEG_INFINITY; len];
+    for (v, &k) in values.iter().zip(to) {
+        max[k] = max[k].max(*v);
+    }
+    let mut sum = vec![0.0; len];
+    for (v, &k) in values.iter().zip(to) {
+        sum[k] += (v - max[k]).exp();
+    }
+    sum.iter().zip(&max).map(|(s, m)| m + s.ln()).collect()
+}
+
+impl<'a> FixedCovariance<'a> {
+    /// π_s for `post` with C frozen at `at` (the Laplace mode).
+    pub fn new(post: &'a Posterior, at: &[f64]) -> Result<Self, NapsuError> {
+        let (llt, log_det) = post.covariance_factor(at)?;
+        let plan = Plan::new(&post.me)?;
+        Ok(Self { post, llt, log_det, plan, feature_map: post.me.feature_map() })
     }
 
     fn me(&self) -> &MaxEnt {
         &self.post.me
     }
 
-    /// Calibrated beliefs of p(x | θ) and μ(θ).
-    fn beliefs(&self, theta: &[f64]) -> (Beliefs, DVector<f64>) {
+    /// Calibrated clique marginals of p(x | θ) and μ(θ).
+    fn beliefs(&self, theta: &[f64]) -> (Vec<Vec<f64>>, DVector<f64>) {
         let me = self.me();
-        let mut model = self.template.clone();
-        me.fill_potentials(&mut model, theta);
-        let beliefs = model.beliefs();
+        let beliefs = self.plan.beliefs(theta);
         let mut mu = DVector::zeros(me.width);
-        for (k, s) in me.features.scopes.iter().enumerate() {
-            let m = beliefs.cliques[self.walk.home[k]].sum_to(s);
-            mu.rows_mut(me.offsets[k], m.len()).copy_from_slice(&m.values);
+        for (k, to) in self.plan.to_scope.iter().enumerate() {
+            let o = me.offsets[k];
+            for (p, &c) in beliefs[self.plan.home[k]].iter().zip(to) {
+                mu[o + c] += p;
+            }
         }
         (beliefs, mu)
     }
@@ -126,28 +300,26 @@ impl<'a> FixedCovariance<'a> {
 
     /// Σ(θ)·v for any v over the query cells, from calibrated beliefs:
     /// block k is Σ_{x ∖ S_k} p(x)(E[f | x] − E f) with f = vᵀa(x).
-    fn sigma_times(&self, beliefs: &Beliefs, v: &DVector<f64>) -> DVector<f64> {
+    fn sigma_times(&self, beliefs: &[Vec<f64>], v: &DVector<f64>) -> DVector<f64> {
         let me = self.me();
-        let f = &me.features;
-        let jt = &beliefs.jtree;
-        let mut tables: Vec<Factor> = jt.cliques.iter().map(|c| Factor::zeros(c, &f.sizes)).collect();
-        for (k, s) in f.scopes.iter().enumerate() {
-            let shape: Vec<usize> = s.iter().map(|&a| f.sizes[a]).collect();
-            let len: usize = shape.iter().product();
-            let block =
-                Factor { attrs: s.clone(), shape, values: v.rows(me.offsets[k], len).iter().copied().collect() };
-            tables[self.walk.home[k]].add_assign_sub(&block);
+        let plan = &self.plan;
+        let mut tables: Vec<Vec<f64>> = plan.len.iter().map(|&l| vec![0.0; l]).collect();
+        for (k, to) in plan.to_scope.iter().enumerate() {
+            let o = me.offsets[k];
+            for (t, &c) in tables[plan.home[k]].iter_mut().zip(to) {
+                *t += v[o + c];
+            }
         }
-        let cond = conditional_expectations(&beliefs.cliques, tables, &self.walk, &f.sizes);
+        let cond = plan.conditional_expectations(beliefs, tables);
         let mut out = DVector::zeros(me.width);
-        for (k, s) in f.scopes.iter().enumerate() {
-            let h = self.walk.home[k];
-            let p = &beliefs.cliques[h];
-            let mean: f64 = p.values.iter().zip(&cond[h].values).map(|(p, e)| p * e).sum();
-            let mut d = cond[h].clone();
-            d.values.iter_mut().zip(&p.values).for_each(|(e, p)| *e = p * (*e - mean));
-            let block = d.sum_to(s);
-            out.rows_mut(me.offsets[k], block.len()).copy_from_slice(&block.values);
+        for (k, to) in plan.to_scope.iter().enumerate() {
+            let h = plan.home[k];
+            let (p, e) = (&beliefs[h], &cond[h]);
+            let mean: f64 = p.iter().zip(e).map(|(p, e)| p * e).sum();
+            let o = me.offsets[k];
+            for ((p, e), &c) in p.iter().zip(e).zip(to) {
+                out[o + c] += p * (e - mean);
+            }
         }
         out
     }
@@ -171,41 +343,6 @@ impl LogDensity for FixedCovariance<'_> {
         let tau2 = p.prior_sd * p.prior_sd;
         Ok((lp, cov.iter().zip(theta).map(|(c, t)| p.n * c - t / tau2).collect()))
     }
-}
-
-/// E[f | x_C] for every clique C of a calibrated junction tree, where f is
-/// the sum of the clique tables `f` (each over its clique's attributes) and
-/// `p` the cliques' calibrated marginals.
-///
-/// Given a separator, the two sides of its edge are independent, so with
-/// U_i = f_i + Σ_{children c} g_c and g_i(x_S) = E[U_i | x_S] (upward, leaves
-/// first), E[f | x_{C_i}] = U_i + E[E[f | x_{C_p}] − g_i | x_{S_i}] (downward,
-/// root first; the root's is U_root). Conditionals given a separator value of
-/// probability 0 are set to 0: they are multiplied by that probability
-/// wherever they are used.
-fn conditional_expectations(p: &[Factor], f: Vec<Factor>, walk: &TreeWalk, sizes: &[usize]) -> Vec<Factor> {
-    let conditional = |prob: &Factor, table: &Factor, sep: &[usize]| -> Factor {
-        let mut num = prob.product_sum_to(table, sep, sizes);
-        num.div_assign_sub(&prob.sum_to(sep));
-        num
-    };
-    let mut up = f;
-    let mut g: Vec<Option<Factor>> = vec![None; up.len()];
-    for &i in walk.order.iter().rev() {
-        if let Some(parent) = walk.parent[i] {
-            let gi = conditional(&p[i], &up[i], &walk.sep[i]);
-            up[parent].add_assign_sub(&gi);
-            g[i] = Some(gi);
-        }
-    }
-    // Downward: `up` becomes E[f | x_C] in place, parents first.
-    for &i in &walk.order {
-        let (Some(parent), Some(gi)) = (walk.parent[i], g[i].as_ref()) else { continue };
-        let mut above = conditional(&p[parent], &up[parent], &walk.sep[i]);
-        above.sub_assign_sub(gi);
-        up[i].add_assign_sub(&above);
-    }
-    up
 }
 
 fn intersect(a: &[usize], b: &[usize]) -> Vec<usize> {
@@ -240,6 +377,27 @@ mod tests {
 
     fn scopes(s: &[&[usize]]) -> Vec<Vec<usize>> {
         s.iter().map(|x| x.to_vec()).collect()
+    }
+
+    /// A cell of a clique falls in the cell of a subset that has its digits
+    /// of the subset's attributes (row-major, last attribute fastest).
+    #[test]
+    fn project_maps_each_cell_to_its_sub_assignment() {
+        let sizes = [2, 3, 4];
+        let from = [0, 1, 2];
+        let to = [0, 2];
+        let got = project(&from, &to, &sizes);
+        let mut want = Vec::new();
+        for a in 0..2 {
+            for _b in 0..3 {
+                for c in 0..4 {
+                    want.push(a * 4 + c);
+                }
+            }
+        }
+        assert_eq!(got, want);
+        assert_eq!(project(&from, &[], &sizes), vec![0; 24]);
+        assert_eq!(project(&from, &from, &sizes), (0..24).collect::<Vec<_>>());
     }
 
     /// Σ(θ)v from the two passes equals Σ(θ) (itself checked against
