@@ -85,6 +85,18 @@ impl MaxEnt {
         }
     }
 
+    /// μ(θ) = E[a(x)] alone: the query marginals as probabilities, which fix
+    /// p(x | θ) one-to-one (one belief propagation, no pairwise joints).
+    pub fn mean_parameters(&self, theta: &[f64]) -> DVector<f64> {
+        let beliefs = self.model(theta).beliefs();
+        let mut mu = DVector::zeros(self.width);
+        for (k, s) in self.features.scopes.iter().enumerate() {
+            let m = beliefs.marginal_any(s, &self.features.sizes);
+            mu.rows_mut(self.offsets[k], m.len()).copy_from_slice(&m.values);
+        }
+        mu
+    }
+
     /// μ(θ) = E[a(x)] and Σ(θ) = Cov[a(x)].
     pub fn moments(&self, theta: &[f64]) -> (DVector<f64>, DMatrix<f64>) {
         let m = self.moments_full(theta);
@@ -224,6 +236,8 @@ mod tests {
                 let (mu, sigma) = me.moments(&theta);
                 let (mu_b, sigma_b) = brute_force(&me, &theta);
                 assert!((&mu - &mu_b).amax() < 1e-9, "{scopes:?}: μ differs by {}", (&mu - &mu_b).amax());
+                let alone = me.mean_parameters(&theta);
+                assert!((&alone - &mu_b).amax() < 1e-9, "{scopes:?}: μ alone differs by {}", (&alone - &mu_b).amax());
                 assert!((&sigma - &sigma_b).amax() < 1e-9, "{scopes:?}: Σ differs by {}", (&sigma - &sigma_b).amax());
             }
         }

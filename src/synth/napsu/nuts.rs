@@ -13,12 +13,19 @@
 //! combined autocorrelations truncated by Geyer's initial positive sequence.
 //! Draws whose largest R̂ exceeds 1.05 are refused unless the caller
 //! overrides it: the decision is made on draws that are post-processing of
-//! the DP statistics, so refusing or publishing spends nothing.
+//! the DP statistics, so refusing or publishing spends nothing. The release
+//! ([`super::release`]) decides on R̂ of the mean parameters μ(θ) and
+//! records θ's too: R̂ is not invariant under reparametrisation, and θ's
+//! directions held only by the N(0, 10²) prior wander to −40 where a rare
+//! cell's probability is 0 either way, so θ's R̂ flags runs whose released
+//! distributions have mixed (`benches/results/napsu/twinify.md`).
 
 use std::collections::HashMap;
 
 use dpflow_udfs::noise::DpRng;
 use nuts_rs::{Chain, CpuLogpFunc, CpuMath, CpuMathError, DiagNutsSettings, HasDims, LogpError, Settings};
+
+use rayon::prelude::*;
 
 use super::NapsuError;
 use super::laplace::{Laplace, LogDensity};
@@ -146,6 +153,20 @@ impl NutsDraws {
     /// The smallest effective sample size.
     pub fn min_ess(&self) -> f64 {
         self.ess.iter().cloned().fold(f64::NAN, f64::min)
+    }
+    /// The largest split-R̂ of `f`, a vector function of θ, over the draws
+    /// (chain by chain, as θ's). [`super::release`] decides on R̂ of the
+    /// mean parameters μ(θ), what the synthetic data depend on.
+    pub fn max_rhat_of<F: Fn(&[f64]) -> Vec<f64> + Sync>(&self, f: F) -> f64 {
+        let values: Vec<Vec<f64>> = self.draws.par_iter().map(|t| f(t)).collect();
+        let per = values.len() / self.chains.max(1);
+        let width = values.first().map_or(0, Vec::len);
+        if per < 4 {
+            return f64::NAN;
+        }
+        (0..width)
+            .map(|j| split_rhat(&values.chunks(per).map(|c| c.iter().map(|v| v[j]).collect()).collect::<Vec<_>>()))
+            .fold(f64::NAN, f64::max)
     }
     /// Posterior mean of each parameter.
     pub fn mean(&self) -> Vec<f64> {
@@ -335,9 +356,8 @@ pub fn sample<D: LogDensity + Sync>(
     })
 }
 
-/// Refuses draws whose largest R̂ exceeds `max_rhat` (unless `allow`).
-pub fn check_converged(draws: &NutsDraws, max_rhat: f64, allow: bool) -> Result<(), NapsuError> {
-    let r = draws.max_rhat();
+/// Refuses draws whose largest R̂, `r`, exceeds `max_rhat` (unless `allow`).
+pub fn check_converged(r: f64, max_rhat: f64, allow: bool) -> Result<(), NapsuError> {
     // A NaN R̂ (constant draws) is not convergence either.
     if !allow && r.partial_cmp(&max_rhat).is_none_or(|o| o == std::cmp::Ordering::Greater) {
         return Err(NapsuError::Numerical(format!(
@@ -457,6 +477,40 @@ mod tests {
         assert!((ess - 0.1 / 1.9).abs() < 0.015, "{ess}");
     }
 
+    /// R̂ of a function of the draws, chain by chain: the identity gives
+    /// θ's, a function of the well-mixed coordinate alone gives that
+    /// coordinate's, and a constant has nothing to disagree on.
+    #[test]
+    fn rhat_of_a_function_of_the_draws() {
+        // Two coordinates; chain 3 sits at −30 in the second for its last half.
+        let per_chain: Vec<Vec<Vec<f64>>> = (0..4u64)
+            .map(|c| {
+                let mut rng = rand::rngs::SmallRng::seed_from_u64(c);
+                (0..500)
+                    .map(|i| {
+                        let away = if c == 3 && i >= 250 { -30.0 } else { 0.0 };
+                        vec![rng.random_range(-1.0..1.0), away + rng.random_range(-1.0..1.0)]
+                    })
+                    .collect()
+            })
+            .collect();
+        let d = NutsDraws {
+            rhat: (0..2).map(|j| split_rhat(&column(&per_chain, j))).collect(),
+            ess: vec![1.0, 1.0],
+            draws: per_chain.concat(),
+            chains: 4,
+            divergences: 0,
+            gradients: 0,
+            mean_steps: 1.0,
+            step_sizes: vec![0.1; 4],
+        };
+        assert!(d.max_rhat() > 2.0, "{}", d.max_rhat());
+        assert!((d.max_rhat_of(|t| t.to_vec()) - d.max_rhat()).abs() < 1e-12);
+        assert!((d.max_rhat_of(|t| vec![2.0 * t[0]]) - d.rhat[0]).abs() < 1e-12);
+        assert!(d.rhat[0] < 1.01, "{}", d.rhat[0]);
+        assert_eq!(d.max_rhat_of(|_| vec![1.0]), 1.0);
+    }
+
     /// 003 §5's toy shape with noisy statistics: NUTS and Laplace agree on
     /// the posterior mean within Monte Carlo error (4 standard errors) plus a
     /// tenth of a posterior standard deviation (Laplace centres on the mode).
@@ -475,7 +529,7 @@ mod tests {
         let mut rng = DpRng::unsafe_seeded(5);
         let opts = NutsOptions { chains: 2, warmup: 300, draws: 600, ..Default::default() };
         let draws = sample(&post, &l, &opts, &mut rng, &|_| {}).unwrap();
-        check_converged(&draws, 1.05, false).unwrap();
+        check_converged(draws.max_rhat(), 1.05, false).unwrap();
         // The cost figures: every iteration takes at least one gradient, and
         // a kept draw's tree at most 2^depth − 1 leapfrog steps.
         assert!(draws.gradients >= 2 * 900, "{}", draws.gradients);

@@ -206,9 +206,15 @@ pub struct InferenceReport {
     pub mode_iterations: u64,
     /// Posterior draws made (NUTS: chains × draws; Laplace: m).
     pub draws: usize,
-    /// NUTS: the largest split-R̂.
+    /// NUTS: the largest split-R̂ of θ (canonical parameters).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub max_rhat: Option<f64>,
+    /// NUTS: the largest split-R̂ of the mean parameters μ(θ) (the query
+    /// marginals as probabilities, which fix each synthetic set's
+    /// distribution): the one compared with the limit. Absent in records
+    /// written before it existed.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub max_rhat_mean: Option<f64>,
     /// NUTS: the smallest effective sample size.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub min_ess: Option<f64>,
@@ -270,6 +276,7 @@ pub fn posterior_models(
         mode_iterations: fit.iterations,
         draws: m,
         max_rhat: None,
+        max_rhat_mean: None,
         min_ess: None,
         divergences: None,
         gradients: None,
@@ -296,18 +303,22 @@ pub fn posterior_models(
                 corrected_run = sample_corrected(&post, &fit, &opts.nuts, rng, progress)?;
                 (&corrected_run.nuts, Some(&corrected_run))
             };
-            check_converged(draws, opts.nuts.max_rhat, opts.allow_unconverged)?;
+            // R̂ of what is released: μ(θ), which fixes p(x | θ) (nuts.rs's
+            // module doc says why not θ's).
+            let rhat_mean = draws.max_rhat_of(|t| me.mean_parameters(t).iter().copied().collect());
+            check_converged(rhat_mean, opts.nuts.max_rhat, opts.allow_unconverged)?;
             if let Some(c) = corrected {
                 check_reliable(&c.correction, opts.allow_unconverged)?;
             }
             report.max_rhat = Some(draws.max_rhat());
+            report.max_rhat_mean = Some(rhat_mean);
             report.min_ess = Some(draws.min_ess());
             report.divergences = Some(draws.divergences);
             report.gradients = Some(draws.gradients);
             report.mean_steps = Some(draws.mean_steps);
             // A NaN R̂ is not convergence either.
             report.accepted_unconverged =
-                draws.max_rhat().partial_cmp(&opts.nuts.max_rhat).is_none_or(|o| o == std::cmp::Ordering::Greater)
+                rhat_mean.partial_cmp(&opts.nuts.max_rhat).is_none_or(|o| o == std::cmp::Ordering::Greater)
                     || corrected.is_some_and(|c| check_reliable(&c.correction, false).is_err());
             report.importance = corrected.map(|c| c.correction.clone());
             report.draws = draws.draws.len();
