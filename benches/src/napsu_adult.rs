@@ -416,7 +416,8 @@ pub fn run(path: &str, epsilons: &[f64], s: &Settings, progress: &dyn Fn(&str)) 
         let (mut max_k, mut min_iess, mut refused) = (None::<f64>, None::<f64>, 0usize);
         let (mut max_rhat_mean, mut over_rhat, mut over_rhat_mean) = (None::<f64>, 0usize, 0usize);
         let mut tally = |d: &dpflow::synth::napsu::nuts::NutsDraws| -> f64 {
-            let r = d.max_rhat_of(|t| me.mean_parameters(t).iter().copied().collect());
+            let template = me.model(&vec![0.0; me.features.len]);
+            let r = d.max_rhat_of(|t| me.mean_parameters_in(&template, t).iter().copied().collect());
             max_rhat_mean = Some(max_rhat_mean.map_or(r, |x: f64| x.max(r)));
             over_rhat += usize::from(d.max_rhat().partial_cmp(&1.05).is_none_or(|o| o.is_gt()));
             over_rhat_mean += usize::from(r.partial_cmp(&1.05).is_none_or(|o| o.is_gt()));
@@ -616,23 +617,6 @@ fn probe(post: &Posterior, l: &dpflow::synth::napsu::laplace::Laplace, progress:
     }
 }
 
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn the_reduced_table_matches_app_e() {
-        let path = concat!(env!("CARGO_MANIFEST_DIR"), "/../sample_data/adult/adult.data");
-        let red = reduce(path).unwrap();
-        // 003 §5.2: 30162 rows after dropping rows with missing values.
-        assert_eq!(red.rows.len(), 30162);
-        assert_eq!(red.sizes, vec![5, 7, 16, 7, 5, 2, 2, 2, 5, 2]);
-        assert_eq!(terms(&red).len(), 1 + 4 + 1 + 1);
-        let me = MaxEnt::new(CanonicalFeatures::new(&queries(), &red.sizes, 5000).unwrap());
-        assert!(me.features.len > 100 && me.features.len < 400, "{}", me.features.len);
-    }
-}
-
 /// The parameter with the largest R̂: which feature (subset and level), its
 /// ESS, posterior mean and sd, and how far its draws reach (a diagnostic of
 /// why a run did not converge).
@@ -656,4 +640,21 @@ fn worst(d: &dpflow::synth::napsu::nuts::NutsDraws, f: &dpflow::synth::napsu::Ca
         d.ess[j],
         chain_means.join(", ")
     )
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_reduced_table_matches_app_e() {
+        let path = concat!(env!("CARGO_MANIFEST_DIR"), "/../sample_data/adult/adult.data");
+        let red = reduce(path).unwrap();
+        // 003 §5.2: 30162 rows after dropping rows with missing values.
+        assert_eq!(red.rows.len(), 30162);
+        assert_eq!(red.sizes, vec![5, 7, 16, 7, 5, 2, 2, 2, 5, 2]);
+        assert_eq!(terms(&red).len(), 1 + 4 + 1 + 1);
+        let me = MaxEnt::new(CanonicalFeatures::new(&queries(), &red.sizes, 5000).unwrap());
+        assert!(me.features.len > 100 && me.features.len < 400, "{}", me.features.len);
+    }
 }

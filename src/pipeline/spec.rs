@@ -176,7 +176,7 @@ struct RawSynth {
     /// NAPSU-MQ's cap on canonical features.
     #[serde(default)]
     max_features: Option<usize>,
-    /// NAPSU-MQ: publish NUTS draws with R̂ over 1.05.
+    /// NAPSU-MQ: publish NUTS draws with R̂ of the mean parameters over 1.05.
     #[serde(default)]
     allow_unconverged: bool,
     /// NAPSU-MQ NUTS chains (default 4).

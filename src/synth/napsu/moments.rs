@@ -88,7 +88,15 @@ impl MaxEnt {
     /// μ(θ) = E[a(x)] alone: the query marginals as probabilities, which fix
     /// p(x | θ) one-to-one (one belief propagation, no pairwise joints).
     pub fn mean_parameters(&self, theta: &[f64]) -> DVector<f64> {
-        let beliefs = self.model(theta).beliefs();
+        self.mean_parameters_in(&self.model(theta), theta)
+    }
+
+    /// [`MaxEnt::mean_parameters`] reusing `template`, a model from
+    /// [`MaxEnt::model`], and its junction tree (built once for many θ).
+    pub fn mean_parameters_in(&self, template: &GraphicalModel, theta: &[f64]) -> DVector<f64> {
+        let mut model = template.clone();
+        self.fill_potentials(&mut model, theta);
+        let beliefs = model.beliefs();
         let mut mu = DVector::zeros(self.width);
         for (k, s) in self.features.scopes.iter().enumerate() {
             let m = beliefs.marginal_any(s, &self.features.sizes);

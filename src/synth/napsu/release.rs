@@ -173,7 +173,7 @@ pub struct NapsuOptions {
     pub inference: Inference,
     /// Most canonical features (θ's dimension) allowed.
     pub max_features: usize,
-    /// Publish NUTS draws even when R̂ exceeds `nuts.max_rhat`, or the
+    /// Publish NUTS draws even when R̂ of the mean parameters exceeds `nuts.max_rhat`, or the
     /// importance correction's k̂ its threshold.
     pub allow_unconverged: bool,
     /// The mode search.
@@ -305,7 +305,8 @@ pub fn posterior_models(
             };
             // R̂ of what is released: μ(θ), which fixes p(x | θ) (nuts.rs's
             // module doc says why not θ's).
-            let rhat_mean = draws.max_rhat_of(|t| me.mean_parameters(t).iter().copied().collect());
+            let template = me.model(&vec![0.0; parameters]);
+            let rhat_mean = draws.max_rhat_of(|t| me.mean_parameters_in(&template, t).iter().copied().collect());
             check_converged(rhat_mean, opts.nuts.max_rhat, opts.allow_unconverged)?;
             if let Some(c) = corrected {
                 check_reliable(&c.correction, opts.allow_unconverged)?;
