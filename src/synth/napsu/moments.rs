@@ -96,13 +96,18 @@ impl MaxEnt {
     pub fn mean_parameters_in(&self, template: &GraphicalModel, theta: &[f64]) -> DVector<f64> {
         let mut model = template.clone();
         self.fill_potentials(&mut model, theta);
-        let beliefs = model.beliefs();
+        self.query_marginals(&model.beliefs()).1
+    }
+
+    /// The marginal of each query scope and μ, their cells stacked.
+    fn query_marginals(&self, beliefs: &Beliefs) -> (Vec<Factor>, DVector<f64>) {
+        let f = &self.features;
+        let marginals: Vec<Factor> = f.scopes.iter().map(|s| beliefs.marginal_any(s, &f.sizes)).collect();
         let mut mu = DVector::zeros(self.width);
-        for (k, s) in self.features.scopes.iter().enumerate() {
-            let m = beliefs.marginal_any(s, &self.features.sizes);
+        for (k, m) in marginals.iter().enumerate() {
             mu.rows_mut(self.offsets[k], m.len()).copy_from_slice(&m.values);
         }
-        mu
+        (marginals, mu)
     }
 
     /// μ(θ) = E[a(x)] and Σ(θ) = Cov[a(x)].
@@ -117,11 +122,7 @@ impl MaxEnt {
         let f = &self.features;
         let model = self.model(theta);
         let beliefs = model.beliefs();
-        let marginals: Vec<Factor> = f.scopes.iter().map(|s| beliefs.marginal_any(s, &f.sizes)).collect();
-        let mut mu = DVector::zeros(self.width);
-        for (k, m) in marginals.iter().enumerate() {
-            mu.rows_mut(self.offsets[k], m.len()).copy_from_slice(&m.values);
-        }
+        let (marginals, mu) = self.query_marginals(&beliefs);
         let mut sigma = -(&mu * mu.transpose());
         for (k, m) in marginals.iter().enumerate() {
             for (i, p) in m.values.iter().enumerate() {

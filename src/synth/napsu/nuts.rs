@@ -188,12 +188,7 @@ impl NutsDraws {
         for j in 0..width {
             let means: Vec<f64> = halves.iter().map(|h| h.mean[j]).collect();
             let w = mean(&halves.iter().map(|h| h.m2[j] / (n - 1.0)).collect::<Vec<_>>());
-            let b = n * variance(&means);
-            let r = if w <= 0.0 {
-                if b <= 0.0 { 1.0 } else { f64::INFINITY }
-            } else {
-                (((n - 1.0) / n * w + b / n) / w).sqrt()
-            };
+            let r = rhat_from(n, w, n * variance(&means));
             if r.is_nan() {
                 return f64::NAN;
             }
@@ -450,6 +445,12 @@ pub fn split_rhat(chains: &[Vec<f64>]) -> f64 {
     let means: Vec<f64> = halves.iter().map(|h| mean(h)).collect();
     let b = n * variance(&means);
     let w = mean(&halves.iter().map(|h| variance(h)).collect::<Vec<_>>());
+    rhat_from(n, w, b)
+}
+
+/// R̂ from n draws per half chain, the mean within-half variance `w` and
+/// the between-half variance `b` (n times the variance of the half means).
+fn rhat_from(n: f64, w: f64, b: f64) -> f64 {
     if w <= 0.0 {
         return if b <= 0.0 { 1.0 } else { f64::INFINITY };
     }
