@@ -251,14 +251,19 @@ pub struct AdultResult {
     pub inference_seconds: f64,
     /// Largest R̂ of θ seen (NUTS).
     pub max_rhat: Option<f64>,
-    /// Largest R̂ of the mean parameters μ(θ) seen (NUTS): what `dpflow
-    /// synth` compares with 1.05.
+    /// Largest rank-normalised R̂ of the mean parameters μ(θ) seen (NUTS):
+    /// what `dpflow synth` compares with 1.05.
     pub max_rhat_mean: Option<f64>,
+    /// Smallest bulk ESS of μ(θ)'s components seen (NUTS).
+    pub min_ess_mean: Option<f64>,
     /// Repeats whose R̂ of θ was over 1.05 (NUTS).
     pub over_rhat: usize,
     /// Repeats whose R̂ of μ(θ) was over 1.05 (NUTS): `dpflow synth` would
     /// refuse them without `--allow-unconverged`.
     pub over_rhat_mean: usize,
+    /// Repeats whose plain split-R̂ of μ(θ) (BDA3's, the check before
+    /// 2026-11-29) was over 1.05, for comparison.
+    pub over_split_rhat_mean: usize,
     /// Mean gradient evaluations per repeat (NUTS, all chains).
     pub gradients: Option<f64>,
     /// Mean leapfrog steps per kept draw (NUTS).
@@ -415,13 +420,17 @@ pub fn run(path: &str, epsilons: &[f64], s: &Settings, progress: &dyn Fn(&str)) 
         let (mut gradients, mut steps) = (0u64, 0.0f64);
         let (mut max_k, mut min_iess, mut refused) = (None::<f64>, None::<f64>, 0usize);
         let (mut max_rhat_mean, mut over_rhat, mut over_rhat_mean) = (None::<f64>, 0usize, 0usize);
-        let mut tally = |d: &dpflow::synth::napsu::nuts::NutsDraws| -> f64 {
+        let (mut min_ess_mean, mut over_split_rhat_mean) = (None::<f64>, 0usize);
+        let over = |r: f64| usize::from(r.partial_cmp(&1.05).is_none_or(|o| o.is_gt()));
+        let mut tally = |d: &dpflow::synth::napsu::nuts::NutsDraws| -> String {
             let template = me.model(&vec![0.0; me.features.len]);
-            let r = d.max_rhat_of(|t| me.mean_parameters_in(&template, t).iter().copied().collect());
-            max_rhat_mean = Some(max_rhat_mean.map_or(r, |x: f64| x.max(r)));
-            over_rhat += usize::from(d.max_rhat().partial_cmp(&1.05).is_none_or(|o| o.is_gt()));
-            over_rhat_mean += usize::from(r.partial_cmp(&1.05).is_none_or(|o| o.is_gt()));
-            r
+            let c = d.convergence_of(|t| me.mean_parameters_in(&template, t).iter().copied().collect());
+            max_rhat_mean = Some(max_rhat_mean.map_or(c.rhat, |x: f64| x.max(c.rhat)));
+            min_ess_mean = Some(min_ess_mean.map_or(c.bulk_ess, |x: f64| x.min(c.bulk_ess)));
+            over_rhat += over(d.max_rhat());
+            over_rhat_mean += over(c.rhat);
+            over_split_rhat_mean += over(c.split_rhat);
+            format!("R̂ of μ {:.3} (plain split-R̂ {:.3}), bulk ESS of μ {:.0}", c.rhat, c.split_rhat, c.bulk_ess)
         };
         let mut fit_errors = std::collections::BTreeMap::<String, usize>::new();
         for repeat in 0..repeats {
@@ -443,7 +452,7 @@ pub fn run(path: &str, epsilons: &[f64], s: &Settings, progress: &dyn Fn(&str)) 
                     Ok(d) => {
                         let r = tally(&d);
                         progress(&format!(
-                            "ε={epsilon} repeat {repeat}: R̂ {:.3} ({}), R̂ of μ {r:.3}",
+                            "ε={epsilon} repeat {repeat}: R̂ {:.3} ({}), {r}",
                             d.max_rhat(),
                             worst(&d, &me.features)
                         ));
@@ -472,7 +481,7 @@ pub fn run(path: &str, epsilons: &[f64], s: &Settings, progress: &dyn Fn(&str)) 
                         max_k = Some(max_k.map_or(k, |x| x.max(k)));
                         min_iess = Some(min_iess.map_or(c.correction.ess, |x| x.min(c.correction.ess)));
                         progress(&format!(
-                            "ε={epsilon} repeat {repeat}: R̂ {:.3} ({}), R̂ of μ {:.3}, k̂ {k:.3} (threshold {:.2}), importance ESS \
+                            "ε={epsilon} repeat {repeat}: R̂ {:.3} ({}), {}, k̂ {k:.3} (threshold {:.2}), importance ESS \
                              {:.0} of {}",
                             d.max_rhat(),
                             worst(d, &me.features),
@@ -547,8 +556,10 @@ pub fn run(path: &str, epsilons: &[f64], s: &Settings, progress: &dyn Fn(&str)) 
             inference_seconds: inference_seconds / d,
             max_rhat,
             max_rhat_mean,
+            min_ess_mean,
             over_rhat,
             over_rhat_mean,
+            over_split_rhat_mean,
             gradients: nuts.is_some().then(|| gradients as f64 / d),
             mean_steps: nuts.is_some().then(|| steps / d),
             max_pareto_k: max_k,

@@ -176,7 +176,8 @@ struct RawSynth {
     /// NAPSU-MQ's cap on canonical features.
     #[serde(default)]
     max_features: Option<usize>,
-    /// NAPSU-MQ: publish NUTS draws with R̂ of the mean parameters over 1.05.
+    /// NAPSU-MQ: publish NUTS draws with rank-normalised R̂ of the mean parameters
+    /// over 1.05.
     #[serde(default)]
     allow_unconverged: bool,
     /// NAPSU-MQ NUTS chains (default 4).
@@ -745,7 +746,7 @@ impl Pipeline {
                         if napsu.inference.is_nuts() {
                             napsu
                                 .nuts
-                                .check(me.features.len)
+                                .check(me.features.len, me.width)
                                 .map_err(|e| err(l, &key("synthesize.nuts_chains"), e.to_string()))?;
                         }
                     } else if x.queries.is_some() || x.inference.is_some() || x.max_features.is_some() {

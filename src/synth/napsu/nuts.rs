@@ -8,17 +8,20 @@
 //! standard normal. Chains run on their own threads, each with its own
 //! stream of a ChaCha20 generator ([`DpRng::fork`]).
 //!
-//! **Diagnostics** (Gelman et al., BDA3 §11.4–11.5): split-R̂ over the
-//! chains cut in halves, and the effective sample size from the chains'
-//! combined autocorrelations truncated by Geyer's initial positive sequence.
-//! Draws whose largest R̂ exceeds 1.05 are refused unless the caller
-//! overrides it: the decision is made on draws that are post-processing of
-//! the DP statistics, so refusing or publishing spends nothing. The release
-//! ([`super::release`]) decides on R̂ of the mean parameters μ(θ) and
-//! records θ's too: R̂ is not invariant under reparametrisation, and θ's
-//! directions held only by the N(0, 10²) prior wander to −40 where a rare
-//! cell's probability is 0 either way, so θ's R̂ flags runs whose released
-//! distributions have mixed (`benches/results/napsu/twinify.md`).
+//! **Diagnostics**: rank-normalised split-R̂ ([`rank_diagnostics`]: Vehtari
+//! et al. 2021 §4, on top of BDA3 §11.4's split-R̂), and the effective
+//! sample size from the chains' combined autocorrelations truncated by
+//! Geyer's initial monotone sequence (BDA3 §11.5; Stan's and ArviZ's). Draws whose largest R̂
+//! exceeds 1.05 are refused unless the caller overrides it: the decision
+//! is made on draws that are post-processing of the DP statistics, so
+//! refusing or publishing spends nothing. The release ([`super::release`])
+//! decides on R̂ of the mean parameters μ(θ) and records θ's too: R̂ is not
+//! invariant under reparametrisation, and θ's directions held only by the
+//! N(0, 10²) prior wander to −40 where a rare cell's probability is 0 either
+//! way, so θ's R̂ flags runs whose released distributions have mixed
+//! (`benches/results/napsu/twinify.md`). Ranks make R̂'s bulk part
+//! invariant under monotone maps of each μ component, so a rare cell's
+//! probability is judged as its count or its logarithm would be.
 
 use std::collections::HashMap;
 
@@ -26,6 +29,7 @@ use dpflow_udfs::noise::DpRng;
 use nuts_rs::{Chain, CpuLogpFunc, CpuMath, CpuMathError, DiagNutsSettings, HasDims, LogpError, Settings};
 
 use rayon::prelude::*;
+use statrs::distribution::{ContinuousCDF, Normal};
 
 use super::NapsuError;
 use super::laplace::{Laplace, LogDensity};
@@ -83,15 +87,17 @@ pub enum MassAdaptation {
 pub const MAX_CHAINS: usize = 64;
 
 /// Most memory the kept draws may take (they are held twice while the
-/// chains are joined).
+/// chains are joined, and the mean parameters of each once for R̂).
 pub const MAX_DRAW_BYTES: u64 = 4 << 30;
 
 impl NutsOptions {
-    /// Checks the settings for a posterior of `dim` parameters: public
-    /// inputs, checked before anything is charged, so that a setting cannot
-    /// fail the run (a thread that cannot start, memory that runs out) after
-    /// the statistics were measured.
-    pub fn check(&self, dim: usize) -> Result<(), NapsuError> {
+    /// Checks the settings for a posterior of `dim` parameters whose
+    /// convergence is judged on `judged` numbers per draw (μ(θ)'s width,
+    /// [`NutsDraws::convergence_of`]): public inputs, checked before
+    /// anything is charged, so that a setting cannot fail the run (a thread
+    /// that cannot start, memory that runs out) after the statistics were
+    /// measured.
+    pub fn check(&self, dim: usize, judged: usize) -> Result<(), NapsuError> {
         let bad = |what: String| Err(NapsuError::Query(what));
         if self.chains == 0 || self.chains > MAX_CHAINS {
             return bad(format!("NUTS chains must be between 1 and {MAX_CHAINS}, not {}", self.chains));
@@ -102,14 +108,16 @@ impl NutsOptions {
         if self.max_depth == 0 || self.max_depth > 16 {
             return bad(format!("the NUTS tree depth must be between 1 and 16, not {}", self.max_depth));
         }
+        // θ's draws twice (while the chains are joined), then f(θ) of each once.
+        let per_draw = (dim as u64).saturating_mul(2).saturating_add(judged as u64);
         let bytes = (self.chains as u64)
             .saturating_mul(self.draws)
-            .saturating_mul(dim as u64)
-            .saturating_mul(2 * std::mem::size_of::<f64>() as u64);
+            .saturating_mul(per_draw)
+            .saturating_mul(std::mem::size_of::<f64>() as u64);
         if bytes > MAX_DRAW_BYTES {
             return bad(format!(
-                "{} chains × {} draws × {dim} parameters would hold {:.1} GiB of draws (at most {} GiB): lower the \
-                 draws or the chains",
+                "{} chains × {} draws × ({dim} parameters, {judged} mean parameters) would hold {:.1} GiB of draws \
+                 (at most {} GiB): lower the draws or the chains",
                 self.chains,
                 self.draws,
                 bytes as f64 / (1u64 << 30) as f64,
@@ -130,9 +138,10 @@ pub struct NutsDraws {
     pub draws: Vec<Vec<f64>>,
     /// Chains.
     pub chains: usize,
-    /// Split-R̂ per parameter.
+    /// Rank-normalised split-R̂ per parameter ([`rank_diagnostics`]).
     pub rhat: Vec<f64>,
-    /// Effective sample size per parameter.
+    /// Effective sample size per parameter (of the draws themselves: the
+    /// Monte Carlo error of their means).
     pub ess: Vec<f64>,
     /// Divergent transitions after warm-up.
     pub divergences: u64,
@@ -158,43 +167,41 @@ impl NutsDraws {
     pub fn min_ess(&self) -> f64 {
         self.ess.iter().cloned().fold(f64::NAN, f64::min)
     }
-    /// The largest split-R̂ of `f`, a vector function of θ, over the draws
-    /// (chain by chain, as θ's; NaN if any component's is). [`super::release`]
-    /// decides on R̂ of the mean parameters μ(θ), what the synthetic data
-    /// depend on. Streams: it keeps a running mean and variance per half
-    /// chain (Welford), not f of every draw, so it needs no more memory than
-    /// the checks before the charge allowed for.
-    pub fn max_rhat_of<F: Fn(&[f64]) -> Vec<f64> + Sync>(&self, f: F) -> f64 {
+    /// The convergence of `f`, a vector function of θ, over the draws
+    /// (chain by chain, as θ's): the largest rank-normalised R̂ and the
+    /// smallest bulk ESS over its components ([`rank_diagnostics`]; R̂ NaN
+    /// if any component is NaN). [`super::release`] decides on μ(θ), what the
+    /// synthetic data depend on. It holds f of every draw once (each chain's
+    /// rows, then one component at a time): the check before the charge
+    /// ([`NutsOptions::check`]) counts that memory.
+    pub fn convergence_of<F: Fn(&[f64]) -> Vec<f64> + Sync>(&self, f: F) -> Convergence {
         let per = self.draws.len() / self.chains.max(1);
-        let half = per / 2;
-        if half < 2 {
-            return f64::NAN;
+        if per / 2 < 2 {
+            return Convergence::NAN;
         }
-        // Per chain, as `split_rhat`: its first and its last `half` draws.
-        let halves: Vec<Running> = self
-            .draws
-            .par_chunks(per)
-            .flat_map_iter(|chain| {
-                [&chain[..half], &chain[per - half..]].map(|part| {
-                    let mut acc = Running::default();
-                    part.iter().for_each(|t| acc.push(&f(t)));
-                    acc
-                })
+        // Each chain's f(θ) rows, flat (row-major), computed on all cores.
+        let rows: Vec<Vec<f64>> =
+            self.draws.par_chunks(per).map(|chain| chain.iter().flat_map(|t| f(t)).collect()).collect();
+        let width = rows.first().map_or(0, |r| r.len() / per);
+        if width == 0 || rows.iter().any(|r| r.len() != width * per) {
+            return Convergence::NAN;
+        }
+        let each: Vec<Convergence> = (0..width)
+            .into_par_iter()
+            .map(|j| {
+                let chains: Vec<Vec<f64>> =
+                    rows.iter().map(|r| r.iter().skip(j).step_by(width).copied().collect()).collect();
+                rank_diagnostics(&chains)
             })
             .collect();
-        let width = halves.first().map_or(0, |h| h.mean.len());
-        let n = half as f64;
-        let mut worst = f64::NEG_INFINITY;
-        for j in 0..width {
-            let means: Vec<f64> = halves.iter().map(|h| h.mean[j]).collect();
-            let w = mean(&halves.iter().map(|h| h.m2[j] / (n - 1.0)).collect::<Vec<_>>());
-            let r = rhat_from(n, w, n * variance(&means));
-            if r.is_nan() {
-                return f64::NAN;
-            }
-            worst = worst.max(r);
+        if each.iter().any(|e| e.rhat.is_nan()) {
+            return Convergence::NAN;
         }
-        if width == 0 { f64::NAN } else { worst }
+        Convergence {
+            rhat: each.iter().map(|e| e.rhat).fold(f64::NEG_INFINITY, f64::max),
+            bulk_ess: each.iter().map(|e| e.bulk_ess).fold(f64::INFINITY, f64::min),
+            split_rhat: each.iter().map(|e| e.split_rhat).fold(f64::NEG_INFINITY, f64::max),
+        }
     }
     /// Posterior mean of each parameter.
     pub fn mean(&self) -> Vec<f64> {
@@ -204,27 +211,21 @@ impl NutsDraws {
     }
 }
 
-/// Running means and sums of squared deviations of a vector (Welford).
-#[derive(Default)]
-struct Running {
-    n: f64,
-    mean: Vec<f64>,
-    m2: Vec<f64>,
+/// The convergence of one quantity's chains ([`rank_diagnostics`]), or the
+/// worst over a vector's components ([`NutsDraws::convergence_of`]).
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct Convergence {
+    /// The (largest) rank-normalised split-R̂, bulk or folded: the one
+    /// compared with the limit.
+    pub rhat: f64,
+    /// The (smallest) bulk effective sample size.
+    pub bulk_ess: f64,
+    /// The (largest) plain split-R̂ of BDA3 §11.4, for comparison.
+    pub split_rhat: f64,
 }
 
-impl Running {
-    fn push(&mut self, v: &[f64]) {
-        if self.mean.is_empty() {
-            self.mean = vec![0.0; v.len()];
-            self.m2 = vec![0.0; v.len()];
-        }
-        self.n += 1.0;
-        for ((x, m), s) in v.iter().zip(self.mean.iter_mut()).zip(self.m2.iter_mut()) {
-            let d = x - *m;
-            *m += d / self.n;
-            *s += d * (x - *m);
-        }
-    }
+impl Convergence {
+    const NAN: Convergence = Convergence { rhat: f64::NAN, bulk_ess: f64::NAN, split_rhat: f64::NAN };
 }
 
 /// One chain's kept draws and what it cost.
@@ -297,7 +298,8 @@ pub fn sample<D: LogDensity + Sync>(
     rng: &mut DpRng,
     progress: &dyn Fn(&str),
 ) -> Result<NutsDraws, NapsuError> {
-    opts.check(density.dim())?;
+    // The caller checked what judging convergence takes too.
+    opts.check(density.dim(), 0)?;
     let mut settings = DiagNutsSettings {
         num_tune: opts.warmup,
         num_draws: opts.draws,
@@ -392,7 +394,7 @@ pub fn sample<D: LogDensity + Sync>(
         kept_steps += c.kept_steps;
         step_sizes.push(c.step_size);
     }
-    let rhat = (0..d).map(|j| split_rhat(&column(&per_chain, j))).collect();
+    let rhat = (0..d).map(|j| rank_diagnostics(&column(&per_chain, j)).rhat).collect();
     let ess = (0..d).map(|j| effective_sample_size(&column(&per_chain, j))).collect();
     let kept = per_chain.iter().map(Vec::len).sum::<usize>().max(1);
     Ok(NutsDraws {
@@ -434,18 +436,90 @@ fn variance(x: &[f64]) -> f64 {
 
 /// Split-R̂ (BDA3 §11.4): each chain cut in two halves.
 pub fn split_rhat(chains: &[Vec<f64>]) -> f64 {
-    let halves: Vec<&[f64]> = chains
+    rhat_of_halves(&split(chains))
+}
+
+/// Each chain's first and last ⌊len/2⌋ draws (the middle one of an odd
+/// chain is dropped).
+fn split(chains: &[Vec<f64>]) -> Vec<&[f64]> {
+    chains
         .iter()
         .flat_map(|c| {
             let h = c.len() / 2;
             [&c[..h], &c[c.len() - h..]]
         })
-        .collect();
+        .collect()
+}
+
+/// R̂ of half chains of equal length.
+fn rhat_of_halves(halves: &[&[f64]]) -> f64 {
     let n = halves[0].len() as f64;
     let means: Vec<f64> = halves.iter().map(|h| mean(h)).collect();
     let b = n * variance(&means);
     let w = mean(&halves.iter().map(|h| variance(h)).collect::<Vec<_>>());
     rhat_from(n, w, b)
+}
+
+/// Rank-normalised split-R̂ and bulk effective sample size of one
+/// quantity's chains (Vehtari, Gelman, Simpson, Carpenter and Bürkner 2021,
+/// "Rank-normalization, folding, and localization: an improved R̂",
+/// Bayesian Analysis 16(2), §4.1–4.2; what Stan, ArviZ and posterior
+/// report). The chains are cut in halves; the S pooled draws are replaced
+/// by the normal scores of their ranks, z = Φ⁻¹((r − 3/8)/(S + 1/4)) (tied
+/// draws share their mean rank), and split-R̂ is computed on z (the bulk)
+/// and on the scores of |x − median x| (folded: the scale); R̂ is the
+/// larger. The bulk part is invariant under monotone maps of x, the folded
+/// part under affine ones: R̂ of a cell's probability μ is that of its
+/// count nμ, and its bulk part that of √(nμ) or log μ, so a rare cell whose
+/// excursions dominate the within-chain variance cannot hide chains that
+/// disagree on its typical value (the blind spot of plain R̂ on μ,
+/// `benches/results/napsu/twinify.md`). Bulk ESS is
+/// [`effective_sample_size`] of the halves' z. All NaN if a draw is NaN or
+/// a half has fewer than two draws.
+pub fn rank_diagnostics(chains: &[Vec<f64>]) -> Convergence {
+    let halves = split(chains);
+    let n = halves.first().map_or(0, |h| h.len());
+    if n < 2 || halves.iter().any(|h| h.iter().any(|x| x.is_nan())) {
+        return Convergence::NAN;
+    }
+    let pooled: Vec<f64> = halves.concat();
+    let z = normal_scores(&pooled);
+    let z_halves: Vec<&[f64]> = z.chunks(n).collect();
+    let bulk = rhat_of_halves(&z_halves);
+    let mut sorted = pooled.clone();
+    sorted.sort_by(f64::total_cmp);
+    let s = sorted.len();
+    let median = if s % 2 == 1 { sorted[s / 2] } else { 0.5 * (sorted[s / 2 - 1] + sorted[s / 2]) };
+    let folded: Vec<f64> = pooled.iter().map(|x| (x - median).abs()).collect();
+    let zf = normal_scores(&folded);
+    let tail = rhat_of_halves(&zf.chunks(n).collect::<Vec<_>>());
+    let ess = effective_sample_size(&z_halves.iter().map(|h| h.to_vec()).collect::<Vec<_>>());
+    // max, but NaN-propagating.
+    let rhat = if bulk.is_nan() || tail.is_nan() { f64::NAN } else { bulk.max(tail) };
+    Convergence { rhat, bulk_ess: ess, split_rhat: rhat_of_halves(&halves) }
+}
+
+/// Φ⁻¹((r − 3/8)/(S + 1/4)) for each value's rank r among the S values
+/// (Blom's offset; ties get their mean rank). No NaN in `x`.
+fn normal_scores(x: &[f64]) -> Vec<f64> {
+    let s = x.len();
+    let mut order: Vec<usize> = (0..s).collect();
+    order.sort_by(|&a, &b| x[a].total_cmp(&x[b]));
+    let normal = Normal::standard();
+    let mut z = vec![0.0; s];
+    let mut i = 0;
+    while i < s {
+        let mut j = i + 1;
+        while j < s && x[order[j]] == x[order[i]] {
+            j += 1;
+        }
+        // Ranks i+1 ..= j share their mean.
+        let r = (i + 1 + j) as f64 / 2.0;
+        let score = normal.inverse_cdf((r - 0.375) / (s as f64 + 0.25));
+        order[i..j].iter().for_each(|&k| z[k] = score);
+        i = j;
+    }
+    z
 }
 
 /// R̂ from n draws per half chain, the mean within-half variance `w` and
@@ -458,9 +532,13 @@ fn rhat_from(n: f64, w: f64, b: f64) -> f64 {
     (var_plus / w).sqrt()
 }
 
-/// Effective sample size over chains (BDA3 §11.5): autocorrelations
-/// ρ_t = 1 − (W − mean autocovariance_t)/var⁺, summed in pairs while the
-/// pair sums stay positive (Geyer's initial positive sequence).
+/// Effective sample size over chains (BDA3 §11.5; Vehtari et al. 2021
+/// §3.2, as Stan and ArviZ compute it): autocorrelations
+/// ρ_t = 1 − (W − mean autocovariance_t)/var⁺, summed in pairs
+/// (ρ_0 + ρ_1, ρ_2 + ρ_3, …) while the pair sums stay positive (Geyer's
+/// initial positive sequence), each pair capped by the one before (his
+/// initial monotone sequence); S/τ with τ = −1 + 2Σρ_t, τ at least
+/// 1/log₁₀ S.
 pub fn effective_sample_size(chains: &[Vec<f64>]) -> f64 {
     let m = chains.len() as f64;
     let n = chains.iter().map(Vec::len).min().unwrap_or(0);
@@ -468,12 +546,13 @@ pub fn effective_sample_size(chains: &[Vec<f64>]) -> f64 {
         return f64::NAN;
     }
     let chains: Vec<&[f64]> = chains.iter().map(|c| &c[..n]).collect();
+    let total = m * n as f64;
     let means: Vec<f64> = chains.iter().map(|c| mean(c)).collect();
     let w = mean(&chains.iter().map(|c| variance(c)).collect::<Vec<_>>());
     let b = if chains.len() > 1 { n as f64 * variance(&means) } else { 0.0 };
     let var_plus = (n as f64 - 1.0) / n as f64 * w + b / n as f64;
     if var_plus <= 0.0 {
-        return m * n as f64;
+        return total;
     }
     let autocov = |t: usize| -> f64 {
         mean(
@@ -485,17 +564,36 @@ pub fn effective_sample_size(chains: &[Vec<f64>]) -> f64 {
         )
     };
     let rho = |t: usize| 1.0 - (w - autocov(t)) / var_plus;
-    let mut sum = 0.0;
+    // ρ_0 = 1; pairs (ρ_{t+1}, ρ_{t+2}) for odd t while the last pair's sum is positive.
+    let mut r = vec![1.0, rho(1)];
+    let (mut even, mut odd) = (r[0], r[1]);
     let mut t = 1;
-    while t + 1 < n {
-        let pair = rho(t) + rho(t + 1);
-        if pair <= 0.0 {
-            break;
+    while t + 3 < n && even + odd > 0.0 {
+        (even, odd) = (rho(t + 1), rho(t + 2));
+        if even + odd >= 0.0 {
+            r.extend([even, odd]);
         }
-        sum += pair;
         t += 2;
     }
-    m * n as f64 / (1.0 + 2.0 * sum)
+    // The autocorrelations summed in full: ρ_0 ..= ρ_{t−2} (none if no pair was read).
+    let kept = t - 1;
+    let next = r.get(kept).copied().unwrap_or(0.0);
+    r.truncate(kept);
+    // ρ_{t−1} is added once: the last even autocorrelation if positive (it
+    // improves the estimate), else what was kept there.
+    r.push(if even > 0.0 { even } else { next });
+    // Initial monotone sequence: no pair sum above the one before.
+    let mut t = 1;
+    while t + 3 <= kept {
+        let before = r[t - 1] + r[t];
+        if r[t + 1] + r[t + 2] > before {
+            r[t + 1] = before / 2.0;
+            r[t + 2] = before / 2.0;
+        }
+        t += 2;
+    }
+    let tau = -1.0 + 2.0 * r[..kept].iter().sum::<f64>() + r[kept];
+    total / tau.max(1.0 / total.log10())
 }
 
 #[cfg(test)]
@@ -535,8 +633,8 @@ mod tests {
     }
 
     /// R̂ of a function of the draws, chain by chain: the identity gives
-    /// θ's, a function of the well-mixed coordinate alone gives that
-    /// coordinate's, and a constant has nothing to disagree on.
+    /// θ's, a monotone function of the well-mixed coordinate alone gives
+    /// that coordinate's, and a constant has nothing to disagree on.
     #[test]
     fn rhat_of_a_function_of_the_draws() {
         // Two coordinates; chain 3 sits at −30 in the second for its last half.
@@ -552,7 +650,7 @@ mod tests {
             })
             .collect();
         let d = NutsDraws {
-            rhat: (0..2).map(|j| split_rhat(&column(&per_chain, j))).collect(),
+            rhat: (0..2).map(|j| rank_diagnostics(&column(&per_chain, j)).rhat).collect(),
             ess: vec![1.0, 1.0],
             draws: per_chain.concat(),
             chains: 4,
@@ -561,13 +659,81 @@ mod tests {
             mean_steps: 1.0,
             step_sizes: vec![0.1; 4],
         };
-        assert!(d.max_rhat() > 2.0, "{}", d.max_rhat());
-        // The streamed (Welford) R̂ equals `split_rhat` on the stored draws.
-        assert!((d.max_rhat_of(|t| t.to_vec()) - d.max_rhat()).abs() < 1e-9);
-        assert!((d.max_rhat_of(|t| vec![2.0 * t[0]]) - d.rhat[0]).abs() < 1e-9);
-        assert!(d.max_rhat_of(|t| vec![t[0], f64::NAN]).is_nan());
+        // Ranks bound R̂ (normal scores lie within ±4), but well above 1.05.
+        assert!(d.max_rhat() > 1.2, "{}", d.max_rhat());
+        assert!((d.convergence_of(|t| t.to_vec()).rhat - d.max_rhat()).abs() < 1e-12);
+        // Affine maps, increasing or not, leave the ranks of x and of |x − median| as they were.
+        for (a, b) in [(2.0, 0.0), (-3.0, 1.0)] {
+            assert!((d.convergence_of(|t| vec![a * t[0] + b]).rhat - d.rhat[0]).abs() < 1e-12);
+        }
+        // Other monotone maps keep the bulk's ranks only; mixed chains stay mixed.
+        assert!(d.convergence_of(|t| vec![t[0].exp()]).rhat < 1.01);
+        assert!(d.convergence_of(|t| vec![t[0], f64::NAN]).rhat.is_nan());
         assert!(d.rhat[0] < 1.01, "{}", d.rhat[0]);
-        assert_eq!(d.max_rhat_of(|_| vec![1.0]), 1.0);
+        // Independent draws: bulk ESS near all 2,000.
+        let ess = d.convergence_of(|t| vec![t[0]]).bulk_ess;
+        assert!(ess > 1500.0 && ess < 2600.0, "{ess}");
+        let constant = d.convergence_of(|_| vec![1.0]);
+        assert_eq!((constant.rhat, constant.bulk_ess), (1.0, 2000.0));
+    }
+
+    /// The chains of `benches/napsu/arviz_rhat_reference.py`: an LCG
+    /// (glibc's constants) driving an AR(1) process, chain c shifted by
+    /// `shift`·c, computed bit for bit as the script does.
+    fn lcg_chains(shift: f64, draws: usize) -> Vec<Vec<f64>> {
+        (0..4u64)
+            .map(|c| {
+                let (mut state, mut x) = (12345 + 1000 * c, 0.0);
+                (0..draws)
+                    .map(|_| {
+                        state = (1103515245 * state + 12345) % (1 << 31);
+                        x = 0.8 * x + (state as f64 / (1u64 << 31) as f64 - 0.5);
+                        x + shift * c as f64
+                    })
+                    .collect()
+            })
+            .collect()
+    }
+
+    /// Rank-normalised R̂ equals ArviZ 0.23.4's `rhat(method="rank")`
+    /// (Vehtari et al. 2021) and plain split-R̂ its `method="split"`, on
+    /// chains that mix, chains apart, tied values under a monotone map, and
+    /// a rare cell whose spikes hide chains at twice each other's level
+    /// from plain split-R̂ but not from ranks; bulk ESS equals ArviZ's
+    /// `ess(method="bulk")`.
+    #[test]
+    fn rank_rhat_and_bulk_ess_match_arviz() {
+        let rare: Vec<Vec<f64>> = lcg_chains(0.0, 400)
+            .iter()
+            .enumerate()
+            .map(|(c, ch)| {
+                let level = if c >= 2 { 2e-4 } else { 1e-4 };
+                ch.iter()
+                    .enumerate()
+                    .map(|(i, x)| level * (0.5 * x).exp() + if (i + 37 * c) % 25 == 0 { 3e-3 } else { 0.0 })
+                    .collect()
+            })
+            .collect();
+        let grid: Vec<Vec<f64>> =
+            lcg_chains(0.1, 201).iter().map(|c| c.iter().map(|x| ((x * 4.0).floor() / 4.0).exp()).collect()).collect();
+        // (chains, ArviZ rank R̂, ArviZ split R̂, ArviZ bulk ESS)
+        let cases = [
+            (lcg_chains(0.0, 201), 1.0410887173325045, 1.041592070186077, 100.57533206620666),
+            (lcg_chains(0.4, 201), 1.502402450889266, 1.5247306330576522, 8.058739341241669),
+            (grid, 1.0837712192060918, 1.0881777368247043, 51.870525234510296),
+            (rare, 1.4395549872764855, 1.0017204151781691, 8.197117264994674),
+        ];
+        for (k, (chains, rank, split, bulk)) in cases.iter().enumerate() {
+            let Convergence { rhat: r, bulk_ess: ess, split_rhat: plain } = rank_diagnostics(chains);
+            assert!((r - rank).abs() < 1e-9, "case {k}: rank R̂ {r} vs ArviZ {rank}");
+            assert!(
+                (plain - split).abs() < 1e-9 && (split_rhat(chains) - split).abs() < 1e-9,
+                "case {k}: {plain} vs {split}"
+            );
+            assert!((ess - bulk).abs() < 1e-9 * bulk, "case {k}: bulk ESS {ess} vs ArviZ {bulk}");
+        }
+        // The blind spot, named: plain split-R̂ passes the rare cell, ranks refuse it.
+        assert!(split_rhat(&cases[3].0) < 1.05 && rank_diagnostics(&cases[3].0).rhat > 1.05);
     }
 
     /// 003 §5's toy shape with noisy statistics: NUTS and Laplace agree on

@@ -206,18 +206,26 @@ pub struct InferenceReport {
     pub mode_iterations: u64,
     /// Posterior draws made (NUTS: chains × draws; Laplace: m).
     pub draws: usize,
-    /// NUTS: the largest split-R̂ of θ (canonical parameters).
+    /// NUTS: the largest rank-normalised split-R̂ of θ (canonical
+    /// parameters; [`super::nuts::rank_diagnostics`]). Records written
+    /// before 2026-11-29 hold the plain split-R̂.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub max_rhat: Option<f64>,
-    /// NUTS: the largest split-R̂ of the mean parameters μ(θ) (the query
-    /// marginals as probabilities, which fix each synthetic set's
-    /// distribution): the one compared with the limit. Absent in records
-    /// written before it existed.
+    /// NUTS: the largest rank-normalised split-R̂ of the mean parameters
+    /// μ(θ) (the query marginals as probabilities, which fix each synthetic
+    /// set's distribution): the one compared with the limit. Absent in
+    /// records written before it existed; the plain split-R̂ in those
+    /// written before 2026-11-29.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub max_rhat_mean: Option<f64>,
-    /// NUTS: the smallest effective sample size.
+    /// NUTS: the smallest effective sample size of θ's components.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub min_ess: Option<f64>,
+    /// NUTS: the smallest bulk effective sample size of μ(θ)'s components
+    /// (of their normal scores, as R̂). Absent in records written before it
+    /// existed.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub min_ess_mean: Option<f64>,
     /// NUTS: divergent transitions after warm-up.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub divergences: Option<u64>,
@@ -250,7 +258,7 @@ pub fn max_ent(domain: &Domain, scopes: &[Vec<usize>], max_features: usize) -> R
 pub fn checked_model(domain: &Domain, scopes: &[Vec<usize>], opts: &NapsuOptions) -> Result<MaxEnt, NapsuError> {
     let me = max_ent(domain, scopes, opts.max_features)?;
     if opts.inference.is_nuts() {
-        opts.nuts.check(me.features.len)?;
+        opts.nuts.check(me.features.len, me.width)?;
     }
     Ok(me)
 }
@@ -278,6 +286,7 @@ pub fn posterior_models(
         max_rhat: None,
         max_rhat_mean: None,
         min_ess: None,
+        min_ess_mean: None,
         divergences: None,
         gradients: None,
         mean_steps: None,
@@ -306,7 +315,8 @@ pub fn posterior_models(
             // R̂ of what is released: μ(θ), which fixes p(x | θ) (nuts.rs's
             // module doc says why not θ's).
             let template = me.model(&vec![0.0; parameters]);
-            let rhat_mean = draws.max_rhat_of(|t| me.mean_parameters_in(&template, t).iter().copied().collect());
+            let mu = draws.convergence_of(|t| me.mean_parameters_in(&template, t).iter().copied().collect());
+            let rhat_mean = mu.rhat;
             check_converged(rhat_mean, opts.nuts.max_rhat, opts.allow_unconverged)?;
             if let Some(c) = corrected {
                 check_reliable(&c.correction, opts.allow_unconverged)?;
@@ -314,6 +324,7 @@ pub fn posterior_models(
             report.max_rhat = Some(draws.max_rhat());
             report.max_rhat_mean = Some(rhat_mean);
             report.min_ess = Some(draws.min_ess());
+            report.min_ess_mean = Some(mu.bulk_ess);
             report.divergences = Some(draws.divergences);
             report.gradients = Some(draws.gradients);
             report.mean_steps = Some(draws.mean_steps);
