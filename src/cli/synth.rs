@@ -62,7 +62,7 @@ pub struct SynthArgs {
     /// napsu-mq: NUTS kept draws per chain.
     #[arg(long, default_value_t = 2000)]
     pub nuts_draws: u64,
-    /// napsu-mq: publish NUTS draws even when the rank-normalised R̂ of the mean parameters > 1.05 or the importance k̂ is over its threshold
+    /// napsu-mq: publish NUTS draws even when R̂ of the mean parameters (by ranks above one expected row) > 1.05 or the importance k̂ is over its threshold
     /// (post-processing, so it is safe, but the intervals may be wrong).
     #[arg(long)]
     pub allow_unconverged: bool,
@@ -424,7 +424,7 @@ pub(super) async fn run(a: SynthArgs) -> Result<i32> {
         && let Some(r) = i.max_rhat
     {
         eprintln!(
-            "NUTS: largest rank-normalised R̂ {:.3} of the mean parameters (what the sets depend on; checked against \
+            "NUTS: largest R̂ {:.3} of the mean parameters (what the sets depend on; checked against \
              the limit) and {r:.3} of θ, smallest bulk ESS {:.0} of the mean parameters and ESS {:.0} of θ, {} \
              divergences, {:.1} leapfrog steps per draw, {} gradients in {:.1}s",
             i.max_rhat_mean.unwrap_or(f64::NAN),

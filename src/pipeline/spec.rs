@@ -176,8 +176,8 @@ struct RawSynth {
     /// NAPSU-MQ's cap on canonical features.
     #[serde(default)]
     max_features: Option<usize>,
-    /// NAPSU-MQ: publish NUTS draws with rank-normalised R̂ of the mean parameters
-    /// over 1.05.
+    /// NAPSU-MQ: publish NUTS draws with R̂ of the mean parameters over 1.05
+    /// (rank-normalised for cells of at least one expected row).
     #[serde(default)]
     allow_unconverged: bool,
     /// NAPSU-MQ NUTS chains (default 4).

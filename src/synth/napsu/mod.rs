@@ -13,8 +13,8 @@
 //! distribution), the log-posterior with its exact gradient
 //! ([`likelihood`], checked against finite differences), the Laplace
 //! approximation ([`laplace`]: mode by Fisher scoring, L-BFGS with restarts as
-//! the fallback, Hessian from the gradient), NUTS ([`nuts`]: `nuts-rs` chains on threads, split-R̂ and
-//! ESS) on the exact posterior or on a fixed-covariance surrogate with a
+//! the fallback, Hessian from the gradient), NUTS ([`nuts`]: `nuts-rs` chains on threads, rank-normalised
+//! split-R̂ and ESS) on the exact posterior or on a fixed-covariance surrogate with a
 //! cheap exact gradient ([`surrogate`]) whose draws importance weights
 //! correct to the exact posterior ([`importance`]: Pareto k̂), the saved noisy statistics and the m posterior models
 //! ([`release`]), and the run from data or from a saved record

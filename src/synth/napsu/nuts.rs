@@ -19,9 +19,11 @@
 //! invariant under reparametrisation, and θ's directions held only by the
 //! N(0, 10²) prior wander to −40 where a rare cell's probability is 0 either
 //! way, so θ's R̂ flags runs whose released distributions have mixed
-//! (`benches/results/napsu/twinify.md`). Ranks make R̂'s bulk part
-//! invariant under monotone maps of each μ component, so a rare cell's
-//! probability is judged as its count or its logarithm would be.
+//! (`benches/results/napsu/twinify.md`). μ's R̂ uses ranks for cells with
+//! at least one expected row, so chains that disagree on a rare cell's
+//! typical count are seen even when its excursions dominate the variance;
+//! below that floor it uses plain split-R̂, which θ's tails cannot move
+//! ([`NutsDraws::convergence_of`]).
 
 use std::collections::HashMap;
 
@@ -29,6 +31,8 @@ use dpflow_udfs::noise::DpRng;
 use nuts_rs::{Chain, CpuLogpFunc, CpuMath, CpuMathError, DiagNutsSettings, HasDims, LogpError, Settings};
 
 use rayon::prelude::*;
+use rustfft::FftPlanner;
+use rustfft::num_complex::Complex;
 use statrs::distribution::{ContinuousCDF, Normal};
 
 use super::NapsuError;
@@ -168,25 +172,38 @@ impl NutsDraws {
         self.ess.iter().cloned().fold(f64::NAN, f64::min)
     }
     /// The convergence of `f`, a vector function of θ, over the draws
-    /// (chain by chain, as θ's): the largest rank-normalised R̂ and the
-    /// smallest bulk ESS over its components ([`rank_diagnostics`]; R̂ NaN
-    /// if any component is NaN). [`super::release`] decides on μ(θ), what the
-    /// synthetic data depend on. It holds f of every draw once (each chain's
-    /// rows, then one component at a time): the check before the charge
-    /// ([`NutsOptions::check`]) counts that memory.
-    pub fn convergence_of<F: Fn(&[f64]) -> Vec<f64> + Sync>(&self, f: F) -> Convergence {
+    /// (chain by chain, as θ's): the largest R̂ that decides and the
+    /// smallest bulk ESS over its components ([`Convergence`]; R̂ NaN if any
+    /// component's is). A component whose median is at least `floor` is
+    /// judged by its rank-normalised R̂ ([`rank_diagnostics`]), one below
+    /// it by plain split-R̂. [`super::release`] decides on μ(θ), what the
+    /// synthetic data depend on, with the floor at one expected row
+    /// (1/n̂): ranks see the same disagreement in a cell's count whatever its
+    /// scale, but they also see θ's prior-held tails, which move a cell
+    /// whose probability is ~0 between values no synthetic set can tell
+    /// apart, and which θ's R̂ flags (module doc). Holds f of every draw
+    /// once (each chain's rows, then one component at a time): the check
+    /// before the charge ([`NutsOptions::check`]) counts that memory.
+    pub fn convergence_of<F: Fn(&[f64]) -> Vec<f64> + Sync>(&self, f: F, floor: f64) -> Convergence {
         let per = self.draws.len() / self.chains.max(1);
-        if per / 2 < 2 {
+        if per / 2 < 2 || self.draws.len() != per * self.chains {
             return Convergence::NAN;
         }
         // Each chain's f(θ) rows, flat (row-major), computed on all cores.
-        let rows: Vec<Vec<f64>> =
-            self.draws.par_chunks(per).map(|chain| chain.iter().flat_map(|t| f(t)).collect()).collect();
-        let width = rows.first().map_or(0, |r| r.len() / per);
+        let width = self.draws.first().map_or(0, |t| f(t).len());
+        let rows: Vec<Vec<f64>> = self
+            .draws
+            .par_chunks(per)
+            .map(|chain| {
+                let mut flat = Vec::with_capacity(per * width);
+                chain.iter().for_each(|t| flat.extend(f(t)));
+                flat
+            })
+            .collect();
         if width == 0 || rows.iter().any(|r| r.len() != width * per) {
             return Convergence::NAN;
         }
-        let each: Vec<Convergence> = (0..width)
+        let each: Vec<Diagnostics> = (0..width)
             .into_par_iter()
             .map(|j| {
                 let chains: Vec<Vec<f64>> =
@@ -194,13 +211,26 @@ impl NutsDraws {
                 rank_diagnostics(&chains)
             })
             .collect();
-        if each.iter().any(|e| e.rhat.is_nan()) {
-            return Convergence::NAN;
+        // The largest, NaN if any is.
+        fn worst(mut v: impl Iterator<Item = f64>) -> f64 {
+            v.try_fold(f64::NEG_INFINITY, |m, x| if x.is_nan() { None } else { Some(m.max(x)) }).unwrap_or(f64::NAN)
         }
+        let ranked = |d: &&Diagnostics| d.median >= floor;
+        let judged = |d: &Diagnostics| if ranked(&d) { d.rank_rhat } else { d.split_rhat };
+        let above: Vec<&Diagnostics> = each.iter().filter(ranked).collect();
+        // Bulk ESS of the ranked components (of all when none is); NaN if any is.
+        let ess_of = if above.is_empty() { each.iter().collect() } else { above.clone() };
+        let bulk_ess = ess_of
+            .iter()
+            .try_fold(f64::INFINITY, |m, d| if d.bulk_ess.is_nan() { None } else { Some(m.min(d.bulk_ess)) })
+            .unwrap_or(f64::NAN);
         Convergence {
-            rhat: each.iter().map(|e| e.rhat).fold(f64::NEG_INFINITY, f64::max),
-            bulk_ess: each.iter().map(|e| e.bulk_ess).fold(f64::INFINITY, f64::min),
-            split_rhat: each.iter().map(|e| e.split_rhat).fold(f64::NEG_INFINITY, f64::max),
+            rhat: worst(each.iter().map(judged)),
+            bulk_ess,
+            rank_rhat: worst(each.iter().map(|d| d.rank_rhat)),
+            split_rhat: worst(each.iter().map(|d| d.split_rhat)),
+            ranked: above.len(),
+            components: width,
         }
     }
     /// Posterior mean of each parameter.
@@ -211,21 +241,53 @@ impl NutsDraws {
     }
 }
 
-/// The convergence of one quantity's chains ([`rank_diagnostics`]), or the
-/// worst over a vector's components ([`NutsDraws::convergence_of`]).
+/// One quantity's convergence diagnostics ([`rank_diagnostics`]).
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct Diagnostics {
+    /// Rank-normalised split-R̂: the larger of bulk and folded.
+    pub rank_rhat: f64,
+    /// Plain split-R̂ (BDA3 §11.4).
+    pub split_rhat: f64,
+    /// Bulk effective sample size (of the normal scores).
+    pub bulk_ess: f64,
+    /// Median of the split chains' draws.
+    pub median: f64,
+}
+
+impl Diagnostics {
+    const NAN: Diagnostics =
+        Diagnostics { rank_rhat: f64::NAN, split_rhat: f64::NAN, bulk_ess: f64::NAN, median: f64::NAN };
+}
+
+/// The convergence of a vector function of the draws
+/// ([`NutsDraws::convergence_of`]).
 #[derive(Debug, Clone, Copy, PartialEq)]
 pub struct Convergence {
-    /// The (largest) rank-normalised split-R̂, bulk or folded: the one
-    /// compared with the limit.
+    /// The largest R̂ that decides: rank-normalised for components whose
+    /// median is at least the floor, plain split-R̂ below it.
     pub rhat: f64,
-    /// The (smallest) bulk effective sample size.
+    /// The smallest bulk effective sample size of the components judged by
+    /// rank (of all components when none is).
     pub bulk_ess: f64,
-    /// The (largest) plain split-R̂ of BDA3 §11.4, for comparison.
+    /// The largest rank-normalised R̂ of any component (for comparison).
+    pub rank_rhat: f64,
+    /// The largest plain split-R̂ of any component (for comparison).
     pub split_rhat: f64,
+    /// Components judged by rank (median at least the floor).
+    pub ranked: usize,
+    /// Components.
+    pub components: usize,
 }
 
 impl Convergence {
-    const NAN: Convergence = Convergence { rhat: f64::NAN, bulk_ess: f64::NAN, split_rhat: f64::NAN };
+    const NAN: Convergence = Convergence {
+        rhat: f64::NAN,
+        bulk_ess: f64::NAN,
+        rank_rhat: f64::NAN,
+        split_rhat: f64::NAN,
+        ranked: 0,
+        components: 0,
+    };
 }
 
 /// One chain's kept draws and what it cost.
@@ -394,8 +456,13 @@ pub fn sample<D: LogDensity + Sync>(
         kept_steps += c.kept_steps;
         step_sizes.push(c.step_size);
     }
-    let rhat = (0..d).map(|j| rank_diagnostics(&column(&per_chain, j)).rhat).collect();
-    let ess = (0..d).map(|j| effective_sample_size(&column(&per_chain, j))).collect();
+    let (rhat, ess) = (0..d)
+        .into_par_iter()
+        .map(|j| {
+            let c = column(&per_chain, j);
+            (rank_diagnostics(&c).rank_rhat, effective_sample_size(&c))
+        })
+        .unzip();
     let kept = per_chain.iter().map(Vec::len).sum::<usize>().max(1);
     Ok(NutsDraws {
         chains: opts.chains,
@@ -470,17 +537,18 @@ fn rhat_of_halves(halves: &[&[f64]]) -> f64 {
 /// and on the scores of |x − median x| (folded: the scale); R̂ is the
 /// larger. The bulk part is invariant under monotone maps of x, the folded
 /// part under affine ones: R̂ of a cell's probability μ is that of its
-/// count nμ, and its bulk part that of √(nμ) or log μ, so a rare cell whose
-/// excursions dominate the within-chain variance cannot hide chains that
-/// disagree on its typical value (the blind spot of plain R̂ on μ,
-/// `benches/results/napsu/twinify.md`). Bulk ESS is
-/// [`effective_sample_size`] of the halves' z. All NaN if a draw is NaN or
-/// a half has fewer than two draws.
-pub fn rank_diagnostics(chains: &[Vec<f64>]) -> Convergence {
+/// count nμ, so a rare cell whose excursions dominate the within-chain
+/// variance cannot hide chains that disagree on its typical value (the
+/// blind spot of plain R̂ on μ, `benches/results/napsu/twinify.md`). Bulk
+/// ESS is [`effective_sample_size`] of the halves' z; plain split-R̂ and
+/// the median come along. All NaN if any draw is not finite, the chains
+/// differ in length, or a half has fewer than two draws.
+pub fn rank_diagnostics(chains: &[Vec<f64>]) -> Diagnostics {
     let halves = split(chains);
     let n = halves.first().map_or(0, |h| h.len());
-    if n < 2 || halves.iter().any(|h| h.iter().any(|x| x.is_nan())) {
-        return Convergence::NAN;
+    let equal = chains.iter().all(|c| c.len() == chains[0].len());
+    if n < 2 || !equal || chains.iter().flatten().any(|x| !x.is_finite()) {
+        return Diagnostics::NAN;
     }
     let pooled: Vec<f64> = halves.concat();
     let z = normal_scores(&pooled);
@@ -493,10 +561,10 @@ pub fn rank_diagnostics(chains: &[Vec<f64>]) -> Convergence {
     let folded: Vec<f64> = pooled.iter().map(|x| (x - median).abs()).collect();
     let zf = normal_scores(&folded);
     let tail = rhat_of_halves(&zf.chunks(n).collect::<Vec<_>>());
-    let ess = effective_sample_size(&z_halves.iter().map(|h| h.to_vec()).collect::<Vec<_>>());
+    let bulk_ess = effective_sample_size(&z_halves.iter().map(|h| h.to_vec()).collect::<Vec<_>>());
     // max, but NaN-propagating.
-    let rhat = if bulk.is_nan() || tail.is_nan() { f64::NAN } else { bulk.max(tail) };
-    Convergence { rhat, bulk_ess: ess, split_rhat: rhat_of_halves(&halves) }
+    let rank_rhat = if bulk.is_nan() || tail.is_nan() { f64::NAN } else { bulk.max(tail) };
+    Diagnostics { rank_rhat, split_rhat: rhat_of_halves(&halves), bulk_ess, median }
 }
 
 /// Φ⁻¹((r − 3/8)/(S + 1/4)) for each value's rank r among the S values
@@ -542,27 +610,23 @@ fn rhat_from(n: f64, w: f64, b: f64) -> f64 {
 pub fn effective_sample_size(chains: &[Vec<f64>]) -> f64 {
     let m = chains.len() as f64;
     let n = chains.iter().map(Vec::len).min().unwrap_or(0);
-    if n < 4 {
+    if n < 2 || chains.iter().any(|c| c.len() != n || c.iter().any(|x| !x.is_finite())) {
         return f64::NAN;
     }
-    let chains: Vec<&[f64]> = chains.iter().map(|c| &c[..n]).collect();
     let total = m * n as f64;
     let means: Vec<f64> = chains.iter().map(|c| mean(c)).collect();
     let w = mean(&chains.iter().map(|c| variance(c)).collect::<Vec<_>>());
     let b = if chains.len() > 1 { n as f64 * variance(&means) } else { 0.0 };
     let var_plus = (n as f64 - 1.0) / n as f64 * w + b / n as f64;
+    if !var_plus.is_finite() {
+        return f64::NAN;
+    }
     if var_plus <= 0.0 {
         return total;
     }
-    let autocov = |t: usize| -> f64 {
-        mean(
-            &chains
-                .iter()
-                .zip(&means)
-                .map(|(c, mu)| (0..n - t).map(|i| (c[i] - mu) * (c[i + t] - mu)).sum::<f64>() / n as f64)
-                .collect::<Vec<_>>(),
-        )
-    };
+    // Each chain's autocovariances at every lag (divided by n), by FFT.
+    let acov = autocovariances(chains, &means);
+    let autocov = |t: usize| mean(&acov.iter().map(|a| a[t]).collect::<Vec<_>>());
     let rho = |t: usize| 1.0 - (w - autocov(t)) / var_plus;
     // ρ_0 = 1; pairs (ρ_{t+1}, ρ_{t+2}) for odd t while the last pair's sum is positive.
     let mut r = vec![1.0, rho(1)];
@@ -594,6 +658,29 @@ pub fn effective_sample_size(chains: &[Vec<f64>]) -> f64 {
     }
     let tau = -1.0 + 2.0 * r[..kept].iter().sum::<f64>() + r[kept];
     total / tau.max(1.0 / total.log10())
+}
+
+/// Σ_{i<n−t} (x_i − x̄)(x_{i+t} − x̄)/n for every lag t of each chain: the
+/// inverse FFT of |FFT(x − x̄)|², zero-padded to a power of two ≥ 2n so
+/// the circular products do not wrap (as ArviZ's `autocov`).
+fn autocovariances(chains: &[Vec<f64>], means: &[f64]) -> Vec<Vec<f64>> {
+    let n = chains.first().map_or(0, Vec::len);
+    let size = (2 * n).next_power_of_two();
+    let mut planner = FftPlanner::<f64>::new();
+    let (forward, inverse) = (planner.plan_fft_forward(size), planner.plan_fft_inverse(size));
+    chains
+        .iter()
+        .zip(means)
+        .map(|(c, mu)| {
+            let mut buf: Vec<Complex<f64>> = c.iter().map(|x| Complex::new(x - mu, 0.0)).collect();
+            buf.resize(size, Complex::new(0.0, 0.0));
+            forward.process(&mut buf);
+            buf.iter_mut().for_each(|v| *v = Complex::new(v.norm_sqr(), 0.0));
+            inverse.process(&mut buf);
+            // rustfft's inverse is not normalised: divide by its size too.
+            buf[..n].iter().map(|v| v.re / (size as f64 * n as f64)).collect()
+        })
+        .collect()
 }
 
 #[cfg(test)]
@@ -650,7 +737,7 @@ mod tests {
             })
             .collect();
         let d = NutsDraws {
-            rhat: (0..2).map(|j| rank_diagnostics(&column(&per_chain, j)).rhat).collect(),
+            rhat: (0..2).map(|j| rank_diagnostics(&column(&per_chain, j)).rank_rhat).collect(),
             ess: vec![1.0, 1.0],
             draws: per_chain.concat(),
             chains: 4,
@@ -661,19 +748,21 @@ mod tests {
         };
         // Ranks bound R̂ (normal scores lie within ±4), but well above 1.05.
         assert!(d.max_rhat() > 1.2, "{}", d.max_rhat());
-        assert!((d.convergence_of(|t| t.to_vec()).rhat - d.max_rhat()).abs() < 1e-12);
+        let all = f64::NEG_INFINITY; // no floor: every component judged by rank
+        assert!((d.convergence_of(|t| t.to_vec(), all).rhat - d.max_rhat()).abs() < 1e-12);
         // Affine maps, increasing or not, leave the ranks of x and of |x − median| as they were.
         for (a, b) in [(2.0, 0.0), (-3.0, 1.0)] {
-            assert!((d.convergence_of(|t| vec![a * t[0] + b]).rhat - d.rhat[0]).abs() < 1e-12);
+            assert!((d.convergence_of(|t| vec![a * t[0] + b], all).rhat - d.rhat[0]).abs() < 1e-12);
         }
         // Other monotone maps keep the bulk's ranks only; mixed chains stay mixed.
-        assert!(d.convergence_of(|t| vec![t[0].exp()]).rhat < 1.01);
-        assert!(d.convergence_of(|t| vec![t[0], f64::NAN]).rhat.is_nan());
+        assert!(d.convergence_of(|t| vec![t[0].exp()], all).rhat < 1.01);
+        assert!(d.convergence_of(|t| vec![t[0], f64::NAN], all).rhat.is_nan());
+        assert!(d.convergence_of(|t| vec![t[0], f64::INFINITY], all).rhat.is_nan());
         assert!(d.rhat[0] < 1.01, "{}", d.rhat[0]);
         // Independent draws: bulk ESS near all 2,000.
-        let ess = d.convergence_of(|t| vec![t[0]]).bulk_ess;
+        let ess = d.convergence_of(|t| vec![t[0]], all).bulk_ess;
         assert!(ess > 1500.0 && ess < 2600.0, "{ess}");
-        let constant = d.convergence_of(|_| vec![1.0]);
+        let constant = d.convergence_of(|_| vec![1.0], all);
         assert_eq!((constant.rhat, constant.bulk_ess), (1.0, 2000.0));
     }
 
@@ -695,15 +784,10 @@ mod tests {
             .collect()
     }
 
-    /// Rank-normalised R̂ equals ArviZ 0.23.4's `rhat(method="rank")`
-    /// (Vehtari et al. 2021) and plain split-R̂ its `method="split"`, on
-    /// chains that mix, chains apart, tied values under a monotone map, and
-    /// a rare cell whose spikes hide chains at twice each other's level
-    /// from plain split-R̂ but not from ranks; bulk ESS equals ArviZ's
-    /// `ess(method="bulk")`.
-    #[test]
-    fn rank_rhat_and_bulk_ess_match_arviz() {
-        let rare: Vec<Vec<f64>> = lcg_chains(0.0, 400)
+    /// The script's rare cell: chains 2 and 3 at twice the level of 0 and
+    /// 1 (3–6 expected rows of 30,162), spikes every 25 draws.
+    fn rare_cell() -> Vec<Vec<f64>> {
+        lcg_chains(0.0, 400)
             .iter()
             .enumerate()
             .map(|(c, ch)| {
@@ -713,7 +797,52 @@ mod tests {
                     .map(|(i, x)| level * (0.5 * x).exp() + if (i + 37 * c) % 25 == 0 { 3e-3 } else { 0.0 })
                     .collect()
             })
-            .collect();
+            .collect()
+    }
+
+    /// The floor of one expected row: a cell whose probability is ~0 in
+    /// every draw (θ in a prior-held tail, its chains apart there: e^(−40+8x)
+    /// with x's chains shifted) is judged by plain split-R̂, which it
+    /// passes, though its ranks are far apart; the rare cell above the
+    /// floor is judged by ranks and refused; without a floor both are.
+    #[test]
+    fn cells_below_one_expected_row_are_judged_by_plain_rhat() {
+        let floor = 1.0 / 30162.0;
+        let tail: Vec<Vec<f64>> =
+            lcg_chains(0.4, 400).iter().map(|c| c.iter().map(|x| (-40.0 + 8.0 * x).exp()).collect()).collect();
+        let rare = rare_cell();
+        let draws_of = |parts: &[&Vec<Vec<f64>>]| NutsDraws {
+            draws: (0..4).flat_map(|c| (0..400).map(move |i| parts.iter().map(|p| p[c][i]).collect())).collect(),
+            chains: 4,
+            rhat: vec![],
+            ess: vec![],
+            divergences: 0,
+            gradients: 0,
+            mean_steps: 1.0,
+            step_sizes: vec![0.1; 4],
+        };
+        let c = draws_of(&[&tail]).convergence_of(|t| t.to_vec(), floor);
+        assert_eq!((c.ranked, c.components), (0, 1));
+        assert!(c.rhat < 1.05 && c.rhat == c.split_rhat && c.rank_rhat > 1.3, "{c:?}");
+        let both = draws_of(&[&tail, &rare]);
+        let c = both.convergence_of(|t| t.to_vec(), floor);
+        assert_eq!((c.ranked, c.components), (1, 2));
+        let r = rank_diagnostics(&rare);
+        assert!(c.rhat == r.rank_rhat && c.rhat > 1.4 && c.bulk_ess == r.bulk_ess, "{c:?}");
+        let unfloored = both.convergence_of(|t| t.to_vec(), f64::NEG_INFINITY);
+        assert_eq!(unfloored.ranked, 2);
+        assert!(unfloored.rhat == unfloored.rank_rhat && unfloored.rhat >= c.rhat);
+    }
+
+    /// Rank-normalised R̂ equals ArviZ 0.23.4's `rhat(method="rank")`
+    /// (Vehtari et al. 2021) and plain split-R̂ its `method="split"`, on
+    /// chains that mix, chains apart, tied values under a monotone map, and
+    /// a rare cell whose spikes hide chains at twice each other's level
+    /// from plain split-R̂ but not from ranks; bulk ESS equals ArviZ's
+    /// `ess(method="bulk")`.
+    #[test]
+    fn rank_rhat_and_bulk_ess_match_arviz() {
+        let rare = rare_cell();
         let grid: Vec<Vec<f64>> =
             lcg_chains(0.1, 201).iter().map(|c| c.iter().map(|x| ((x * 4.0).floor() / 4.0).exp()).collect()).collect();
         // (chains, ArviZ rank R̂, ArviZ split R̂, ArviZ bulk ESS)
@@ -724,7 +853,7 @@ mod tests {
             (rare, 1.4395549872764855, 1.0017204151781691, 8.197117264994674),
         ];
         for (k, (chains, rank, split, bulk)) in cases.iter().enumerate() {
-            let Convergence { rhat: r, bulk_ess: ess, split_rhat: plain } = rank_diagnostics(chains);
+            let Diagnostics { rank_rhat: r, bulk_ess: ess, split_rhat: plain, .. } = rank_diagnostics(chains);
             assert!((r - rank).abs() < 1e-9, "case {k}: rank R̂ {r} vs ArviZ {rank}");
             assert!(
                 (plain - split).abs() < 1e-9 && (split_rhat(chains) - split).abs() < 1e-9,
@@ -733,7 +862,7 @@ mod tests {
             assert!((ess - bulk).abs() < 1e-9 * bulk, "case {k}: bulk ESS {ess} vs ArviZ {bulk}");
         }
         // The blind spot, named: plain split-R̂ passes the rare cell, ranks refuse it.
-        assert!(split_rhat(&cases[3].0) < 1.05 && rank_diagnostics(&cases[3].0).rhat > 1.05);
+        assert!(split_rhat(&cases[3].0) < 1.05 && rank_diagnostics(&cases[3].0).rank_rhat > 1.05);
     }
 
     /// 003 §5's toy shape with noisy statistics: NUTS and Laplace agree on

@@ -211,19 +211,21 @@ pub struct InferenceReport {
     /// before 2026-11-29 hold the plain split-R̂.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub max_rhat: Option<f64>,
-    /// NUTS: the largest rank-normalised split-R̂ of the mean parameters
-    /// μ(θ) (the query marginals as probabilities, which fix each synthetic
-    /// set's distribution): the one compared with the limit. Absent in
-    /// records written before it existed; the plain split-R̂ in those
-    /// written before 2026-11-29.
+    /// NUTS: the largest R̂ of the mean parameters μ(θ) (the query
+    /// marginals as probabilities, which fix each synthetic set's
+    /// distribution): the one compared with the limit. Rank-normalised for
+    /// cells with a median of at least one expected row of n̂, plain
+    /// split-R̂ below ([`super::nuts::NutsDraws::convergence_of`]). Absent
+    /// in records written before it existed; plain split-R̂ for every cell
+    /// in those written before 2026-11-29.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub max_rhat_mean: Option<f64>,
     /// NUTS: the smallest effective sample size of θ's components.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub min_ess: Option<f64>,
     /// NUTS: the smallest bulk effective sample size of μ(θ)'s components
-    /// (of their normal scores, as R̂). Absent in records written before it
-    /// existed.
+    /// judged by rank (of their normal scores). Absent in records written
+    /// before it existed.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub min_ess_mean: Option<f64>,
     /// NUTS: divergent transitions after warm-up.
@@ -273,7 +275,9 @@ pub fn posterior_models(
 ) -> Result<(Vec<GraphicalModel>, InferenceReport), NapsuError> {
     let start = Instant::now();
     let scopes = stats.scopes()?;
-    let me = max_ent(&stats.domain, &scopes, opts.max_features)?;
+    // Checked again here for `--from-record`, which charges nothing but
+    // should fail before sampling rather than after.
+    let me = checked_model(&stats.domain, &scopes, opts)?;
     let parameters = me.features.len;
     let post = Posterior::new(me.clone(), stats.statistics.clone(), stats.rows, stats.sigma)?;
     progress(&format!("napsu-mq: posterior mode over {parameters} parameters"));
@@ -313,9 +317,11 @@ pub fn posterior_models(
                 (&corrected_run.nuts, Some(&corrected_run))
             };
             // R̂ of what is released: μ(θ), which fixes p(x | θ) (nuts.rs's
-            // module doc says why not θ's).
+            // module doc says why not θ's), by ranks for cells with at least
+            // one expected row of n̂ (the floor; `convergence_of` says why).
             let template = me.model(&vec![0.0; parameters]);
-            let mu = draws.convergence_of(|t| me.mean_parameters_in(&template, t).iter().copied().collect());
+            let floor = 1.0 / stats.rows.max(1.0);
+            let mu = draws.convergence_of(|t| me.mean_parameters_in(&template, t).iter().copied().collect(), floor);
             let rhat_mean = mu.rhat;
             check_converged(rhat_mean, opts.nuts.max_rhat, opts.allow_unconverged)?;
             if let Some(c) = corrected {
