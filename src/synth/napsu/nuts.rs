@@ -20,10 +20,11 @@
 //! N(0, 10²) prior wander to −40 where a rare cell's probability is 0 either
 //! way, so θ's R̂ flags runs whose released distributions have mixed
 //! (`benches/results/napsu/twinify.md`). μ's R̂ uses ranks for cells with
-//! at least one expected row, so chains that disagree on a rare cell's
-//! typical count are seen even when its excursions dominate the variance;
-//! below that floor it uses plain split-R̂, which θ's tails cannot move
-//! ([`NutsDraws::convergence_of`]).
+//! at least one expected row in some half chain, so chains that disagree on
+//! a rare cell's typical count are seen even when its excursions dominate
+//! the variance; below that floor it uses plain split-R̂ with one row's
+//! variance added, which chains apart by much less than a row in θ's tails
+//! do not move ([`NutsDraws::convergence_of`]).
 
 use std::collections::HashMap;
 
@@ -174,14 +175,17 @@ impl NutsDraws {
     /// The convergence of `f`, a vector function of θ, over the draws
     /// (chain by chain, as θ's): the largest R̂ that decides and the
     /// smallest bulk ESS over its components ([`Convergence`]; R̂ NaN if any
-    /// component's is). A component whose median is at least `floor` is
-    /// judged by its rank-normalised R̂ ([`rank_diagnostics`]), one below
-    /// it by plain split-R̂. [`super::release`] decides on μ(θ), what the
-    /// synthetic data depend on, with the floor at one expected row
+    /// component's is). A component with a half chain whose median is at
+    /// least `floor` is judged by its rank-normalised R̂
+    /// ([`rank_diagnostics`]); one below it in every half by plain split-R̂
+    /// with floor² added to the within-half variance, so halves apart by
+    /// much less than `floor` agree. [`super::release`] decides on μ(θ),
+    /// what the synthetic data depend on, with the floor at one expected row
     /// (1/n̂): ranks see the same disagreement in a cell's count whatever its
     /// scale, but they also see θ's prior-held tails, which move a cell
     /// whose probability is ~0 between values no synthetic set can tell
-    /// apart, and which θ's R̂ flags (module doc). Holds f of every draw
+    /// apart, and which θ's R̂ flags (module doc). A cell some chain holds
+    /// at a few rows while others hold it at 0 is judged by ranks. Holds f of every draw
     /// once (each chain's rows, then one component at a time): the check
     /// before the charge ([`NutsOptions::check`]) counts that memory.
     pub fn convergence_of<F: Fn(&[f64]) -> Vec<f64> + Sync>(&self, f: F, floor: f64) -> Convergence {
@@ -203,23 +207,33 @@ impl NutsDraws {
         if width == 0 || rows.iter().any(|r| r.len() != width * per) {
             return Convergence::NAN;
         }
-        let each: Vec<Diagnostics> = (0..width)
+        let each: Vec<(Diagnostics, f64, f64)> = (0..width)
             .into_par_iter()
             .map(|j| {
                 let chains: Vec<Vec<f64>> =
                     rows.iter().map(|r| r.iter().skip(j).step_by(width).copied().collect()).collect();
-                rank_diagnostics(&chains)
+                let d = rank_diagnostics(&chains);
+                let halves = split(&chains);
+                let largest_half_median = halves.iter().map(|h| median(h)).fold(f64::NEG_INFINITY, f64::max);
+                // Below the floor: plain split-R̂ with one row's variance (floor²) added
+                // within halves, so chains apart by much less than a row agree.
+                let extra = if floor.is_finite() { floor * floor } else { 0.0 };
+                let rows_apart = if d.rank_rhat.is_nan() { f64::NAN } else { rhat_of_halves_plus(&halves, extra) };
+                (d, largest_half_median, rows_apart)
             })
             .collect();
+        if each.iter().any(|(d, m, _)| d.rank_rhat.is_nan() || m.is_nan()) {
+            return Convergence::NAN;
+        }
         // The largest, NaN if any is.
         fn worst(mut v: impl Iterator<Item = f64>) -> f64 {
             v.try_fold(f64::NEG_INFINITY, |m, x| if x.is_nan() { None } else { Some(m.max(x)) }).unwrap_or(f64::NAN)
         }
-        let ranked = |d: &&Diagnostics| d.median >= floor;
-        let judged = |d: &Diagnostics| if ranked(&d) { d.rank_rhat } else { d.split_rhat };
-        let above: Vec<&Diagnostics> = each.iter().filter(ranked).collect();
+        let above: Vec<&Diagnostics> = each.iter().filter(|e| e.1 >= floor).map(|e| &e.0).collect();
+        let judged = |e: &(Diagnostics, f64, f64)| if e.1 >= floor { e.0.rank_rhat } else { e.2 };
         // Bulk ESS of the ranked components (of all when none is); NaN if any is.
-        let ess_of = if above.is_empty() { each.iter().collect() } else { above.clone() };
+        let ess_of: Vec<&Diagnostics> =
+            if above.is_empty() { each.iter().map(|e| &e.0).collect() } else { above.clone() };
         let bulk_ess = ess_of
             .iter()
             .try_fold(f64::INFINITY, |m, d| if d.bulk_ess.is_nan() { None } else { Some(m.min(d.bulk_ess)) })
@@ -227,8 +241,8 @@ impl NutsDraws {
         Convergence {
             rhat: worst(each.iter().map(judged)),
             bulk_ess,
-            rank_rhat: worst(each.iter().map(|d| d.rank_rhat)),
-            split_rhat: worst(each.iter().map(|d| d.split_rhat)),
+            rank_rhat: worst(each.iter().map(|e| e.0.rank_rhat)),
+            split_rhat: worst(each.iter().map(|e| e.0.split_rhat)),
             ranked: above.len(),
             components: width,
         }
@@ -263,8 +277,9 @@ impl Diagnostics {
 /// ([`NutsDraws::convergence_of`]).
 #[derive(Debug, Clone, Copy, PartialEq)]
 pub struct Convergence {
-    /// The largest R̂ that decides: rank-normalised for components whose
-    /// median is at least the floor, plain split-R̂ below it.
+    /// The largest R̂ that decides: rank-normalised for components with a
+    /// half chain's median at least the floor, plain split-R̂ with the
+    /// floor's square added to the within-half variance below it.
     pub rhat: f64,
     /// The smallest bulk effective sample size of the components judged by
     /// rank (of all components when none is).
@@ -273,7 +288,7 @@ pub struct Convergence {
     pub rank_rhat: f64,
     /// The largest plain split-R̂ of any component (for comparison).
     pub split_rhat: f64,
-    /// Components judged by rank (median at least the floor).
+    /// Components judged by rank (a half chain's median at least the floor).
     pub ranked: usize,
     /// Components.
     pub components: usize,
@@ -520,11 +535,28 @@ fn split(chains: &[Vec<f64>]) -> Vec<&[f64]> {
 
 /// R̂ of half chains of equal length.
 fn rhat_of_halves(halves: &[&[f64]]) -> f64 {
+    rhat_of_halves_plus(halves, 0.0)
+}
+
+/// R̂ of half chains with `extra` added to the within-half variance: a
+/// scale below which the halves' disagreement does not count.
+fn rhat_of_halves_plus(halves: &[&[f64]], extra: f64) -> f64 {
     let n = halves[0].len() as f64;
     let means: Vec<f64> = halves.iter().map(|h| mean(h)).collect();
     let b = n * variance(&means);
     let w = mean(&halves.iter().map(|h| variance(h)).collect::<Vec<_>>());
-    rhat_from(n, w, b)
+    rhat_from(n, w + extra, b)
+}
+
+/// The median (no NaN in `x`).
+fn median(x: &[f64]) -> f64 {
+    let mut sorted = x.to_vec();
+    sorted.sort_by(f64::total_cmp);
+    let s = sorted.len();
+    if s == 0 {
+        return f64::NAN;
+    }
+    if s % 2 == 1 { sorted[s / 2] } else { 0.5 * (sorted[s / 2 - 1] + sorted[s / 2]) }
 }
 
 /// Rank-normalised split-R̂ and bulk effective sample size of one
@@ -554,10 +586,7 @@ pub fn rank_diagnostics(chains: &[Vec<f64>]) -> Diagnostics {
     let z = normal_scores(&pooled);
     let z_halves: Vec<&[f64]> = z.chunks(n).collect();
     let bulk = rhat_of_halves(&z_halves);
-    let mut sorted = pooled.clone();
-    sorted.sort_by(f64::total_cmp);
-    let s = sorted.len();
-    let median = if s % 2 == 1 { sorted[s / 2] } else { 0.5 * (sorted[s / 2 - 1] + sorted[s / 2]) };
+    let median = median(&pooled);
     let folded: Vec<f64> = pooled.iter().map(|x| (x - median).abs()).collect();
     let zf = normal_scores(&folded);
     let tail = rhat_of_halves(&zf.chunks(n).collect::<Vec<_>>());
@@ -801,10 +830,12 @@ mod tests {
     }
 
     /// The floor of one expected row: a cell whose probability is ~0 in
-    /// every draw (θ in a prior-held tail, its chains apart there: e^(−40+8x)
-    /// with x's chains shifted) is judged by plain split-R̂, which it
-    /// passes, though its ranks are far apart; the rare cell above the
-    /// floor is judged by ranks and refused; without a floor both are.
+    /// every draw (θ in a prior-held tail, its chains apart there) is judged
+    /// by plain split-R̂ with a row's variance added, which it passes though
+    /// its ranks (and, for tails at different depths, its plain R̂) are far
+    /// apart; the rare cell above the floor, and one held at 5 rows by one
+    /// chain and at 0 by the others, are judged by ranks and refused;
+    /// without a floor all are.
     #[test]
     fn cells_below_one_expected_row_are_judged_by_plain_rhat() {
         let floor = 1.0 / 30162.0;
@@ -823,7 +854,27 @@ mod tests {
         };
         let c = draws_of(&[&tail]).convergence_of(|t| t.to_vec(), floor);
         assert_eq!((c.ranked, c.components), (0, 1));
-        assert!(c.rhat < 1.05 && c.rhat == c.split_rhat && c.rank_rhat > 1.3, "{c:?}");
+        assert!(c.rhat < 1.05 && c.rhat <= c.split_rhat && c.rank_rhat > 1.3, "{c:?}");
+        // Tails whose chains sit at different depths: plain split-R̂ alone would refuse them.
+        let deep: Vec<Vec<f64>> = lcg_chains(0.0, 400)
+            .iter()
+            .enumerate()
+            .map(|(k, ch)| ch.iter().map(|x| (-40.0 + 3.0 * k as f64 + 0.5 * x).exp()).collect())
+            .collect();
+        let c = draws_of(&[&deep]).convergence_of(|t| t.to_vec(), floor);
+        assert!(c.ranked == 0 && c.split_rhat > 2.0 && c.rhat < 1.001, "{c:?}");
+        // One chain at 5 expected rows, three at ~0, spikes in all: the pooled median is ~0
+        // rows, but chain 0's halves are above the floor, so ranks judge and refuse it.
+        let split_apart: Vec<Vec<f64>> = rare_cell()
+            .iter()
+            .enumerate()
+            .map(|(k, ch)| {
+                let scale = if k == 0 { 1.0 } else { 1e-8 };
+                ch.iter().enumerate().map(|(i, x)| if (i + 37 * k) % 25 == 0 { *x } else { x * scale }).collect()
+            })
+            .collect();
+        let c = draws_of(&[&split_apart]).convergence_of(|t| t.to_vec(), floor);
+        assert!(c.ranked == 1 && c.rhat > 1.05, "{c:?}");
         let both = draws_of(&[&tail, &rare]);
         let c = both.convergence_of(|t| t.to_vec(), floor);
         assert_eq!((c.ranked, c.components), (1, 2));

@@ -214,8 +214,9 @@ pub struct InferenceReport {
     /// NUTS: the largest R̂ of the mean parameters μ(θ) (the query
     /// marginals as probabilities, which fix each synthetic set's
     /// distribution): the one compared with the limit. Rank-normalised for
-    /// cells with a median of at least one expected row of n̂, plain
-    /// split-R̂ below ([`super::nuts::NutsDraws::convergence_of`]). Absent
+    /// cells with a half chain's median of at least one expected row of n̂,
+    /// plain split-R̂ with a row's variance added below
+    /// ([`super::nuts::NutsDraws::convergence_of`]). Absent
     /// in records written before it existed; plain split-R̂ for every cell
     /// in those written before 2026-11-29.
     #[serde(default, skip_serializing_if = "Option::is_none")]
@@ -224,8 +225,8 @@ pub struct InferenceReport {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub min_ess: Option<f64>,
     /// NUTS: the smallest bulk effective sample size of μ(θ)'s components
-    /// judged by rank (of their normal scores). Absent in records written
-    /// before it existed.
+    /// judged by rank (of their normal scores; of all components when none
+    /// is). Absent in records written before it existed.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub min_ess_mean: Option<f64>,
     /// NUTS: divergent transitions after warm-up.
