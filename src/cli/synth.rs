@@ -425,9 +425,11 @@ pub(super) async fn run(a: SynthArgs) -> Result<i32> {
     {
         eprintln!(
             "NUTS: largest R̂ {:.3} of the mean parameters (what the sets depend on; checked against \
-             the limit) and {r:.3} of θ, smallest bulk ESS {:.0} of the mean parameters and ESS {:.0} of θ, {} \
-             divergences, {:.1} leapfrog steps per draw, {} gradients in {:.1}s",
+             the limit; {} of {} cells by ranks) and {r:.3} of θ, smallest bulk ESS {:.0} of the mean parameters \
+             and ESS {:.0} of θ, {} divergences, {:.1} leapfrog steps per draw, {} gradients in {:.1}s",
             i.max_rhat_mean.unwrap_or(f64::NAN),
+            i.ranked_cells.unwrap_or(0),
+            i.cells.unwrap_or(0),
             i.min_ess_mean.unwrap_or(f64::NAN),
             i.min_ess.unwrap_or(f64::NAN),
             i.divergences.unwrap_or(0),

@@ -320,7 +320,8 @@ async fn napsu_mq_writes_m_noise_aware_sets_that_analyze_combines_and_from_recor
     assert_eq!(inference.method, Inference::Nuts);
     assert!(inference.max_rhat_mean.unwrap() < 1.05, "{inference:?}");
     assert!(inference.max_rhat.unwrap().is_finite(), "{inference:?}");
-    // μ's smallest bulk ESS is recorded next to its R̂.
+    // μ's smallest bulk ESS is recorded next to its R̂, and how many of its 3 × 4 cells ranks judged.
+    assert!(inference.cells == Some(12) && inference.ranked_cells.is_some_and(|k| k <= 12), "{inference:?}");
     assert!(inference.min_ess_mean.is_some_and(|e| e > 1.0 && e.is_finite()), "{inference:?}");
     // `nuts` samples the frozen-covariance surrogate and reports its importance correction.
     let correction = inference.importance.as_ref().unwrap();

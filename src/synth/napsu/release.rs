@@ -221,6 +221,13 @@ pub struct InferenceReport {
     /// in those written before 2026-11-29.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub max_rhat_mean: Option<f64>,
+    /// NUTS: μ(θ)'s cells judged by rank (a half chain's median of at least
+    /// one expected row); the others by plain split-R̂.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub ranked_cells: Option<usize>,
+    /// NUTS: μ(θ)'s cells (the query marginals' cells).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub cells: Option<usize>,
     /// NUTS: the smallest effective sample size of θ's components.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub min_ess: Option<f64>,
@@ -292,6 +299,8 @@ pub fn posterior_models(
         max_rhat_mean: None,
         min_ess: None,
         min_ess_mean: None,
+        ranked_cells: None,
+        cells: None,
         divergences: None,
         gradients: None,
         mean_steps: None,
@@ -332,6 +341,8 @@ pub fn posterior_models(
             report.max_rhat_mean = Some(rhat_mean);
             report.min_ess = Some(draws.min_ess());
             report.min_ess_mean = Some(mu.bulk_ess);
+            report.ranked_cells = Some(mu.ranked);
+            report.cells = Some(mu.components);
             report.divergences = Some(draws.divergences);
             report.gradients = Some(draws.gradients);
             report.mean_steps = Some(draws.mean_steps);
