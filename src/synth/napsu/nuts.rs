@@ -207,30 +207,27 @@ impl NutsDraws {
         if width == 0 || rows.iter().any(|r| r.len() != width * per) {
             return Convergence::NAN;
         }
-        let each: Vec<(Diagnostics, f64, f64)> = (0..width)
+        // Below the floor: plain split-R̂ with one row's variance (floor²) added
+        // within halves, so chains apart by much less than a row agree.
+        let extra = if floor.is_finite() { floor * floor } else { 0.0 };
+        let each: Vec<(Diagnostics, f64)> = (0..width)
             .into_par_iter()
             .map(|j| {
                 let chains: Vec<Vec<f64>> =
                     rows.iter().map(|r| r.iter().skip(j).step_by(width).copied().collect()).collect();
-                let d = rank_diagnostics(&chains);
-                let halves = split(&chains);
-                let largest_half_median = halves.iter().map(|h| median(h)).fold(f64::NEG_INFINITY, f64::max);
-                // Below the floor: plain split-R̂ with one row's variance (floor²) added
-                // within halves, so chains apart by much less than a row agree.
-                let extra = if floor.is_finite() { floor * floor } else { 0.0 };
-                let rows_apart = if d.rank_rhat.is_nan() { f64::NAN } else { rhat_of_halves_plus(&halves, extra) };
-                (d, largest_half_median, rows_apart)
+                (rank_diagnostics(&chains), rhat_of_halves_plus(&split(&chains), extra))
             })
             .collect();
-        if each.iter().any(|(d, m, _)| d.rank_rhat.is_nan() || m.is_nan()) {
+        // A NaN anywhere (rank_diagnostics checks every draw) refuses.
+        if each.iter().any(|(d, _)| d.rank_rhat.is_nan()) {
             return Convergence::NAN;
         }
         // The largest, NaN if any is.
         fn worst(mut v: impl Iterator<Item = f64>) -> f64 {
             v.try_fold(f64::NEG_INFINITY, |m, x| if x.is_nan() { None } else { Some(m.max(x)) }).unwrap_or(f64::NAN)
         }
-        let above: Vec<&Diagnostics> = each.iter().filter(|e| e.1 >= floor).map(|e| &e.0).collect();
-        let judged = |e: &(Diagnostics, f64, f64)| if e.1 >= floor { e.0.rank_rhat } else { e.2 };
+        let above: Vec<&Diagnostics> = each.iter().map(|e| &e.0).filter(|d| d.largest_half_median >= floor).collect();
+        let judged = |e: &(Diagnostics, f64)| if e.0.largest_half_median >= floor { e.0.rank_rhat } else { e.1 };
         // Bulk ESS of the ranked components (of all when none is); NaN if any is.
         let ess_of: Vec<&Diagnostics> =
             if above.is_empty() { each.iter().map(|e| &e.0).collect() } else { above.clone() };
@@ -264,13 +261,14 @@ pub struct Diagnostics {
     pub split_rhat: f64,
     /// Bulk effective sample size (of the normal scores).
     pub bulk_ess: f64,
-    /// Median of the split chains' draws.
-    pub median: f64,
+    /// The largest median of a half chain (what the floor of
+    /// [`NutsDraws::convergence_of`] is compared with).
+    pub largest_half_median: f64,
 }
 
 impl Diagnostics {
     const NAN: Diagnostics =
-        Diagnostics { rank_rhat: f64::NAN, split_rhat: f64::NAN, bulk_ess: f64::NAN, median: f64::NAN };
+        Diagnostics { rank_rhat: f64::NAN, split_rhat: f64::NAN, bulk_ess: f64::NAN, largest_half_median: f64::NAN };
 }
 
 /// The convergence of a vector function of the draws
@@ -573,7 +571,7 @@ fn median(x: &[f64]) -> f64 {
 /// variance cannot hide chains that disagree on its typical value (the
 /// blind spot of plain R̂ on μ, `benches/results/napsu/twinify.md`). Bulk
 /// ESS is [`effective_sample_size`] of the halves' z; plain split-R̂ and
-/// the median come along. All NaN if any draw is not finite, the chains
+/// the largest half chain's median come along. All NaN if any draw is not finite, the chains
 /// differ in length, or a half has fewer than two draws.
 pub fn rank_diagnostics(chains: &[Vec<f64>]) -> Diagnostics {
     let halves = split(chains);
@@ -586,14 +584,15 @@ pub fn rank_diagnostics(chains: &[Vec<f64>]) -> Diagnostics {
     let z = normal_scores(&pooled);
     let z_halves: Vec<&[f64]> = z.chunks(n).collect();
     let bulk = rhat_of_halves(&z_halves);
-    let median = median(&pooled);
-    let folded: Vec<f64> = pooled.iter().map(|x| (x - median).abs()).collect();
+    let centre = median(&pooled);
+    let folded: Vec<f64> = pooled.iter().map(|x| (x - centre).abs()).collect();
     let zf = normal_scores(&folded);
     let tail = rhat_of_halves(&zf.chunks(n).collect::<Vec<_>>());
     let bulk_ess = effective_sample_size(&z_halves.iter().map(|h| h.to_vec()).collect::<Vec<_>>());
     // max, but NaN-propagating.
     let rank_rhat = if bulk.is_nan() || tail.is_nan() { f64::NAN } else { bulk.max(tail) };
-    Diagnostics { rank_rhat, split_rhat: rhat_of_halves(&halves), bulk_ess, median }
+    let largest_half_median = halves.iter().map(|h| median(h)).fold(f64::NEG_INFINITY, f64::max);
+    Diagnostics { rank_rhat, split_rhat: rhat_of_halves(&halves), bulk_ess, largest_half_median }
 }
 
 /// Φ⁻¹((r − 3/8)/(S + 1/4)) for each value's rank r among the S values
