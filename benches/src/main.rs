@@ -201,6 +201,10 @@ enum BenchCommand {
         /// NUTS draws per chain.
         #[arg(long, default_value_t = 2000)]
         draws: u64,
+        /// Most NUTS draws per chain when R̂ of μ is over 1.05 (the chains go on until their
+        /// draws double, up to this; default 4 × --draws, as `dpflow synth`).
+        #[arg(long)]
+        max_draws: Option<u64>,
         /// NUTS mass matrix from the warm-up draws only (Stan's, NumPyro's) instead of nuts-rs's
         /// draws-and-gradients estimate.
         #[arg(long)]
@@ -362,6 +366,7 @@ async fn run(command: BenchCommand) -> Result<()> {
             nuts_exact,
             warmup,
             draws,
+            max_draws,
             mass_from_draws,
             max_iters,
             seed,
@@ -375,8 +380,14 @@ async fn run(command: BenchCommand) -> Result<()> {
             } else {
                 dpflow::synth::napsu::nuts::MassAdaptation::DrawsAndGradients
             };
-            let nuts =
-                nuts.then_some(dpflow::synth::napsu::nuts::NutsOptions { warmup, draws, mass, ..Default::default() });
+            let max_draws = max_draws.unwrap_or(draws.saturating_mul(4));
+            let nuts = nuts.then_some(dpflow::synth::napsu::nuts::NutsOptions {
+                warmup,
+                draws,
+                max_draws,
+                mass,
+                ..Default::default()
+            });
             // 'a,b;c,d' → [[a, b], [c, d]].
             let parse = |qs: &str| -> Vec<Vec<String>> {
                 qs.split(';')

@@ -33,7 +33,7 @@ use dpflow::synth::napsu::importance::{check_enough, check_reliable, sample_corr
 use dpflow::synth::napsu::laplace::LogDensity;
 use dpflow::synth::napsu::laplace::{LaplaceOptions, laplace};
 use dpflow::synth::napsu::likelihood::Posterior;
-use dpflow::synth::napsu::nuts::{NutsOptions, sample};
+use dpflow::synth::napsu::nuts::{Convergence, NutsDraws, NutsOptions, sample};
 use dpflow::synth::napsu::surrogate::FixedCovariance;
 use dpflow::synth::napsu::{CanonicalFeatures, MaxEnt};
 use dpflow_udfs::calibrate::analytic_gaussian_sigma;
@@ -268,6 +268,9 @@ pub struct AdultResult {
     /// Repeats whose rank-normalised R̂ of μ(θ) for every cell (no floor)
     /// was over 1.05, for comparison.
     pub over_rank_rhat_mean: usize,
+    /// Repeats whose chains went on past `--draws` because R̂ of μ(θ) was
+    /// over 1.05 (NUTS; up to `--max-draws`). Absent in results from before.
+    pub extended: usize,
     /// Mean gradient evaluations per repeat (NUTS, all chains).
     pub gradients: Option<f64>,
     /// Mean leapfrog steps per kept draw (NUTS).
@@ -426,9 +429,12 @@ pub fn run(path: &str, epsilons: &[f64], s: &Settings, progress: &dyn Fn(&str)) 
         let (mut max_rhat_mean, mut over_rhat, mut over_rhat_mean) = (None::<f64>, 0usize, 0usize);
         let (mut min_ess_mean, mut over_split_rhat_mean, mut over_rank_rhat_mean) = (None::<f64>, 0usize, 0usize);
         let over = |r: f64| usize::from(r.partial_cmp(&1.05).is_none_or(|o| o.is_gt()));
-        let mut tally = |d: &dpflow::synth::napsu::nuts::NutsDraws| -> String {
-            let template = me.model(&vec![0.0; me.features.len]);
-            let c = d.convergence_of(|t| me.mean_parameters_in(&template, t).iter().copied().collect(), 1.0 / n as f64);
+        let mut extended = 0usize;
+        let draws_per_chain = nuts.map_or(0, |o| o.draws as usize);
+        let template = me.model(&vec![0.0; me.features.len]);
+        let mut tally = |d: &NutsDraws, c: Option<Convergence>| -> String {
+            let c = c.unwrap_or(Convergence::NAN);
+            extended += usize::from(d.draws.len() / d.chains.max(1) > draws_per_chain);
             max_rhat_mean = Some(max_rhat_mean.map_or(c.rhat, |x: f64| x.max(c.rhat)));
             min_ess_mean = Some(min_ess_mean.map_or(c.bulk_ess, |x: f64| x.min(c.bulk_ess)));
             over_rhat += over(d.max_rhat());
@@ -436,8 +442,15 @@ pub fn run(path: &str, epsilons: &[f64], s: &Settings, progress: &dyn Fn(&str)) 
             over_split_rhat_mean += over(c.split_rhat);
             over_rank_rhat_mean += over(c.rank_rhat);
             format!(
-                "R̂ of μ {:.3} (ranks for {} of {} cells; all by ranks {:.3}, all plain {:.3}), bulk ESS of μ {:.0}",
-                c.rhat, c.ranked, c.components, c.rank_rhat, c.split_rhat, c.bulk_ess
+                "R̂ of μ {:.3} (ranks for {} of {} cells; all by ranks {:.3}, all plain {:.3}), bulk ESS of μ {:.0}, \
+                 {} draws per chain",
+                c.rhat,
+                c.ranked,
+                c.components,
+                c.rank_rhat,
+                c.split_rhat,
+                c.bulk_ess,
+                d.draws.len() / d.chains.max(1)
             )
         };
         let mut fit_errors = std::collections::BTreeMap::<String, usize>::new();
@@ -454,11 +467,19 @@ pub fn run(path: &str, epsilons: &[f64], s: &Settings, progress: &dyn Fn(&str)) 
             if s.probe && repeat == 0 {
                 probe(&post, &l, progress);
             }
+            // What `dpflow synth` decides on (and extends the chains by): R̂ of μ.
+            let mut last = None;
+            let mut judge = |d: &NutsDraws| {
+                let c =
+                    d.convergence_of(|t| me.mean_parameters_in(&template, t).iter().copied().collect(), 1.0 / n as f64);
+                last = Some(c);
+                c.rhat
+            };
             let thetas: Vec<Vec<f64>> = match nuts {
                 None => (0..m).map(|_| l.draw(&mut rng)).collect(),
-                Some(o) if s.exact => match sample(&post, &l, o, &mut dprng, progress) {
+                Some(o) if s.exact => match sample(&post, &l, o, &mut dprng, progress, &mut judge) {
                     Ok(d) => {
-                        let r = tally(&d);
+                        let r = tally(&d, last);
                         progress(&format!(
                             "ε={epsilon} repeat {repeat}: R̂ {:.3} ({}), {r}",
                             d.max_rhat(),
@@ -478,10 +499,10 @@ pub fn run(path: &str, epsilons: &[f64], s: &Settings, progress: &dyn Fn(&str)) 
                         continue;
                     }
                 },
-                Some(o) => match sample_corrected(&post, &l, o, &mut dprng, progress) {
+                Some(o) => match sample_corrected(&post, &l, o, &mut dprng, progress, &mut judge) {
                     Ok(c) => {
                         let d = &c.nuts;
-                        let r = tally(d);
+                        let r = tally(d, last);
                         max_rhat = Some(max_rhat.map_or(d.max_rhat(), |r| r.max(d.max_rhat())));
                         gradients += d.gradients;
                         steps += d.mean_steps;
@@ -569,6 +590,7 @@ pub fn run(path: &str, epsilons: &[f64], s: &Settings, progress: &dyn Fn(&str)) 
             over_rhat_mean,
             over_split_rhat_mean,
             over_rank_rhat_mean,
+            extended,
             gradients: nuts.is_some().then(|| gradients as f64 / d),
             mean_steps: nuts.is_some().then(|| steps / d),
             max_pareto_k: max_k,

@@ -62,6 +62,11 @@ pub struct SynthArgs {
     /// napsu-mq: NUTS kept draws per chain.
     #[arg(long, default_value_t = 2000)]
     pub nuts_draws: u64,
+    /// napsu-mq: most NUTS draws per chain: while R̂ of the mean parameters is over 1.05 the chains
+    /// go on until their draws double, up to this (default 4 × --nuts-draws; equal to
+    /// --nuts-draws for no longer chains).
+    #[arg(long)]
+    pub nuts_max_draws: Option<u64>,
     /// napsu-mq: publish NUTS draws even when R̂ of the mean parameters (by ranks above one expected row) > 1.05 or the importance k̂ is over its threshold
     /// (post-processing, so it is safe, but the intervals may be wrong).
     #[arg(long)]
@@ -268,6 +273,7 @@ fn napsu_options(a: &SynthArgs) -> NapsuOptions {
             chains: a.nuts_chains,
             warmup: a.nuts_warmup,
             draws: a.nuts_draws,
+            max_draws: a.nuts_max_draws.unwrap_or(a.nuts_draws.saturating_mul(4)),
             ..Default::default()
         },
         ..Default::default()
@@ -426,12 +432,14 @@ pub(super) async fn run(a: SynthArgs) -> Result<i32> {
         eprintln!(
             "NUTS: largest R̂ {:.3} of the mean parameters (what the sets depend on; checked against \
              the limit; {} of {} cells by ranks) and {r:.3} of θ, smallest bulk ESS {:.0} of the mean parameters \
-             and ESS {:.0} of θ, {} divergences, {:.1} leapfrog steps per draw, {} gradients in {:.1}s",
+             and ESS {:.0} of θ over {} kept draws (the chains go on while R̂ is over the limit, up to \
+             --nuts-max-draws), {} divergences, {:.1} leapfrog steps per draw, {} gradients in {:.1}s",
             i.max_rhat_mean.unwrap_or(f64::NAN),
             i.ranked_cells.unwrap_or(0),
             i.cells.unwrap_or(0),
             i.min_ess_mean.unwrap_or(f64::NAN),
             i.min_ess.unwrap_or(f64::NAN),
+            i.draws,
             i.divergences.unwrap_or(0),
             i.mean_steps.unwrap_or(f64::NAN),
             i.gradients.unwrap_or(0),

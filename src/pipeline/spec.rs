@@ -189,6 +189,10 @@ struct RawSynth {
     /// NAPSU-MQ NUTS kept draws per chain (default 2000).
     #[serde(default)]
     nuts_draws: Option<u64>,
+    /// NAPSU-MQ most NUTS draws per chain when R̂ asks for longer chains
+    /// (default 4 × nuts_draws).
+    #[serde(default)]
+    nuts_max_draws: Option<u64>,
     /// MODIPS's Dirichlet prior per cell (modips, modips-glom; default 1/3).
     #[serde(default)]
     dips_prior: Option<f64>,
@@ -710,12 +714,16 @@ impl Pipeline {
                     if let Some(d) = x.nuts_draws {
                         napsu.nuts.draws = d;
                     }
-                    let nuts_keys = x.nuts_chains.is_some() || x.nuts_warmup.is_some() || x.nuts_draws.is_some();
+                    napsu.nuts.max_draws = x.nuts_max_draws.unwrap_or(napsu.nuts.draws.saturating_mul(4));
+                    let nuts_keys = x.nuts_chains.is_some()
+                        || x.nuts_warmup.is_some()
+                        || x.nuts_draws.is_some()
+                        || x.nuts_max_draws.is_some();
                     if nuts_keys && !napsu.inference.is_nuts() {
                         return Err(err(
                             l,
                             &key("synthesize.nuts_draws"),
-                            "nuts_chains, nuts_warmup and nuts_draws need inference: nuts".into(),
+                            "nuts_chains, nuts_warmup, nuts_draws and nuts_max_draws need inference: nuts".into(),
                         ));
                     }
                     if x.mechanism == crate::synth::run::Mechanism::NapsuMq {

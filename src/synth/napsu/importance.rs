@@ -58,16 +58,18 @@ pub struct CorrectedDraws {
     pub correction: Correction,
 }
 
-/// NUTS on π_s (C frozen at the Laplace mode), then the weights against `post`.
+/// NUTS on π_s (C frozen at the Laplace mode), then the weights against
+/// `post`. `judge` decides whether the chains go on ([`sample`]).
 pub fn sample_corrected(
     post: &Posterior,
     fit: &Laplace,
     opts: &NutsOptions,
     rng: &mut DpRng,
     progress: &dyn Fn(&str),
+    judge: &mut dyn FnMut(&NutsDraws) -> f64,
 ) -> Result<CorrectedDraws, NapsuError> {
     let surrogate = FixedCovariance::new(post, &fit.mean)?;
-    let nuts = sample(&surrogate, fit, opts, rng, progress)?;
+    let nuts = sample(&surrogate, fit, opts, rng, progress, judge)?;
     progress(&format!("napsu-mq: importance weights of {} draws against the exact posterior", nuts.draws.len()));
     let log_weights: Vec<f64> = nuts
         .draws
@@ -301,7 +303,7 @@ mod tests {
         let post = Posterior::new(me, stats, n, sigma).unwrap();
         let l = laplace(&post, &LaplaceOptions::default()).unwrap();
         let opts = NutsOptions { chains: 2, warmup: 400, draws: 2000, ..Default::default() };
-        let exact = sample(&post, &l, &opts, &mut DpRng::unsafe_seeded(1), &|_| {}).unwrap();
+        let exact = sample(&post, &l, &opts, &mut DpRng::unsafe_seeded(1), &|_| {}, &mut |_| 1.0).unwrap();
         let weighted_mean = |draws: &[Vec<f64>], lw: &[f64]| -> Vec<f64> {
             let w = normalised(lw);
             let total: f64 = w.iter().sum();
@@ -315,7 +317,7 @@ mod tests {
                 assert!((g - want).abs() < 4.0 * se + 0.05 * sd, "{what} θ_{j}: {g} vs exact {want} (sd {sd})");
             }
         };
-        let c = sample_corrected(&post, &l, &opts, &mut DpRng::unsafe_seeded(2), &|_| {}).unwrap();
+        let c = sample_corrected(&post, &l, &opts, &mut DpRng::unsafe_seeded(2), &|_| {}, &mut |_| 1.0).unwrap();
         check_reliable(&c.correction, false).unwrap();
         let ess = c.correction.ess.min(c.nuts.min_ess());
         agree(&weighted_mean(&c.nuts.draws, &c.log_weights), ess, "corrected");
@@ -323,7 +325,7 @@ mod tests {
         // weighted by π/π' gives the exact posterior's variances, which the
         // raw draws overstate.
         let wide = Posterior::new(post.me.clone(), post.stats.iter().copied().collect(), n, 1.6 * sigma).unwrap();
-        let d = sample(&wide, &l, &opts, &mut DpRng::unsafe_seeded(3), &|_| {}).unwrap();
+        let d = sample(&wide, &l, &opts, &mut DpRng::unsafe_seeded(3), &|_| {}, &mut |_| 1.0).unwrap();
         let lw: Vec<f64> =
             d.draws.iter().map(|t| post.log_density(t).unwrap() - wide.log_density(t).unwrap()).collect();
         let corr = diagnose(&lw).unwrap();

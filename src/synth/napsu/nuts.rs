@@ -25,6 +25,15 @@
 //! the variance; below that floor it uses plain split-R̂ with one row's
 //! variance added, which chains apart by much less than a row in θ's tails
 //! do not move ([`NutsDraws::convergence_of`]).
+//!
+//! **Longer chains on demand** ([`sample`]): while that R̂ is over the
+//! limit, the chains go on (adaptation frozen) until their kept draws
+//! double, up to [`NutsOptions::max_draws`] (4 × 2,000 by default). On
+//! Adult-reduced at 003's 2,000 draws, a third of the runs at ε = 1 were
+//! over 1.05 with bulk ESS 13–36 (`benches/results/napsu/twinify.md`):
+//! rare cells' chains that mix slowly, not chains stuck apart. Stopping
+//! once R̂ passes is the standard "run longer" advice made automatic; the
+//! draws and the decision are post-processing of the DP statistics.
 
 use std::collections::HashMap;
 
@@ -48,6 +57,10 @@ pub struct NutsOptions {
     pub warmup: u64,
     /// Kept draws per chain.
     pub draws: u64,
+    /// Most kept draws per chain: while the largest R̂ exceeds `max_rhat`,
+    /// the chains go on until their draws double, up to this ([`sample`]).
+    /// Equal to `draws` for no more than `draws`.
+    pub max_draws: u64,
     /// Maximum tree depth.
     pub max_depth: u64,
     /// Largest R̂ accepted.
@@ -62,6 +75,7 @@ impl Default for NutsOptions {
             chains: 4,
             warmup: 800,
             draws: 2000,
+            max_draws: 8000,
             max_depth: 12,
             max_rhat: 1.05,
             mass: MassAdaptation::default(),
@@ -110,27 +124,33 @@ impl NutsOptions {
         if self.draws < 4 {
             return bad(format!("NUTS needs at least four draws per chain, not {}", self.draws));
         }
+        if self.max_draws < self.draws {
+            return bad(format!(
+                "the most NUTS draws per chain ({}) must be at least the draws per chain ({})",
+                self.max_draws, self.draws
+            ));
+        }
         if self.max_depth == 0 || self.max_depth > 16 {
             return bad(format!("the NUTS tree depth must be between 1 and 16, not {}", self.max_depth));
         }
         // θ's draws twice (while the chains are joined), then f(θ) of each once.
         let per_draw = (dim as u64).saturating_mul(2).saturating_add(judged as u64);
         let bytes = (self.chains as u64)
-            .saturating_mul(self.draws)
+            .saturating_mul(self.max_draws)
             .saturating_mul(per_draw)
             .saturating_mul(std::mem::size_of::<f64>() as u64);
         if bytes > MAX_DRAW_BYTES {
             return bad(format!(
-                "{} chains × {} draws × ({dim} parameters, {judged} mean parameters) would hold {:.1} GiB of draws \
-                 (at most {} GiB): lower the draws or the chains",
+                "{} chains × {} draws (the most, when R̂ asks for longer chains) × ({dim} parameters, {judged} mean \
+                 parameters) would hold {:.1} GiB of draws (at most {} GiB): lower the most draws or the chains",
                 self.chains,
-                self.draws,
+                self.max_draws,
                 bytes as f64 / (1u64 << 30) as f64,
                 MAX_DRAW_BYTES >> 30
             ));
         }
-        if self.warmup.checked_add(self.draws).is_none_or(|t| t > 10_000_000) {
-            return bad("NUTS warm-up plus draws must be at most 10,000,000 per chain".into());
+        if self.warmup.checked_add(self.max_draws).is_none_or(|t| t > 10_000_000) {
+            return bad("NUTS warm-up plus the most draws must be at most 10,000,000 per chain".into());
         }
         Ok(())
     }
@@ -293,7 +313,8 @@ pub struct Convergence {
 }
 
 impl Convergence {
-    const NAN: Convergence = Convergence {
+    /// Not judged (too few draws, or a draw that is not finite).
+    pub const NAN: Convergence = Convergence {
         rhat: f64::NAN,
         bulk_ess: f64::NAN,
         rank_rhat: f64::NAN,
@@ -364,129 +385,210 @@ impl<D: LogDensity> CpuLogpFunc for Normalised<'_, D> {
     }
 }
 
+/// What a chain thread sends: progress, or a batch of kept draws.
+enum FromChain {
+    Progress(String),
+    Batch(usize, Result<ChainDraws, NapsuError>),
+}
+
 /// Draws from `density` by NUTS, normalised with `laplace`. `progress`
-/// hears each chain ten times (draws done, step size, tree size).
+/// hears each chain ten times per round (draws done, step size, tree size).
+///
+/// **Longer chains when R̂ says so.** After `opts.draws` kept draws per
+/// chain, `judge` gives the largest R̂ of what the caller publishes
+/// ([`super::release`]: μ(θ), [`NutsDraws::convergence_of`]). While it is
+/// over `opts.max_rhat` (or NaN), each chain goes on from where it stopped,
+/// with the adaptation frozen, until its kept draws have doubled, up to
+/// `opts.max_draws`; every kept draw stays (the warm-up was already
+/// discarded, so they all target the posterior). This is what a user would
+/// do after a refusal ("run longer chains"), without a second run; deciding
+/// on the draws is post-processing of the DP statistics, so it spends
+/// nothing. Pass `&mut |_| 1.0` for exactly `opts.draws`.
 pub fn sample<D: LogDensity + Sync>(
     density: &D,
     laplace: &Laplace,
     opts: &NutsOptions,
     rng: &mut DpRng,
     progress: &dyn Fn(&str),
+    judge: &mut dyn FnMut(&NutsDraws) -> f64,
 ) -> Result<NutsDraws, NapsuError> {
     // The caller checked what judging convergence takes too.
     opts.check(density.dim(), 0)?;
     let mut settings = DiagNutsSettings {
         num_tune: opts.warmup,
-        num_draws: opts.draws,
+        num_draws: opts.max_draws.max(opts.draws),
         maxdepth: opts.max_depth,
         ..Default::default()
     };
     settings.adapt_options.mass_matrix_options.use_grad_based_estimate = opts.mass == MassAdaptation::DrawsAndGradients;
     let d = density.dim();
     let rngs: Vec<DpRng> = (0..opts.chains).map(|_| rng.fork()).collect();
-    // Chains report through a channel that this thread drains, so that
-    // `progress` need not be shareable between threads.
-    let (tell, heard) = std::sync::mpsc::channel::<String>();
-    let results: Vec<Result<ChainDraws, NapsuError>> = std::thread::scope(|s| {
-        let handles: Vec<_> = rngs
-            .into_iter()
-            .enumerate()
-            .map(|(c, mut r)| {
-                let settings = &settings;
-                let tell = tell.clone();
-                // A thread the OS refuses is an error, not a panic.
-                std::thread::Builder::new().name(format!("nuts-chain-{c}")).spawn_scoped(
-                    s,
-                    move || -> Result<ChainDraws, NapsuError> {
-                        let math = CpuMath::new(Normalised { density, laplace });
-                        let fail = |e: String| NapsuError::Numerical(format!("NUTS chain {c}: {e}"));
-                        let mut chain = settings.new_chain(c as u64, math, &mut r).map_err(|e| fail(e.to_string()))?;
-                        // Start near the mode, jittered so chains differ.
-                        let start: Vec<f64> =
-                            (0..d).map(|j| 0.1 * (((c * 31 + j * 17) % 13) as f64 / 6.0 - 1.0)).collect();
-                        chain.set_position(&start).map_err(|e| fail(e.to_string()))?;
-                        let mut out = ChainDraws {
-                            kept: Vec::with_capacity(opts.draws as usize),
-                            divergences: 0,
-                            gradients: 0,
-                            kept_steps: 0,
-                            step_size: f64::NAN,
-                        };
-                        let total = opts.warmup + opts.draws;
-                        let started = std::time::Instant::now();
-                        let every = (total / 10).max(1);
-                        for i in 0..total {
-                            let (z, info) = chain.draw().map_err(|e| fail(e.to_string()))?;
-                            out.gradients += info.num_gradients;
-                            if (i + 1) % every == 0 {
-                                // Post-processing of the DP statistics: safe to show.
-                                // The pace so far gives a rough end time (warm-up
-                                // trees are often the larger ones). A closed
-                                // channel only loses the message.
-                                let spent = started.elapsed().as_secs_f64();
-                                let left = spent * (total - i - 1) as f64 / (i + 1) as f64;
-                                let _ = tell.send(format!(
-                                    "napsu-mq: NUTS chain {c}: {} of {total} draws, step size {:.3}, {} leapfrog steps; \
-                                     {:.0}s so far, about {:.0}s to go at this pace",
-                                    i + 1,
-                                    info.step_size,
-                                    info.num_steps,
-                                    spent,
-                                    left
-                                ));
-                            }
-                            if !info.tuning {
-                                out.divergences += u64::from(info.diverging);
-                                out.kept_steps += info.num_steps;
-                                out.step_size = info.step_size;
-                                out.kept.push(laplace.at(&z));
-                            }
+    // Chains report through one channel that this thread drains, so that
+    // `progress` and `judge` need not be shareable between threads; each
+    // chain hears how many more draws to make on its own channel (closed:
+    // stop).
+    let (tell, heard) = std::sync::mpsc::channel::<FromChain>();
+    // Set when the run has failed, so that the other chains stop drawing.
+    let stop = std::sync::atomic::AtomicBool::new(false);
+    let stop = &stop;
+    std::thread::scope(|s| {
+        let mut more_to = Vec::with_capacity(opts.chains);
+        for (c, mut r) in rngs.into_iter().enumerate() {
+            let (settings, report) = (&settings, tell.clone());
+            let (more, asked) = std::sync::mpsc::channel::<u64>();
+            more_to.push(more);
+            let body = move || {
+                let math = CpuMath::new(Normalised { density, laplace });
+                let fail = |e: String| NapsuError::Numerical(format!("NUTS chain {c}: {e}"));
+                let mut chain = settings.new_chain(c as u64, math, &mut r).map_err(|e| fail(e.to_string()))?;
+                // Start near the mode, jittered so chains differ.
+                let start: Vec<f64> = (0..d).map(|j| 0.1 * (((c * 31 + j * 17) % 13) as f64 / 6.0 - 1.0)).collect();
+                chain.set_position(&start).map_err(|e| fail(e.to_string()))?;
+                // The first round runs warm-up and draws; later ones, the draws asked for.
+                let mut round = opts.warmup + opts.draws;
+                loop {
+                    let mut out = ChainDraws {
+                        kept: Vec::with_capacity(round as usize),
+                        divergences: 0,
+                        gradients: 0,
+                        kept_steps: 0,
+                        step_size: f64::NAN,
+                    };
+                    let started = std::time::Instant::now();
+                    let every = (round / 10).max(1);
+                    for i in 0..round {
+                        if stop.load(std::sync::atomic::Ordering::Relaxed) {
+                            return Ok(());
                         }
-                        Ok(out)
-                    },
-                )
-            })
-            .collect();
-        drop(tell);
-        for message in heard {
-            progress(&message);
+                        let (z, info) = chain.draw().map_err(|e| fail(e.to_string()))?;
+                        out.gradients += info.num_gradients;
+                        if (i + 1) % every == 0 {
+                            // Post-processing of the DP statistics: safe to show.
+                            // The pace so far gives a rough end time (warm-up
+                            // trees are often the larger ones). A closed
+                            // channel only loses the message.
+                            let spent = started.elapsed().as_secs_f64();
+                            let left = spent * (round - i - 1) as f64 / (i + 1) as f64;
+                            let _ = report.send(FromChain::Progress(format!(
+                                "napsu-mq: NUTS chain {c}: {} of {round} draws, step size {:.3}, {} leapfrog steps; \
+                                 {:.0}s so far, about {:.0}s to go at this pace",
+                                i + 1,
+                                info.step_size,
+                                info.num_steps,
+                                spent,
+                                left
+                            )));
+                        }
+                        if !info.tuning {
+                            out.divergences += u64::from(info.diverging);
+                            out.kept_steps += info.num_steps;
+                            out.step_size = info.step_size;
+                            out.kept.push(laplace.at(&z));
+                        }
+                    }
+                    let _ = report.send(FromChain::Batch(c, Ok(out)));
+                    match asked.recv() {
+                        Ok(n) => round = n,
+                        Err(_) => return Ok(()),
+                    }
+                }
+            };
+            let report = tell.clone();
+            // A thread the OS refuses is an error, not a panic; a chain that
+            // fails or panics still reports, so that this thread never waits
+            // for a batch that will not come.
+            let spawned = std::thread::Builder::new().name(format!("nuts-chain-{c}")).spawn_scoped(s, move || {
+                let failed = match std::panic::catch_unwind(std::panic::AssertUnwindSafe(body)) {
+                    Ok(Ok(())) => return,
+                    Ok(Err(e)) => e,
+                    Err(_) => NapsuError::Numerical(format!("NUTS chain {c} panicked")),
+                };
+                let _ = report.send(FromChain::Batch(c, Err(failed)));
+            });
+            if let Err(e) = spawned {
+                stop.store(true, std::sync::atomic::Ordering::Relaxed);
+                return Err(NapsuError::Numerical(format!("a NUTS chain's thread could not start: {e}")));
+            }
         }
-        handles
-            .into_iter()
-            .map(|h| match h {
-                Ok(h) => h.join().unwrap_or_else(|_| Err(NapsuError::Numerical("a NUTS chain panicked".into()))),
-                Err(e) => Err(NapsuError::Numerical(format!("a NUTS chain's thread could not start: {e}"))),
-            })
-            .collect()
-    });
-    let mut per_chain = Vec::with_capacity(opts.chains);
-    let (mut divergences, mut gradients, mut kept_steps, mut step_sizes) = (0, 0, 0, Vec::new());
-    for r in results {
-        let c = r?;
-        per_chain.push(c.kept);
-        divergences += c.divergences;
-        gradients += c.gradients;
-        kept_steps += c.kept_steps;
-        step_sizes.push(c.step_size);
-    }
+        drop(tell);
+        let mut per_chain: Vec<Vec<Vec<f64>>> = vec![Vec::new(); opts.chains];
+        let (mut divergences, mut gradients, mut kept_steps) = (0, 0, 0);
+        let mut step_sizes = vec![f64::NAN; opts.chains];
+        let mut waiting = opts.chains;
+        loop {
+            // Every chain holds a sender until it has reported its failure or
+            // been told to stop, so this cannot run dry while one is waited for.
+            let message =
+                heard.recv().map_err(|_| NapsuError::Numerical("a NUTS chain stopped without reporting".into()))?;
+            match message {
+                FromChain::Progress(m) => progress(&m),
+                // Dropping `more_to` on return stops the other chains at
+                // the end of their round, `stop` at their next draw.
+                FromChain::Batch(_, Err(e)) => {
+                    stop.store(true, std::sync::atomic::Ordering::Relaxed);
+                    return Err(e);
+                }
+                FromChain::Batch(c, Ok(b)) => {
+                    per_chain[c].extend(b.kept);
+                    divergences += b.divergences;
+                    gradients += b.gradients;
+                    kept_steps += b.kept_steps;
+                    step_sizes[c] = b.step_size;
+                    waiting -= 1;
+                }
+            }
+            if waiting > 0 {
+                continue;
+            }
+            let draws = diagnosed(&per_chain, d, opts.chains, divergences, gradients, kept_steps, &step_sizes);
+            let per = per_chain[0].len() as u64;
+            let r = judge(&draws);
+            let over = r.partial_cmp(&opts.max_rhat).is_none_or(|o| o.is_gt());
+            if !over || per >= opts.max_draws {
+                return Ok(draws);
+            }
+            let more = per.min(opts.max_draws - per);
+            progress(&format!(
+                "napsu-mq: largest R̂ {r:.3} > {} after {per} draws per chain: {more} more per chain (at most {})",
+                opts.max_rhat, opts.max_draws
+            ));
+            for m in &more_to {
+                // A chain that has gone has sent its error, which the next receive reads.
+                let _ = m.send(more);
+            }
+            waiting = opts.chains;
+        }
+    })
+}
+
+/// The pooled draws of `per_chain` with θ's diagnostics.
+fn diagnosed(
+    per_chain: &[Vec<Vec<f64>>],
+    d: usize,
+    chains: usize,
+    divergences: u64,
+    gradients: u64,
+    kept_steps: u64,
+    step_sizes: &[f64],
+) -> NutsDraws {
     let (rhat, ess) = (0..d)
         .into_par_iter()
         .map(|j| {
-            let c = column(&per_chain, j);
+            let c = column(per_chain, j);
             (rank_diagnostics(&c).rank_rhat, effective_sample_size(&c))
         })
         .unzip();
     let kept = per_chain.iter().map(Vec::len).sum::<usize>().max(1);
-    Ok(NutsDraws {
-        chains: opts.chains,
+    NutsDraws {
+        chains,
         draws: per_chain.concat(),
         rhat,
         ess,
         divergences,
         gradients,
         mean_steps: kept_steps as f64 / kept as f64,
-        step_sizes,
-    })
+        step_sizes: step_sizes.to_vec(),
+    }
 }
 
 /// Refuses draws whose largest R̂, `r`, exceeds `max_rhat` (unless `allow`).
@@ -494,8 +596,9 @@ pub fn check_converged(r: f64, max_rhat: f64, allow: bool) -> Result<(), NapsuEr
     // A NaN R̂ (a log-density that gave NaN somewhere) is not convergence either.
     if !allow && r.partial_cmp(&max_rhat).is_none_or(|o| o == std::cmp::Ordering::Greater) {
         return Err(NapsuError::Numerical(format!(
-            "the NUTS chains did not converge (largest R̂ {r:.3} > {max_rhat}); run longer chains (more warm-up and \
-             draws), or accept the draws explicitly"
+            "the NUTS chains did not converge (largest R̂ {r:.3} > {max_rhat}), even with the chains extended \
+             to the most draws; run longer chains (more warm-up, or more of the most draws per chain: \
+             `--nuts-max-draws`, `nuts_max_draws`), or accept the draws explicitly"
         )));
     }
     Ok(())
@@ -932,7 +1035,7 @@ mod tests {
         let l = laplace(&post, &LaplaceOptions::default()).unwrap();
         let mut rng = DpRng::unsafe_seeded(5);
         let opts = NutsOptions { chains: 2, warmup: 300, draws: 600, ..Default::default() };
-        let draws = sample(&post, &l, &opts, &mut rng, &|_| {}).unwrap();
+        let draws = sample(&post, &l, &opts, &mut rng, &|_| {}, &mut |_| 1.0).unwrap();
         check_converged(draws.max_rhat(), 1.05, false).unwrap();
         // The cost figures: every iteration takes at least one gradient, and
         // a kept draw's tree at most 2^depth − 1 leapfrog steps.
@@ -952,5 +1055,83 @@ mod tests {
                 draws.ess[j]
             );
         }
+    }
+
+    /// A standard normal in two dimensions; panics after `panic_after`
+    /// evaluations when that is set (failure injection).
+    struct Normal2 {
+        calls: std::sync::atomic::AtomicU64,
+        panic_after: Option<u64>,
+    }
+
+    impl LogDensity for Normal2 {
+        fn dim(&self) -> usize {
+            2
+        }
+        fn value_and_gradient(&self, x: &[f64]) -> Result<(f64, Vec<f64>), NapsuError> {
+            let k = self.calls.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+            if self.panic_after.is_some_and(|p| k >= p) {
+                panic!("injected");
+            }
+            Ok((-0.5 * x.iter().map(|v| v * v).sum::<f64>(), x.iter().map(|v| -v).collect()))
+        }
+    }
+
+    fn normal2(panic_after: Option<u64>) -> (Normal2, Laplace) {
+        let d = Normal2 { calls: 0.into(), panic_after };
+        let l = laplace(&d, &LaplaceOptions::default()).unwrap();
+        (d, l)
+    }
+
+    /// While the judge says "unconverged" (over the limit, or NaN) the
+    /// chains go on from where they stopped, doubling their kept draws up to
+    /// the most: 50 → 100 → 170. A judge that is satisfied stops them; the
+    /// first round is the same draws either way (one stream per chain), so
+    /// later rounds continue the chains rather than restart them.
+    #[test]
+    fn chains_go_on_while_the_judge_says_unconverged() {
+        let opts = NutsOptions { chains: 2, warmup: 100, draws: 50, max_draws: 170, ..Default::default() };
+        let run = |verdicts: &[f64]| {
+            let (d, l) = normal2(None);
+            let mut seen = Vec::new();
+            let mut judge = |n: &NutsDraws| {
+                seen.push(n.draws.len() / n.chains);
+                verdicts.get(seen.len() - 1).copied().unwrap_or(1.0)
+            };
+            let draws = sample(&d, &l, &opts, &mut DpRng::unsafe_seeded(11), &|_| {}, &mut judge).unwrap();
+            (draws, seen)
+        };
+        let (once, seen) = run(&[1.0]);
+        assert_eq!((once.draws.len(), seen), (100, vec![50]));
+        let (twice, seen) = run(&[2.0, 1.05]);
+        assert_eq!((twice.draws.len(), seen), (200, vec![50, 100]));
+        let (most, seen) = run(&[f64::NAN, 2.0, 2.0, 2.0]);
+        assert_eq!((most.draws.len(), seen), (340, vec![50, 100, 170]));
+        // Chain after chain: chain 0's first 50 draws, then chain 1's.
+        assert_eq!(&twice.draws[..50], &once.draws[..50]);
+        assert_eq!(&twice.draws[100..150], &once.draws[50..100]);
+        assert_eq!(&most.draws[..100], &twice.draws[..100]);
+        assert!(most.gradients > twice.gradients && twice.gradients > once.gradients);
+        assert_eq!(most.rhat.len(), 2);
+        // Longer than the most is refused before anything runs.
+        let bad = NutsOptions { max_draws: 49, ..opts };
+        let (d, l) = normal2(None);
+        let e = sample(&d, &l, &bad, &mut DpRng::unsafe_seeded(11), &|_| {}, &mut |_| 1.0).unwrap_err();
+        assert!(e.to_string().contains("at least the draws per chain"), "{e}");
+    }
+
+    /// A chain that panics in a later round is an error, not a hang: the
+    /// other chains are stopped and joined.
+    #[test]
+    fn a_chain_that_panics_while_extending_is_an_error() {
+        let opts = NutsOptions { chains: 2, warmup: 50, draws: 20, max_draws: 10_000, ..Default::default() };
+        let (d, l) = normal2(None);
+        d.calls.store(0, std::sync::atomic::Ordering::Relaxed);
+        sample(&d, &l, &opts, &mut DpRng::unsafe_seeded(4), &|_| {}, &mut |_| 1.0).unwrap();
+        // The same first round (same streams), then a panic early in the second.
+        let first = d.calls.load(std::sync::atomic::Ordering::Relaxed);
+        let d = Normal2 { calls: 0.into(), panic_after: Some(first + 20) };
+        let e = sample(&d, &l, &opts, &mut DpRng::unsafe_seeded(4), &|_| {}, &mut |_| 2.0).unwrap_err();
+        assert!(e.to_string().contains("panicked"), "{e}");
     }
 }

@@ -34,7 +34,7 @@ use super::importance::{Correction, check_enough, check_reliable, sample_correct
 use super::laplace::{LaplaceOptions, laplace};
 use super::likelihood::Posterior;
 use super::moments::MaxEnt;
-use super::nuts::{NutsOptions, check_converged, sample};
+use super::nuts::{NutsDraws, NutsOptions, check_converged, sample};
 use crate::domain::Domain;
 use crate::pgm::GraphicalModel;
 
@@ -204,7 +204,8 @@ pub struct InferenceReport {
     /// Iterations of the mode search (Fisher scoring, or L-BFGS when it
     /// fell back).
     pub mode_iterations: u64,
-    /// Posterior draws made (NUTS: chains × draws; Laplace: m).
+    /// Posterior draws made (NUTS: chains × kept draws per chain, more than
+    /// `--nuts-draws` when R̂ asked for longer chains; Laplace: m).
     pub draws: usize,
     /// NUTS: the largest rank-normalised split-R̂ of θ (canonical
     /// parameters; [`super::nuts::rank_diagnostics`]). Records written
@@ -317,21 +318,28 @@ pub fn posterior_models(
                 opts.nuts.chains,
                 if exact { "exact gradients" } else { "covariance frozen at the mode, then importance weights" }
             ));
-            // The draws, and the importance correction when the chains ran on the surrogate.
-            let (exact_run, corrected_run);
-            let (draws, corrected) = if exact {
-                exact_run = sample(&post, &fit, &opts.nuts, rng, progress)?;
-                (&exact_run, None)
-            } else {
-                corrected_run = sample_corrected(&post, &fit, &opts.nuts, rng, progress)?;
-                (&corrected_run.nuts, Some(&corrected_run))
-            };
             // R̂ of what is released: μ(θ), which fixes p(x | θ) (nuts.rs's
             // module doc says why not θ's), by ranks for cells with at least
             // one expected row of n̂ (the floor; `convergence_of` says why).
+            // The chains go on while it is over the limit (`sample`).
             let template = me.model(&vec![0.0; parameters]);
             let floor = 1.0 / stats.rows.max(1.0);
-            let mu = draws.convergence_of(|t| me.mean_parameters_in(&template, t).iter().copied().collect(), floor);
+            let mut judged = None;
+            let mut judge = |d: &NutsDraws| {
+                let c = d.convergence_of(|t| me.mean_parameters_in(&template, t).iter().copied().collect(), floor);
+                judged = Some(c);
+                c.rhat
+            };
+            // The draws, and the importance correction when the chains ran on the surrogate.
+            let (exact_run, corrected_run);
+            let (draws, corrected) = if exact {
+                exact_run = sample(&post, &fit, &opts.nuts, rng, progress, &mut judge)?;
+                (&exact_run, None)
+            } else {
+                corrected_run = sample_corrected(&post, &fit, &opts.nuts, rng, progress, &mut judge)?;
+                (&corrected_run.nuts, Some(&corrected_run))
+            };
+            let mu = judged.ok_or_else(|| NapsuError::Numerical("NUTS returned draws it had not judged".into()))?;
             let rhat_mean = mu.rhat;
             check_converged(rhat_mean, opts.nuts.max_rhat, opts.allow_unconverged)?;
             if let Some(c) = corrected {
