@@ -36,7 +36,9 @@ use super::surrogate::FixedCovariance;
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct Correction {
     /// Pareto k̂ of the weights' tail; `None` when the weights are all
-    /// equal (no tail to fit: the surrogate was exact on the draws).
+    /// equal (no tail to fit: the surrogate was exact on the draws); ∞ for a
+    /// tail that cannot be fitted (written `"inf"`: [`super::record_float`]).
+    #[serde(default, with = "super::record_float")]
     pub pareto_k: Option<f64>,
     /// The threshold k̂ was compared with: min(1 − 1/log₁₀ S, 0.7).
     pub k_threshold: f64,

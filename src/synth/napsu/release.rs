@@ -210,7 +210,7 @@ pub struct InferenceReport {
     /// NUTS: the largest rank-normalised split-R̂ of θ (canonical
     /// parameters; [`super::nuts::rank_diagnostics`]). Records written
     /// before 2026-11-29 hold the plain split-R̂.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[serde(default, skip_serializing_if = "Option::is_none", with = "super::record_float")]
     pub max_rhat: Option<f64>,
     /// NUTS: the largest R̂ of the mean parameters μ(θ) (the query
     /// marginals as probabilities, which fix each synthetic set's
@@ -220,7 +220,7 @@ pub struct InferenceReport {
     /// ([`super::nuts::NutsDraws::convergence_of`]). Absent
     /// in records written before it existed; plain split-R̂ for every cell
     /// in those written before 2026-11-29.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[serde(default, skip_serializing_if = "Option::is_none", with = "super::record_float")]
     pub max_rhat_mean: Option<f64>,
     /// NUTS: μ(θ)'s cells judged by rank (a half chain's median of at least
     /// one expected row); the others by plain split-R̂.
@@ -230,12 +230,12 @@ pub struct InferenceReport {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub cells: Option<usize>,
     /// NUTS: the smallest effective sample size of θ's components.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[serde(default, skip_serializing_if = "Option::is_none", with = "super::record_float")]
     pub min_ess: Option<f64>,
     /// NUTS: the smallest bulk effective sample size of μ(θ)'s components
     /// judged by rank (of their normal scores; of all components when none
     /// is). Absent in records written before it existed.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[serde(default, skip_serializing_if = "Option::is_none", with = "super::record_float")]
     pub min_ess_mean: Option<f64>,
     /// NUTS: divergent transitions after warm-up.
     #[serde(default, skip_serializing_if = "Option::is_none")]
