@@ -380,7 +380,6 @@ async fn run(command: BenchCommand) -> Result<()> {
             } else {
                 dpflow::synth::napsu::nuts::MassAdaptation::DrawsAndGradients
             };
-            let max_draws = max_draws.unwrap_or(draws.saturating_mul(4));
             let nuts = nuts.then_some(dpflow::synth::napsu::nuts::NutsOptions {
                 warmup,
                 draws,

@@ -273,7 +273,7 @@ fn napsu_options(a: &SynthArgs) -> NapsuOptions {
             chains: a.nuts_chains,
             warmup: a.nuts_warmup,
             draws: a.nuts_draws,
-            max_draws: a.nuts_max_draws.unwrap_or(a.nuts_draws.saturating_mul(4)),
+            max_draws: a.nuts_max_draws,
             ..Default::default()
         },
         ..Default::default()
@@ -432,14 +432,14 @@ pub(super) async fn run(a: SynthArgs) -> Result<i32> {
         eprintln!(
             "NUTS: largest R̂ {:.3} of the mean parameters (what the sets depend on; checked against \
              the limit; {} of {} cells by ranks) and {r:.3} of θ, smallest bulk ESS {:.0} of the mean parameters \
-             and ESS {:.0} of θ over {} kept draws (the chains go on while R̂ is over the limit, up to \
+             and ESS {:.0} of θ over {} kept draws per chain (the chains go on while R̂ is over the limit, up to \
              --nuts-max-draws), {} divergences, {:.1} leapfrog steps per draw, {} gradients in {:.1}s",
             i.max_rhat_mean.unwrap_or(f64::NAN),
             i.ranked_cells.unwrap_or(0),
             i.cells.unwrap_or(0),
             i.min_ess_mean.unwrap_or(f64::NAN),
             i.min_ess.unwrap_or(f64::NAN),
-            i.draws,
+            i.draws_per_chain.unwrap_or(0),
             i.divergences.unwrap_or(0),
             i.mean_steps.unwrap_or(f64::NAN),
             i.gradients.unwrap_or(0),

@@ -714,7 +714,7 @@ impl Pipeline {
                     if let Some(d) = x.nuts_draws {
                         napsu.nuts.draws = d;
                     }
-                    napsu.nuts.max_draws = x.nuts_max_draws.unwrap_or(napsu.nuts.draws.saturating_mul(4));
+                    napsu.nuts.max_draws = x.nuts_max_draws;
                     let nuts_keys = x.nuts_chains.is_some()
                         || x.nuts_warmup.is_some()
                         || x.nuts_draws.is_some()
@@ -755,7 +755,7 @@ impl Pipeline {
                             napsu
                                 .nuts
                                 .check(me.features.len, me.width)
-                                .map_err(|e| err(l, &key("synthesize.nuts_chains"), e.to_string()))?;
+                                .map_err(|e| err(l, &key("synthesize.nuts_draws"), e.to_string()))?;
                         }
                     } else if x.queries.is_some() || x.inference.is_some() || x.max_features.is_some() {
                         return Err(err(

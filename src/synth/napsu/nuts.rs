@@ -59,8 +59,8 @@ pub struct NutsOptions {
     pub draws: u64,
     /// Most kept draws per chain: while the largest R̂ exceeds `max_rhat`,
     /// the chains go on until their draws double, up to this ([`sample`]).
-    /// Equal to `draws` for no more than `draws`.
-    pub max_draws: u64,
+    /// `None`: 4 × `draws`; equal to `draws` for no longer chains.
+    pub max_draws: Option<u64>,
     /// Maximum tree depth.
     pub max_depth: u64,
     /// Largest R̂ accepted.
@@ -75,7 +75,7 @@ impl Default for NutsOptions {
             chains: 4,
             warmup: 800,
             draws: 2000,
-            max_draws: 8000,
+            max_draws: None,
             max_depth: 12,
             max_rhat: 1.05,
             mass: MassAdaptation::default(),
@@ -110,6 +110,11 @@ pub const MAX_CHAINS: usize = 64;
 pub const MAX_DRAW_BYTES: u64 = 4 << 30;
 
 impl NutsOptions {
+    /// The most kept draws per chain ([`NutsOptions::max_draws`]; 4 × `draws` unless set).
+    pub fn most_draws(&self) -> u64 {
+        self.max_draws.unwrap_or(self.draws.saturating_mul(4))
+    }
+
     /// Checks the settings for a posterior of `dim` parameters whose
     /// convergence is judged on `judged` numbers per draw (μ(θ)'s width,
     /// [`NutsDraws::convergence_of`]): public inputs, checked before
@@ -124,10 +129,13 @@ impl NutsOptions {
         if self.draws < 4 {
             return bad(format!("NUTS needs at least four draws per chain, not {}", self.draws));
         }
-        if self.max_draws < self.draws {
+        let most = self.most_draws();
+        // Said when the user did not set the most draws, which checks below use.
+        let implied = if self.max_draws.is_none() { " (4 × the draws unless set)" } else { "" };
+        if most < self.draws {
             return bad(format!(
-                "the most NUTS draws per chain ({}) must be at least the draws per chain ({})",
-                self.max_draws, self.draws
+                "the most NUTS draws per chain ({most}) must be at least the draws per chain ({})",
+                self.draws
             ));
         }
         if self.max_depth == 0 || self.max_depth > 16 {
@@ -136,21 +144,23 @@ impl NutsOptions {
         // θ's draws twice (while the chains are joined), then f(θ) of each once.
         let per_draw = (dim as u64).saturating_mul(2).saturating_add(judged as u64);
         let bytes = (self.chains as u64)
-            .saturating_mul(self.max_draws)
+            .saturating_mul(most)
             .saturating_mul(per_draw)
             .saturating_mul(std::mem::size_of::<f64>() as u64);
         if bytes > MAX_DRAW_BYTES {
             return bad(format!(
-                "{} chains × {} draws (the most, when R̂ asks for longer chains) × ({dim} parameters, {judged} mean \
-                 parameters) would hold {:.1} GiB of draws (at most {} GiB): lower the most draws or the chains",
+                "{} chains × {most} draws (the most per chain{implied}, when R̂ asks for longer chains) × ({dim} \
+                 parameters, {judged} mean parameters) would hold {:.1} GiB of draws (at most {} GiB): lower the most \
+                 draws, the draws or the chains",
                 self.chains,
-                self.max_draws,
                 bytes as f64 / (1u64 << 30) as f64,
                 MAX_DRAW_BYTES >> 30
             ));
         }
-        if self.warmup.checked_add(self.max_draws).is_none_or(|t| t > 10_000_000) {
-            return bad("NUTS warm-up plus the most draws must be at most 10,000,000 per chain".into());
+        if self.warmup.checked_add(most).is_none_or(|t| t > 10_000_000) {
+            return bad(format!(
+                "NUTS warm-up plus the most draws per chain ({most}{implied}) must be at most 10,000,000"
+            ));
         }
         Ok(())
     }
@@ -190,7 +200,11 @@ impl NutsDraws {
     }
     /// The smallest effective sample size.
     pub fn min_ess(&self) -> f64 {
-        self.ess.iter().cloned().fold(f64::NAN, f64::min)
+        // NaN if any is (f64::min would drop it) or there are none.
+        if self.ess.is_empty() || self.ess.iter().any(|e| e.is_nan()) {
+            return f64::NAN;
+        }
+        self.ess.iter().cloned().fold(f64::INFINITY, f64::min)
     }
     /// The convergence of `f`, a vector function of θ, over the draws
     /// (chain by chain, as θ's): the largest R̂ that decides and the
@@ -416,7 +430,7 @@ pub fn sample<D: LogDensity + Sync>(
     opts.check(density.dim(), 0)?;
     let mut settings = DiagNutsSettings {
         num_tune: opts.warmup,
-        num_draws: opts.max_draws.max(opts.draws),
+        num_draws: opts.most_draws(),
         maxdepth: opts.max_depth,
         ..Default::default()
     };
@@ -511,6 +525,15 @@ pub fn sample<D: LogDensity + Sync>(
             }
         }
         drop(tell);
+        // However this thread leaves (a result, an error, a panic in `progress`
+        // or `judge`), the chains stop at their next draw.
+        struct StopOnDrop<'a>(&'a std::sync::atomic::AtomicBool);
+        impl Drop for StopOnDrop<'_> {
+            fn drop(&mut self) {
+                self.0.store(true, std::sync::atomic::Ordering::Relaxed);
+            }
+        }
+        let _stop_on_drop = StopOnDrop(stop);
         let mut per_chain: Vec<Vec<Vec<f64>>> = vec![Vec::new(); opts.chains];
         let (mut divergences, mut gradients, mut kept_steps) = (0, 0, 0);
         let mut step_sizes = vec![f64::NAN; opts.chains];
@@ -522,12 +545,8 @@ pub fn sample<D: LogDensity + Sync>(
                 heard.recv().map_err(|_| NapsuError::Numerical("a NUTS chain stopped without reporting".into()))?;
             match message {
                 FromChain::Progress(m) => progress(&m),
-                // Dropping `more_to` on return stops the other chains at
-                // the end of their round, `stop` at their next draw.
-                FromChain::Batch(_, Err(e)) => {
-                    stop.store(true, std::sync::atomic::Ordering::Relaxed);
-                    return Err(e);
-                }
+                // Dropping `more_to` and `_stop_on_drop` stops the others.
+                FromChain::Batch(_, Err(e)) => return Err(e),
                 FromChain::Batch(c, Ok(b)) => {
                     per_chain[c].extend(b.kept);
                     divergences += b.divergences;
@@ -544,13 +563,14 @@ pub fn sample<D: LogDensity + Sync>(
             let per = per_chain[0].len() as u64;
             let r = judge(&draws);
             let over = r.partial_cmp(&opts.max_rhat).is_none_or(|o| o.is_gt());
-            if !over || per >= opts.max_draws {
+            if !over || per >= opts.most_draws() {
                 return Ok(draws);
             }
-            let more = per.min(opts.max_draws - per);
+            let more = per.min(opts.most_draws() - per);
             progress(&format!(
                 "napsu-mq: largest R̂ {r:.3} > {} after {per} draws per chain: {more} more per chain (at most {})",
-                opts.max_rhat, opts.max_draws
+                opts.max_rhat,
+                opts.most_draws()
             ));
             for m in &more_to {
                 // A chain that has gone has sent its error, which the next receive reads.
@@ -596,9 +616,9 @@ pub fn check_converged(r: f64, max_rhat: f64, allow: bool) -> Result<(), NapsuEr
     // A NaN R̂ (a log-density that gave NaN somewhere) is not convergence either.
     if !allow && r.partial_cmp(&max_rhat).is_none_or(|o| o == std::cmp::Ordering::Greater) {
         return Err(NapsuError::Numerical(format!(
-            "the NUTS chains did not converge (largest R̂ {r:.3} > {max_rhat}), even with the chains extended \
-             to the most draws; run longer chains (more warm-up, or more of the most draws per chain: \
-             `--nuts-max-draws`, `nuts_max_draws`), or accept the draws explicitly"
+            "the NUTS chains did not converge (largest R̂ {r:.3} > {max_rhat}) by the most draws per chain; \
+             run longer chains (more warm-up, or a larger most: `--nuts-max-draws`, `nuts_max_draws`), or accept \
+             the draws explicitly"
         )));
     }
     Ok(())
@@ -1090,7 +1110,7 @@ mod tests {
     /// later rounds continue the chains rather than restart them.
     #[test]
     fn chains_go_on_while_the_judge_says_unconverged() {
-        let opts = NutsOptions { chains: 2, warmup: 100, draws: 50, max_draws: 170, ..Default::default() };
+        let opts = NutsOptions { chains: 2, warmup: 100, draws: 50, max_draws: Some(170), ..Default::default() };
         let run = |verdicts: &[f64]| {
             let (d, l) = normal2(None);
             let mut seen = Vec::new();
@@ -1114,7 +1134,7 @@ mod tests {
         assert!(most.gradients > twice.gradients && twice.gradients > once.gradients);
         assert_eq!(most.rhat.len(), 2);
         // Longer than the most is refused before anything runs.
-        let bad = NutsOptions { max_draws: 49, ..opts };
+        let bad = NutsOptions { max_draws: Some(49), ..opts };
         let (d, l) = normal2(None);
         let e = sample(&d, &l, &bad, &mut DpRng::unsafe_seeded(11), &|_| {}, &mut |_| 1.0).unwrap_err();
         assert!(e.to_string().contains("at least the draws per chain"), "{e}");
@@ -1124,7 +1144,7 @@ mod tests {
     /// other chains are stopped and joined.
     #[test]
     fn a_chain_that_panics_while_extending_is_an_error() {
-        let opts = NutsOptions { chains: 2, warmup: 50, draws: 20, max_draws: 10_000, ..Default::default() };
+        let opts = NutsOptions { chains: 2, warmup: 50, draws: 20, max_draws: Some(10_000), ..Default::default() };
         let (d, l) = normal2(None);
         d.calls.store(0, std::sync::atomic::Ordering::Relaxed);
         sample(&d, &l, &opts, &mut DpRng::unsafe_seeded(4), &|_| {}, &mut |_| 1.0).unwrap();

@@ -237,6 +237,11 @@ pub struct InferenceReport {
     /// is). Absent in records written before it existed.
     #[serde(default, skip_serializing_if = "Option::is_none", with = "super::record_float")]
     pub min_ess_mean: Option<f64>,
+    /// NUTS: kept draws per chain, more than asked for (`--nuts-draws`)
+    /// when R̂ was over the limit and the chains went on
+    /// ([`super::nuts::sample`]).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub draws_per_chain: Option<usize>,
     /// NUTS: divergent transitions after warm-up.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub divergences: Option<u64>,
@@ -302,6 +307,7 @@ pub fn posterior_models(
         min_ess_mean: None,
         ranked_cells: None,
         cells: None,
+        draws_per_chain: None,
         divergences: None,
         gradients: None,
         mean_steps: None,
@@ -351,6 +357,7 @@ pub fn posterior_models(
             report.min_ess_mean = Some(mu.bulk_ess);
             report.ranked_cells = Some(mu.ranked);
             report.cells = Some(mu.components);
+            report.draws_per_chain = Some(draws.draws.len() / draws.chains.max(1));
             report.divergences = Some(draws.divergences);
             report.gradients = Some(draws.gradients);
             report.mean_steps = Some(draws.mean_steps);
