@@ -20,7 +20,7 @@ use argmin::solver::quasinewton::LBFGS;
 use std::sync::Mutex;
 use std::sync::atomic::{AtomicU64, Ordering};
 
-use nalgebra::DMatrix;
+use nalgebra::{DMatrix, DVector, DVectorView, DVectorViewMut};
 
 use super::NapsuError;
 
@@ -123,7 +123,18 @@ impl Laplace {
     /// The point θ = mode + L z for normalised coordinates z (LLᵀ the
     /// covariance): the map NUTS samples through.
     pub fn at(&self, z: &[f64]) -> Vec<f64> {
-        (0..z.len()).map(|i| self.mean[i] + (0..=i).map(|j| self.cov_chol[(i, j)] * z[j]).sum::<f64>()).collect()
+        // Column by column (axpy over contiguous columns, which vectorises);
+        // the zeros above the diagonal cost less than row-wise strided sums
+        // (a third of a NUTS step on Adult-reduced went to those, `perf`).
+        let mut theta = DVector::from_column_slice(&self.mean);
+        theta.gemv(1.0, &self.cov_chol, &DVectorView::from_slice(z, z.len()), 1.0);
+        theta.data.into()
+    }
+    /// Lᵀ g: a gradient in θ as a gradient in the normalised coordinates z
+    /// (θ = m + L z), written to `out`.
+    pub fn gradient_at(&self, g: &[f64], out: &mut [f64]) {
+        let mut z = DVectorViewMut::from_slice(out, g.len());
+        z.gemv_tr(1.0, &self.cov_chol, &DVectorView::from_slice(g, g.len()), 0.0);
     }
 }
 
@@ -409,6 +420,32 @@ pub fn laplace<D: LogDensity + Sync>(density: &D, opts: &LaplaceOptions) -> Resu
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// θ = m + L z and Lᵀ g by matrix–vector products equal the triangular
+    /// sums they replace, element by element (L lower triangular, 7 × 7).
+    #[test]
+    fn normalised_coordinates_by_products_equal_the_triangular_sums() {
+        let d = 7;
+        let v = |i: usize, j: usize| ((i * 13 + j * 7) % 11) as f64 / 5.0 - 1.0;
+        let l = DMatrix::from_fn(d, d, |i, j| if j <= i { v(i, j) } else { 0.0 });
+        let fit = Laplace {
+            mean: (0..d).map(|i| i as f64 - 3.0).collect(),
+            cov: &l * l.transpose(),
+            cov_chol: l.clone(),
+            iterations: 0,
+            starts: 1,
+        };
+        let z: Vec<f64> = (0..d).map(|i| v(i, 3)).collect();
+        let want: Vec<f64> = (0..d).map(|i| fit.mean[i] + (0..=i).map(|j| l[(i, j)] * z[j]).sum::<f64>()).collect();
+        let got = fit.at(&z);
+        let mut gz = vec![f64::NAN; d];
+        fit.gradient_at(&z, &mut gz);
+        for i in 0..d {
+            assert!((got[i] - want[i]).abs() < 1e-12, "θ_{i}: {} vs {}", got[i], want[i]);
+            let lt: f64 = (i..d).map(|k| l[(k, i)] * z[k]).sum();
+            assert!((gz[i] - lt).abs() < 1e-12, "(Lᵀg)_{i}: {} vs {lt}", gz[i]);
+        }
+    }
 
     /// y_i ~ N(θ, 1) with a N(0, 10²) prior: the posterior is normal with
     /// precision n + 1/100 and mean Σy / (n + 1/100), so the Laplace

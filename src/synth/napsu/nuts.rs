@@ -387,10 +387,7 @@ impl<D: LogDensity> CpuLogpFunc for Normalised<'_, D> {
             return Err(DensityError("log-density is not finite".into()));
         }
         // ∂/∂z = Lᵀ ∂/∂θ.
-        let l = &self.laplace.cov_chol;
-        for (j, out) in gradient.iter_mut().enumerate() {
-            *out = (j..g.len()).map(|i| l[(i, j)] * g[i]).sum();
-        }
+        self.laplace.gradient_at(&g, gradient);
         Ok(lp)
     }
 
