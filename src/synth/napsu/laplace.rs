@@ -144,36 +144,31 @@ pub struct Normalisation {
 impl Normalisation {
     /// θ = m + L z.
     pub fn theta(&self, z: &[f64]) -> Vec<f64> {
-        use faer::linalg::matmul::triangular::{BlockStructure, matmul};
         let mut theta = self.mean.clone();
-        matmul(
-            faer::ColMut::from_slice_mut(&mut theta).as_mat_mut(),
-            BlockStructure::Rectangular,
-            faer::Accum::Add,
-            self.chol.as_ref(),
-            BlockStructure::TriangularLower,
-            faer::ColRef::from_slice(z).as_mat(),
-            BlockStructure::Rectangular,
-            1.0,
-            faer::Par::Seq,
-        );
+        triangular_times(&mut theta, faer::Accum::Add, self.chol.as_ref(), true, z);
         theta
     }
     /// Lᵀ g, written to `out`: a gradient in θ as one in z.
     pub fn gradient(&self, g: &[f64], out: &mut [f64]) {
-        use faer::linalg::matmul::triangular::{BlockStructure, matmul};
-        matmul(
-            faer::ColMut::from_slice_mut(out).as_mat_mut(),
-            BlockStructure::Rectangular,
-            faer::Accum::Replace,
-            self.chol.transpose(),
-            BlockStructure::TriangularUpper,
-            faer::ColRef::from_slice(g).as_mat(),
-            BlockStructure::Rectangular,
-            1.0,
-            faer::Par::Seq,
-        );
+        triangular_times(out, faer::Accum::Replace, self.chol.transpose(), false, g);
     }
+}
+
+/// `dst` (+)= T x for T lower (`lower`) or upper triangular.
+fn triangular_times(dst: &mut [f64], accum: faer::Accum, t: faer::MatRef<'_, f64>, lower: bool, x: &[f64]) {
+    use faer::linalg::matmul::triangular::{BlockStructure, matmul};
+    let structure = if lower { BlockStructure::TriangularLower } else { BlockStructure::TriangularUpper };
+    matmul(
+        faer::ColMut::from_slice_mut(dst).as_mat_mut(),
+        BlockStructure::Rectangular,
+        accum,
+        t,
+        structure,
+        faer::ColRef::from_slice(x).as_mat(),
+        BlockStructure::Rectangular,
+        1.0,
+        faer::Par::Seq,
+    );
 }
 
 /// A standard normal draw (Box–Muller).
