@@ -689,8 +689,8 @@ fn scheduler_never_reruns_or_bursts_when_the_wall_clock_jumps() {
 }
 
 /// A napsu-mq step whose inference fails after the measurement (here:
-/// 5 sets asked of 1 chain × 4 NUTS draws, unconverged draws accepted, so
-/// the failure is certain): the pipeline's charge is spent and recorded as
+/// 5 sets asked of 1 chain × 4 NUTS draws, no longer chains, unconverged
+/// draws accepted, so the failure is certain): the pipeline's charge is spent and recorded as
 /// failed, nothing is published, and — post-processing of DP output — the
 /// message says what failed and where the saved noisy statistics are, and
 /// they re-run for free with `dpflow synth --from-record`.
@@ -703,7 +703,7 @@ fn a_napsu_inference_failure_keeps_the_noisy_statistics_and_spends_the_charge() 
         2.0,
         None,
         "  - synthesize: {name: na, mechanism: napsu-mq, queries: \"g,k; k,x\", multiple: 5, inference: nuts, \
-         nuts_chains: 1, nuts_warmup: 10, nuts_draws: 4, allow_unconverged: true, \
+         nuts_chains: 1, nuts_warmup: 10, nuts_draws: 4, nuts_max_draws: 4, allow_unconverged: true, \
          budget: {epsilon: 0.05, delta: 1.0e-6}, output: na.parquet}",
     );
     let text = std::fs::read_to_string(&p).unwrap().replace("budget: {epsilon: 0.3,", "budget: {epsilon: 0.5,");
@@ -713,11 +713,13 @@ fn a_napsu_inference_failure_keeps_the_noisy_statistics_and_spends_the_charge() 
     std::fs::write(d.join("bad.yaml"), bad).unwrap();
     let out = dpflow().args(["validate", d.join("bad.yaml").to_str().unwrap()]).output().unwrap();
     let err = String::from_utf8_lossy(&out.stderr);
-    assert!(!out.status.success() && err.contains("nuts_chains") && err.contains("four draws"), "{err}");
+    assert!(!out.status.success() && err.contains("nuts_draws") && err.contains("four draws"), "{err}");
     // So are their upper bounds: a thread per chain and the draws' memory.
-    for (from, to, says) in
-        [("nuts_chains: 1", "nuts_chains: 1000", "between 1 and 64"), ("nuts_draws: 4", "nuts_draws: 900000000", "GiB")]
-    {
+    for (from, to, says) in [
+        ("nuts_chains: 1", "nuts_chains: 1000", "between 1 and 64"),
+        ("nuts_max_draws: 4", "nuts_max_draws: 900000000", "GiB"),
+        ("nuts_max_draws: 4", "nuts_max_draws: 3", "at least the draws per chain"),
+    ] {
         std::fs::write(d.join("bad.yaml"), text.replace(from, to)).unwrap();
         let out = dpflow().args(["validate", d.join("bad.yaml").to_str().unwrap()]).output().unwrap();
         let err = String::from_utf8_lossy(&out.stderr);
