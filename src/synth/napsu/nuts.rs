@@ -362,7 +362,7 @@ impl LogpError for DensityError {
 /// The density in normalised coordinates z (θ = m + L z).
 struct Normalised<'a, D: LogDensity> {
     density: &'a D,
-    laplace: &'a Normalisation,
+    norm: &'a Normalisation,
 }
 
 impl<D: LogDensity> HasDims for Normalised<'_, D> {
@@ -381,18 +381,18 @@ impl<D: LogDensity> CpuLogpFunc for Normalised<'_, D> {
     }
 
     fn logp(&mut self, z: &[f64], gradient: &mut [f64]) -> Result<f64, DensityError> {
-        let theta = self.laplace.theta(z);
+        let theta = self.norm.theta(z);
         let (lp, g) = self.density.value_and_gradient(&theta).map_err(|e| DensityError(e.to_string()))?;
         if !lp.is_finite() {
             return Err(DensityError("log-density is not finite".into()));
         }
         // ∂/∂z = Lᵀ ∂/∂θ.
-        self.laplace.gradient(&g, gradient);
+        self.norm.gradient(&g, gradient);
         Ok(lp)
     }
 
     fn expand_vector<R: rand::Rng + ?Sized>(&mut self, _rng: &mut R, z: &[f64]) -> Result<Vec<f64>, CpuMathError> {
-        Ok(self.laplace.theta(z))
+        Ok(self.norm.theta(z))
     }
 }
 
@@ -433,8 +433,8 @@ pub fn sample<D: LogDensity + Sync>(
     };
     settings.adapt_options.mass_matrix_options.use_grad_based_estimate = opts.mass == MassAdaptation::DrawsAndGradients;
     let d = density.dim();
-    let normalisation = laplace.normalisation();
-    let laplace = &normalisation;
+    // Built once (a faer copy of L), shared by the chains.
+    let norm = &laplace.normalisation();
     let rngs: Vec<DpRng> = (0..opts.chains).map(|_| rng.fork()).collect();
     // Chains report through one channel that this thread drains, so that
     // `progress` and `judge` need not be shareable between threads; each
@@ -451,7 +451,7 @@ pub fn sample<D: LogDensity + Sync>(
             let (more, asked) = std::sync::mpsc::channel::<u64>();
             more_to.push(more);
             let body = move || {
-                let math = CpuMath::new(Normalised { density, laplace });
+                let math = CpuMath::new(Normalised { density, norm });
                 let fail = |e: String| NapsuError::Numerical(format!("NUTS chain {c}: {e}"));
                 let mut chain = settings.new_chain(c as u64, math, &mut r).map_err(|e| fail(e.to_string()))?;
                 // Start near the mode, jittered so chains differ.
@@ -496,7 +496,7 @@ pub fn sample<D: LogDensity + Sync>(
                             out.divergences += u64::from(info.diverging);
                             out.kept_steps += info.num_steps;
                             out.step_size = info.step_size;
-                            out.kept.push(laplace.theta(&z));
+                            out.kept.push(norm.theta(&z));
                         }
                     }
                     let _ = report.send(FromChain::Batch(c, Ok(out)));
