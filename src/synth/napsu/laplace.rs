@@ -23,6 +23,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use nalgebra::DMatrix;
 
 use super::NapsuError;
+use super::packed::PackedLower;
 
 /// A log-density with its gradient (up to an additive constant).
 pub trait LogDensity {
@@ -128,47 +129,31 @@ impl Laplace {
     /// The map z ↦ θ = m + L z and its adjoint, for a sampler's every step.
     pub fn normalisation(&self) -> Normalisation {
         let d = self.mean.len();
-        Normalisation { mean: self.mean.clone(), chol: faer::Mat::from_fn(d, d, |i, j| self.cov_chol[(i, j)]) }
+        Normalisation { mean: self.mean.clone(), chol: PackedLower::from_fn(d, |i, j| self.cov_chol[(i, j)]) }
     }
 }
 
-/// θ = m + L z and ∇_z = Lᵀ ∇_θ by faer's triangular matrix–vector products
-/// (SIMD, lower half only). Row-wise strided sums over L took a third of a
-/// NUTS step on Adult-reduced (`perf`), and nalgebra's `gemv` did no better:
-/// at 228 parameters L is 416 KB, read twice per step by every chain.
+/// θ = m + L z and ∇_z = Lᵀ ∇_θ by the packed triangular products of
+/// [`PackedLower`] (each column contiguous, SIMD). At 228 parameters the
+/// row-wise strided sums took a third of a NUTS step on Adult-reduced
+/// (`perf`); nalgebra's `gemv` did no better, and faer's general triangular
+/// product copied the triangle on every call.
 pub struct Normalisation {
     mean: Vec<f64>,
-    chol: faer::Mat<f64>,
+    chol: PackedLower,
 }
 
 impl Normalisation {
     /// θ = m + L z.
     pub fn theta(&self, z: &[f64]) -> Vec<f64> {
         let mut theta = self.mean.clone();
-        triangular_times(&mut theta, faer::Accum::Add, self.chol.as_ref(), true, z);
+        self.chol.add_times(z, &mut theta);
         theta
     }
     /// Lᵀ g, written to `out`: a gradient in θ as one in z.
     pub fn gradient(&self, g: &[f64], out: &mut [f64]) {
-        triangular_times(out, faer::Accum::Replace, self.chol.transpose(), false, g);
+        self.chol.transpose_times(g, out);
     }
-}
-
-/// `dst` (+)= T x for T lower (`lower`) or upper triangular.
-fn triangular_times(dst: &mut [f64], accum: faer::Accum, t: faer::MatRef<'_, f64>, lower: bool, x: &[f64]) {
-    use faer::linalg::matmul::triangular::{BlockStructure, matmul};
-    let structure = if lower { BlockStructure::TriangularLower } else { BlockStructure::TriangularUpper };
-    matmul(
-        faer::ColMut::from_slice_mut(dst).as_mat_mut(),
-        BlockStructure::Rectangular,
-        accum,
-        t,
-        structure,
-        faer::ColRef::from_slice(x).as_mat(),
-        BlockStructure::Rectangular,
-        1.0,
-        faer::Par::Seq,
-    );
 }
 
 /// A standard normal draw (Box–Muller).
@@ -454,7 +439,7 @@ pub fn laplace<D: LogDensity + Sync>(density: &D, opts: &LaplaceOptions) -> Resu
 mod tests {
     use super::*;
 
-    /// θ = m + L z and Lᵀ g by faer's triangular products equal the sums
+    /// θ = m + L z and Lᵀ g by the packed triangular products equal the sums
     /// they replace, element by element (L lower triangular, 7 × 7; the
     /// entries above its diagonal are never read).
     #[test]

@@ -26,6 +26,7 @@ pub mod laplace;
 pub mod likelihood;
 pub mod moments;
 pub mod nuts;
+pub mod packed;
 pub mod record_float;
 pub mod release;
 pub mod surrogate;
