@@ -301,4 +301,25 @@ mod tests {
         let e = estimate(EstimatorKind::Ols, &[block(x, array![1.0, 2.0])], "s").unwrap_err().to_string();
         assert!(e.contains("more rows than coefficients"), "{e}");
     }
+
+    /// Quasi-complete separation: every row of one group has y = 0, the
+    /// other group has both outcomes. The group's coefficient has no finite
+    /// maximum-likelihood value (it runs off to −∞ while the fit of the
+    /// other rows stays put), so the set has no estimate: it must be an
+    /// error, not a finite number with an enormous variance that swamps
+    /// Rubin's rules. (Complete separation is checked above.)
+    #[test]
+    fn quasi_complete_separation_is_an_error() {
+        let n = 400;
+        let x = Array2::from_shape_fn((n, 3), |(i, j)| match j {
+            0 => 1.0,
+            1 => (i % 2) as f64,
+            _ => ((i * 37) % 23) as f64 / 10.0,
+        });
+        // Group 1 (odd rows): y = 1 on about a third; group 0: never.
+        let y = Array1::from_shape_fn(n, |i| if i % 2 == 1 && (i * 7) % 3 == 0 { 1.0 } else { 0.0 });
+        let e = estimate(EstimatorKind::Logistic, &[block(x, y)], "set 5").map(|e| format!("{e:?}"));
+        let e = e.expect_err("a coefficient without a finite estimate").to_string();
+        assert!(e.contains("set 5") && e.contains("separat"), "{e}");
+    }
 }
