@@ -68,7 +68,7 @@ impl PackedLower {
     /// `out += L x`.
     pub fn add_times(&self, x: &[f64], out: &mut [f64]) {
         assert!(x.len() == self.n && out.len() == self.n, "PackedLower::add_times: lengths differ from the order");
-        self.arch.dispatch(AddTimes { l: self, x, out });
+        self.arch.dispatch(Product { l: self, x, out, transpose: false });
     }
 
     /// `out = Lᵀ x`.
@@ -77,46 +77,40 @@ impl PackedLower {
             x.len() == self.n && out.len() == self.n,
             "PackedLower::transpose_times: lengths differ from the order"
         );
-        self.arch.dispatch(TransposeTimes { l: self, x, out });
+        self.arch.dispatch(Product { l: self, x, out, transpose: true });
     }
 }
 
-struct AddTimes<'a> {
+/// `out += L x` (`transpose` false) or `out = Lᵀ x`, in one SIMD context.
+struct Product<'a> {
     l: &'a PackedLower,
     x: &'a [f64],
     out: &'a mut [f64],
+    transpose: bool,
 }
 
-impl WithSimd for AddTimes<'_> {
+impl WithSimd for Product<'_> {
     type Output = ();
     #[inline(always)]
     fn with_simd<S: Simd>(self, simd: S) {
-        for (j, &xj) in self.x.iter().enumerate() {
-            let (out, out_tail) = S::as_mut_simd_f64s(&mut self.out[j..]);
-            let (col, col_tail) = S::as_simd_f64s(self.l.column(j));
+        let Product { l, x, out, transpose } = self;
+        if transpose {
+            for (j, o) in out.iter_mut().enumerate() {
+                *o = dot(simd, l.column(j), &x[j..]);
+            }
+            return;
+        }
+        // Column j scaled by x_j, added to out[j..].
+        for (j, &xj) in x.iter().enumerate() {
+            let (o, o_tail) = S::as_mut_simd_f64s(&mut out[j..]);
+            let (c, c_tail) = S::as_simd_f64s(l.column(j));
             let k = simd.splat_f64s(xj);
-            for (o, c) in out.iter_mut().zip(col) {
+            for (o, c) in o.iter_mut().zip(c) {
                 *o = simd.mul_add_f64s(*c, k, *o);
             }
-            for (o, c) in out_tail.iter_mut().zip(col_tail) {
+            for (o, c) in o_tail.iter_mut().zip(c_tail) {
                 *o = c.mul_add(xj, *o);
             }
-        }
-    }
-}
-
-struct TransposeTimes<'a> {
-    l: &'a PackedLower,
-    x: &'a [f64],
-    out: &'a mut [f64],
-}
-
-impl WithSimd for TransposeTimes<'_> {
-    type Output = ();
-    #[inline(always)]
-    fn with_simd<S: Simd>(self, simd: S) {
-        for (j, o) in self.out.iter_mut().enumerate() {
-            *o = dot(simd, self.l.column(j), &self.x[j..]);
         }
     }
 }
