@@ -433,7 +433,7 @@ pub fn sample<D: LogDensity + Sync>(
     };
     settings.adapt_options.mass_matrix_options.use_grad_based_estimate = opts.mass == MassAdaptation::DrawsAndGradients;
     let d = density.dim();
-    // Built once (a faer copy of L), shared by the chains.
+    // Built once (a packed copy of L), shared by the chains.
     let norm = &laplace.normalisation();
     let rngs: Vec<DpRng> = (0..opts.chains).map(|_| rng.fork()).collect();
     // Chains report through one channel that this thread drains, so that

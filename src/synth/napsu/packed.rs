@@ -47,7 +47,7 @@ impl PackedLower {
     /// diagonal entry is zero or not finite.
     pub fn inverse_of(l: faer::MatRef<'_, f64>) -> Option<Self> {
         let n = l.nrows();
-        if l.ncols() != n || (0..n).any(|i| !(l[(i, i)] != 0.0 && l[(i, i)].is_finite())) {
+        if l.ncols() != n || (0..n).any(|i| l[(i, i)] == 0.0 || !l[(i, i)].is_finite()) {
             return None;
         }
         let mut w = faer::Mat::<f64>::identity(n, n);

@@ -300,7 +300,7 @@ impl<'a> FixedCovariance<'a> {
         let inv_factor = PackedLower::inverse_of(llt.L()).ok_or_else(|| {
             NapsuError::Numerical(
                 "the likelihood's covariance at the mode has a Cholesky factor that cannot be inverted; \
-                 use --inference laplace or --inference nuts-exact"
+                 choose the laplace or nuts-exact inference (--inference, or the pipeline's inference key)"
                     .into(),
             )
         })?;
